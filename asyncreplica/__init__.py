@@ -1,0 +1,76 @@
+"""asyncreplica: tf.distribute's replica model as coroutines on one event loop.
+
+Run N replicas of an ``async def`` step function, let them meet at collectives
+(``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``, ``barrier``,
+``merge_call``), and get a precise error -- never a hang -- when they disagree::
+
+    import asyncio
+    import asyncreplica as ar
+
+    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+
+    async def step(x):
+        ctx = ar.get_replica_context()
+        return await ctx.all_reduce(ar.ReduceOp.SUM, x)
+
+    result = asyncio.run(strategy.run(step, args=(1.0,)))
+    strategy.experimental_local_results(result)   # (2.0, 2.0)
+"""
+
+from __future__ import annotations
+
+from ._core._signature import ReduceOp as ReduceOp
+from ._exceptions import AsyncReplicaError as AsyncReplicaError
+from ._exceptions import BackendError as BackendError
+from ._exceptions import BackendNotFoundError as BackendNotFoundError
+from ._exceptions import CollectiveError as CollectiveError
+from ._exceptions import CollectiveMismatchError as CollectiveMismatchError
+from ._exceptions import CollectiveTimeoutError as CollectiveTimeoutError
+from ._exceptions import ReplicaContextError as ReplicaContextError
+from ._exceptions import ReplicaExitedError as ReplicaExitedError
+from ._options import CommunicationImplementation as CommunicationImplementation
+from ._options import CommunicationOptions as CommunicationOptions
+from ._runtime._context import ReplicaContext as ReplicaContext
+from ._runtime._context import get_replica_context as get_replica_context
+from ._runtime._context import get_strategy as get_strategy
+from ._runtime._context import has_strategy as has_strategy
+from ._runtime._context import in_cross_replica_context as in_cross_replica_context
+from ._runtime._strategy import DistributedDataset as DistributedDataset
+from ._runtime._strategy import MirroredStrategy as MirroredStrategy
+from ._runtime._strategy import Strategy as Strategy
+from ._runtime._strategy import StrategyExtended as StrategyExtended
+from ._values import DistributedValues as DistributedValues
+from ._values import IndexedSlices as IndexedSlices
+from ._values import Mirrored as Mirrored
+from ._values import PerReplica as PerReplica
+from ._values import ValueContext as ValueContext
+from ._version import __version__ as __version__
+
+__all__ = [
+    "AsyncReplicaError",
+    "BackendError",
+    "BackendNotFoundError",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CommunicationImplementation",
+    "CommunicationOptions",
+    "DistributedDataset",
+    "DistributedValues",
+    "IndexedSlices",
+    "Mirrored",
+    "MirroredStrategy",
+    "PerReplica",
+    "ReduceOp",
+    "ReplicaContext",
+    "ReplicaContextError",
+    "ReplicaExitedError",
+    "Strategy",
+    "StrategyExtended",
+    "ValueContext",
+    "__version__",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+]

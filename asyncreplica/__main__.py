@@ -1,0 +1,10 @@
+"""Run the command line as ``python -m asyncreplica``."""
+
+from __future__ import annotations
+
+import sys
+
+from asyncreplica._cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Nested structures: flatten, rebuild, regroup and select.
+
+The containers we traverse are exactly TensorFlow's for ``run``'s arguments and
+results: ``list``, ``tuple`` (namedtuples keep their type), and every
+:class:`collections.abc.Mapping` (rebuilt as ``type(m)(dict)``, keys visited in sorted
+order). Everything else -- arrays, numbers, dataclasses, sets, ``PerReplica`` -- is a
+leaf.
+
+A structure's shape is a *treedef*: nested tuples that are hashable and compare
+with ``==``, so the ledger can check that replicas passed the same structure without
+touching a single leaf. A treedef node is ``None`` for a leaf, or
+``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences and the
+sorted key tuple for mappings (plus the ``default_factory`` of a ``defaultdict``).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TypeAlias
+
+__all__ = [
+    "TreeDef",
+    "flatten",
+    "is_nest",
+    "map_structure",
+    "regroup",
+    "select_replica",
+    "treedef_str",
+    "unflatten",
+]
+
+# None for a leaf; (type, keys, children) for a container.
+TreeDef: TypeAlias = "tuple[type, object, tuple[TreeDef, ...]] | None"
+
+
+def is_nest(value: object) -> bool:
+    """Return True for the containers we traverse (list, tuple, Mapping)."""
+    return isinstance(value, list | tuple | Mapping)
+
+
+def _sorted_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
+    try:
+        return tuple(sorted(mapping))  # type: ignore[type-var]
+    except TypeError:
+        # Keys of mixed types: any deterministic order will do, as long as every
+        # replica uses the same one.
+        return tuple(sorted(mapping, key=lambda k: (type(k).__qualname__, repr(k))))
+
+
+def _mapping_keys(mapping: Mapping[object, object]) -> object:
+    keys = _sorted_keys(mapping)
+    if isinstance(mapping, defaultdict):
+        return (keys, mapping.default_factory)
+    return keys
+
+
+def flatten(value: object) -> tuple[list[object], TreeDef]:
+    """Flatten ``value`` into its leaves and a treedef.
+
+    Args:
+        value: Any structure of lists, tuples and mappings.
+
+    Returns:
+        ``(leaves, treedef)``; ``unflatten(treedef, leaves)`` rebuilds ``value``.
+    """
+    leaves: list[object] = []
+    return leaves, _flatten_into(value, leaves)
+
+
+def _flatten_into(value: object, leaves: list[object]) -> TreeDef:
+    if isinstance(value, list | tuple):
+        return (type(value), None, tuple(_flatten_into(v, leaves) for v in value))
+    if isinstance(value, Mapping):
+        ordered = _sorted_keys(value)
+        children = tuple(_flatten_into(value[k], leaves) for k in ordered)
+        return (type(value), _mapping_keys(value), children)
+    leaves.append(value)
+    return None
+
+
+def unflatten(treedef: TreeDef, leaves: Sequence[object]) -> object:
+    """Rebuild a structure from a treedef and its leaves (the inverse of :func:`flatten`).
+
+    Args:
+        treedef: The treedef returned by :func:`flatten`.
+        leaves: As many leaves as the treedef has, in flattening order.
+
+    Returns:
+        The rebuilt structure, with the original container types.
+    """
+    it = iter(leaves)
+    return _unflatten_from(treedef, it)
+
+
+def _build(cls: type, keys: object, children: list[object]) -> object:
+    if keys is None:
+        if cls is list:
+            return children
+        if cls is tuple:
+            return tuple(children)
+        if hasattr(cls, "_fields") and hasattr(cls, "_make"):
+            return cls._make(children)
+        return cls(children)
+    if (
+        isinstance(keys, tuple)
+        and len(keys) == 2
+        and cls is not dict
+        and issubclass(cls, defaultdict)
+    ):
+        ordered, factory = keys
+        return cls(factory, zip(ordered, children, strict=True))
+    assert isinstance(keys, tuple)
+    return cls(dict(zip(keys, children, strict=True)))
+
+
+def _unflatten_from(treedef: TreeDef, it: Iterator[object]) -> object:
+    if treedef is None:
+        return next(it)
+    cls, keys, children = treedef
+    return _build(cls, keys, [_unflatten_from(child, it) for child in children])
+
+
+def map_structure(fn: Callable[[object], object], value: object) -> object:
+    """Apply ``fn`` to every leaf of ``value`` and rebuild the structure."""
+    leaves, treedef = flatten(value)
+    return unflatten(treedef, [fn(leaf) for leaf in leaves])
+
+
+def treedef_str(treedef: TreeDef, leaves: Iterator[str] | None = None) -> str:
+    """Describe a treedef for people: ``"[*, *]"``, ``"{'a': *, 'b': (*,)}"``.
+
+    Args:
+        treedef: The structure to describe.
+        leaves: Optional text for each leaf, in flattening order; ``*`` otherwise.
+    """
+    if treedef is None:
+        return "*" if leaves is None else next(leaves, "?")
+    cls, keys, children = treedef
+    parts = [treedef_str(c, leaves) for c in children]
+    if keys is None:
+        if cls is list:
+            return "[" + ", ".join(parts) + "]"
+        inner = ", ".join(parts) + ("," if len(parts) == 1 else "")
+        prefix = "" if cls is tuple else cls.__name__
+        return f"{prefix}({inner})"
+    ordered = keys[0] if issubclass(cls, defaultdict) and isinstance(keys, tuple) else keys
+    assert isinstance(ordered, tuple)
+    body = ", ".join(f"{k!r}: {p}" for k, p in zip(ordered, parts, strict=True))
+    prefix = "" if cls is dict else cls.__name__
+    return f"{prefix}{{{body}}}"
+
+
+def regroup(
+    values: Sequence[object],
+    wrap: Callable[[tuple[object, ...]], object],
+) -> object:
+    """Merge one structure per replica into one structure, as TensorFlow's ``regroup``.
+
+    Containers are matched position by position (lists, tuples, namedtuples) or key by
+    key (mappings) and rebuilt with the type of replica 0's container. At a leaf, if
+    every replica holds the *same object* (``is``), that object is returned unwrapped;
+    otherwise ``wrap(values)`` (a ``PerReplica``) is returned.
+
+    Args:
+        values: One structure per replica, in replica order.
+        wrap: Builds the per-replica value for a leaf that differs.
+
+    Returns:
+        The merged structure.
+
+    Raises:
+        ValueError: The replicas' structures differ.
+    """
+    v0 = values[0]
+    if isinstance(v0, list | tuple):
+        for i, v in enumerate(values):
+            if not isinstance(v, list | tuple) or type(v) is not type(v0) or len(v) != len(v0):
+                raise ValueError(_structure_error(v0, v, i))
+        seqs: Sequence[Sequence[object]] = values  # type: ignore[assignment]
+        items = [regroup(tuple(s[j] for s in seqs), wrap) for j in range(len(v0))]
+        return _build(type(v0), None, items)
+    if isinstance(v0, Mapping):
+        keys = set(v0)
+        for i, v in enumerate(values):
+            if not isinstance(v, Mapping) or set(v) != keys:
+                raise ValueError(_structure_error(v0, v, i))
+        maps: Sequence[Mapping[object, object]] = values  # type: ignore[assignment]
+        ordered = _sorted_keys(v0)
+        merged = [regroup(tuple(m[k] for m in maps), wrap) for k in ordered]
+        return _build(type(v0), _mapping_keys(v0), merged)
+    if all(v is v0 for v in values):
+        return v0
+    return wrap(tuple(values))
+
+
+def _structure_error(v0: object, v: object, replica: int) -> str:
+    return (
+        f"replicas returned values of different structure: replica 0 gave "
+        f"{treedef_str(flatten(v0)[1])} but replica {replica} gave {treedef_str(flatten(v)[1])}; "
+        "every replica must return the same structure (same containers, lengths and keys)"
+    )
+
+
+def select_replica(
+    replica_id: int,
+    structure: object,
+    component: Callable[[int, object], object],
+) -> object:
+    """Pick replica ``replica_id``'s part of a structure, as TensorFlow's ``select_replica``.
+
+    Args:
+        replica_id: The replica whose part to pick.
+        structure: A structure whose leaves may be distributed values.
+        component: ``component(replica_id, leaf)`` returns the leaf's component for that
+            replica, or the leaf itself when it is not distributed.
+
+    Returns:
+        A new structure of the same containers; the input is not modified.
+    """
+    if not is_nest(structure):
+        return component(replica_id, structure)
+    return map_structure(lambda leaf: component(replica_id, leaf), structure)

@@ -1,0 +1,248 @@
+"""Builders of every collective error message, as pure functions of plain data.
+
+Every message has the same shape, so that people learn to read it once:
+
+1. one first line with the fact and the position ("... at their 3rd collective
+   (position 2)"), stable enough to grep and to anchor tests on;
+2. a blank line, then one bullet per distinct behaviour, identical replicas grouped,
+   each with what they did and where (``file:line``);
+3. the rule that was broken, in one sentence;
+4. the usual cause and the fix;
+5. where the documentation explains it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from ._signature import Signature, ordinal
+
+__all__ = [
+    "DOCS",
+    "exited_message",
+    "format_replicas",
+    "in_flight_message",
+    "mismatch_message",
+    "timeout_message",
+]
+
+DOCS = "docs/errors.md"
+
+
+def format_replicas(ids: Iterable[int]) -> str:
+    """``"replica 2"``, ``"replicas 0, 1, 3"``, ``"replicas 0-99, 101-4095"``."""
+    ordered = sorted(ids)
+    if len(ordered) == 1:
+        return f"replica {ordered[0]}"
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for i in [*ordered[1:], None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        if prev - start >= 2:
+            spans.append(f"{start}-{prev}")
+        else:
+            spans.extend(str(x) for x in range(start, prev + 1))
+        if i is not None:
+            start = prev = i
+    return "replicas " + ", ".join(spans)
+
+
+def _where(sig: Signature, *, full_path: bool) -> str:
+    if not sig.call_path:
+        return ""
+    if full_path and len(sig.call_path) > 1:
+        return " at " + " <- ".join(str(site) for site in sig.call_path)
+    return f" at {sig.call_path[0]}"
+
+
+def _group(signatures: Mapping[int, Signature], *, full_path: bool) -> list[tuple[list[int], str]]:
+    groups: dict[str, list[int]] = {}
+    for rid in sorted(signatures):
+        sig = signatures[rid]
+        text = sig.describe() + _where(sig, full_path=full_path)
+        groups.setdefault(text, []).append(rid)
+    # The largest group first: the majority is usually right, the outliers follow.
+    return sorted(((ids, text) for text, ids in groups.items()), key=lambda g: (-len(g[0]), g[0]))
+
+
+def _verb(ids: Sequence[int], singular: str, plural: str) -> str:
+    return singular if len(ids) == 1 else plural
+
+
+def _see(anchor: str) -> str:
+    return f"See {DOCS}#{anchor.lower()} in the asyncreplica documentation."
+
+
+def mismatch_message(
+    position: int,
+    signatures: Mapping[int, Signature],
+    fields: Sequence[str],
+    num_replicas: int,
+) -> str:
+    """The message of ``CollectiveMismatchError``.
+
+    Args:
+        position: The 0-based position at which replicas disagree.
+        signatures: The signature of every replica that has arrived there.
+        fields: The fields that differ (see ``_match.RULES``).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The full message.
+    """
+    full_path = "call site" in fields
+    lines = [
+        (
+            f"Replicas disagree about their {ordinal(position + 1)} collective "
+            f"(position {position}): {', '.join(fields)} differ{'s' if len(fields) == 1 else ''}."
+        ),
+        "",
+    ]
+    for ids, text in _group(signatures, full_path=full_path):
+        lines.append(f"  * {format_replicas(ids)} called {text}")
+    pending = [r for r in range(num_replicas) if r not in signatures]
+    if pending:
+        lines.append(
+            f"  * {format_replicas(pending)} {_verb(pending, 'has', 'have')} not arrived yet"
+        )
+    lines += [
+        "",
+        "Every replica must issue the same collectives, with the same arguments, in the same order.",
+    ]
+    if fields == ("call site",):
+        lines.append(
+            "The calls look alike but come from different lines: usually one replica skipped a "
+            "collective (or took another branch) and is now pairing a later call with its peers' "
+            "earlier one. Make every replica take the same path to its collectives; if the calls "
+            "really are the same collective, give them the same name= or create the strategy "
+            "with check_call_sites=False."
+        )
+    else:
+        lines.append(
+            "The usual cause is a collective inside a branch on the replica id or on per-replica "
+            "data (`if ctx.replica_id_in_sync_group == 0:`), or values whose shape or dtype "
+            "depends on the replica. Move the collective out of the branch, or make every "
+            "replica pass values of the same structure, shape and dtype."
+        )
+    lines.append(_see("CollectiveMismatchError"))
+    return "\n".join(lines)
+
+
+def exited_message(
+    exited: int,
+    exited_count: int,
+    exited_last: Signature | None,
+    position: int,
+    waiting: Mapping[int, Signature],
+) -> str:
+    """The message of ``ReplicaExitedError``.
+
+    Args:
+        exited: The replica that finished.
+        exited_count: How many collectives it made before finishing.
+        exited_last: Its last collective, if any.
+        position: The position the others wait at (or arrived at).
+        waiting: The signatures of the replicas waiting there.
+
+    Returns:
+        The full message.
+    """
+    wait_ids = sorted(waiting)
+    lines = [
+        (
+            f"Replica {exited} finished after {exited_count} collective"
+            f"{'' if exited_count == 1 else 's'}, but {format_replicas(wait_ids)} "
+            f"{_verb(wait_ids, 'is', 'are')} waiting at {_verb(wait_ids, 'its', 'their')} "
+            f"{ordinal(position + 1)} collective (position {position})."
+        ),
+        "",
+    ]
+    for ids, text in _group(waiting, full_path=False):
+        lines.append(f"  * {format_replicas(ids)} called {text}")
+    if exited_last is None:
+        last = "without making any collective"
+    else:
+        last = f"after {exited_last.describe()}{_where(exited_last, full_path=False)}"
+    lines += [
+        f"  * replica {exited} returned {last}",
+        "",
+        "Every replica must make the same number of collectives in one run.",
+        (
+            f"Either replica {exited} skipped a collective (a collective inside `if` on the replica "
+            "id or on per-replica data, or a loop whose trip count differs per replica, such as an "
+            f"uneven last batch), or {format_replicas(wait_ids)} made an extra one. Make every "
+            "replica issue the same sequence of collectives."
+        ),
+        _see("ReplicaExitedError"),
+    ]
+    return "\n".join(lines)
+
+
+def timeout_message(
+    position: int,
+    timeout: float,
+    arrived: Mapping[int, Signature],
+    missing: Mapping[int, str],
+) -> str:
+    """The message of ``CollectiveTimeoutError``.
+
+    Args:
+        position: The position of the rendezvous that timed out.
+        timeout: The timeout in seconds.
+        arrived: The signatures of the replicas that arrived.
+        missing: For each missing replica, where it is now (free text).
+
+    Returns:
+        The full message.
+    """
+    miss_ids = sorted(missing)
+    lines = [
+        (
+            f"Timed out after {timeout:g} s waiting for {format_replicas(miss_ids)} at the "
+            f"{ordinal(position + 1)} collective (position {position})."
+        ),
+        "",
+    ]
+    for ids, text in _group(arrived, full_path=False):
+        lines.append(f"  * {format_replicas(ids)} called {text} and waited")
+    by_place: dict[str, list[int]] = {}
+    for rid in miss_ids:
+        by_place.setdefault(missing[rid], []).append(rid)
+    for place, ids in by_place.items():
+        lines.append(f"  * {format_replicas(ids)} did not arrive: {place}")
+    lines += [
+        "",
+        (
+            "A collective completes only when every replica reaches it; the missing replicas are "
+            "alive but busy elsewhere."
+        ),
+        (
+            "Find what they wait for (I/O, a lock, a long computation) or raise timeout_seconds in "
+            "CommunicationOptions."
+        ),
+        _see("CollectiveTimeoutError"),
+    ]
+    return "\n".join(lines)
+
+
+def in_flight_message(replica: int, new: Signature, pending: Signature, position: int) -> str:
+    """The message for a collective issued while the same replica has one in flight."""
+    return "\n".join(
+        [
+            (
+                f"Replica {replica} issued a collective while its {ordinal(position + 1)} collective "
+                f"(position {position}) is still in flight."
+            ),
+            "",
+            f"  * in flight: {pending.describe()}{_where(pending, full_path=False)}",
+            f"  * new: {new.describe()}{_where(new, full_path=False)}",
+            "",
+            (
+                "One replica issues its collectives one at a time, in order: await each collective "
+                "before issuing the next (do not start several with asyncio.gather or a task group)."
+            ),
+            _see("CollectiveError"),
+        ]
+    )

@@ -1,0 +1,161 @@
+"""What one collective call is, as plain data: the signature.
+
+A collective call becomes a :class:`Signature` before any data moves. The ledger
+compares the signatures of all replicas at one position (see :mod:`._match`); the
+report builders print them. Nothing here touches an array: leaves are described by a
+:class:`LeafSpec` (shape and dtype as plain data) that a backend produced.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ._nest import TreeDef, treedef_str
+
+__all__ = ["CallSite", "CollectiveKind", "LeafSpec", "ReduceOp", "Signature", "ordinal"]
+
+
+class ReduceOp(enum.Enum):
+    """How values are combined across replicas.
+
+    ``SUM`` and ``MEAN`` are TensorFlow's; ``MIN``, ``MAX`` and ``PROD`` are ours. Every
+    API that takes a reduce op also accepts its name as a string, in any case
+    (``"sum"``, ``"Mean"``), as TensorFlow does.
+
+    ``MEAN`` divides the sum by the number of replicas in sync; the mean of integers
+    is float64, as in TensorFlow.
+    """
+
+    SUM = "SUM"
+    MEAN = "MEAN"
+    MIN = "MIN"
+    MAX = "MAX"
+    PROD = "PROD"
+
+    @classmethod
+    def _missing_(cls, value: object) -> ReduceOp:
+        if isinstance(value, str):
+            upper = value.upper()
+            for member in cls:
+                if member.value == upper:
+                    return member
+        names = ", ".join(m.value for m in cls)
+        raise ValueError(
+            f"{value!r} is not a valid ReduceOp: use one of {names} "
+            "(a ReduceOp member or its name as a string, in any case)"
+        )
+
+
+class CollectiveKind(enum.Enum):
+    """The collectives a replica can issue."""
+
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    BROADCAST = "broadcast"
+    REDUCE_SCATTER = "reduce_scatter"
+    BARRIER = "barrier"
+    MERGE_CALL = "merge_call"
+
+
+@dataclass(frozen=True, slots=True)
+class LeafSpec:
+    """Shape and dtype of one leaf, as a backend described it.
+
+    Attributes:
+        shape: The leaf's shape; ``()`` for a scalar. For a sparse leaf, the dense shape.
+        dtype: The dtype's name, e.g. ``"float32"``.
+        sparse: True for an ``IndexedSlices`` leaf.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    sparse: bool = False
+
+    def __str__(self) -> str:
+        dense = f"{self.dtype}[{','.join(map(str, self.shape))}]"
+        return f"IndexedSlices({dense})" if self.sparse else dense
+
+
+@dataclass(frozen=True, slots=True)
+class CallSite:
+    """One frame of a collective's call path."""
+
+    filename: str
+    lineno: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{_short_path(self.filename)}:{self.lineno}"
+
+
+def _short_path(filename: str) -> str:
+    # Keep the last two path components: enough to find the file, short enough to read.
+    parts = filename.replace("\\", "/").rsplit("/", 2)
+    return "/".join(parts[-2:]) if len(parts) > 2 else filename
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """Everything that must agree across replicas at one position.
+
+    Attributes:
+        kind: Which collective.
+        op: The reduce op (all_reduce, reduce_scatter).
+        axis: The axis (all_gather, reduce_scatter).
+        source: The source replica (broadcast).
+        merge_fn: What identifies the merge function (merge_call): its code object,
+            so closures over different values still match; None for other kinds.
+        merge_fn_name: The merge function's qualified name, for reports.
+        name: The user's ``name=`` for the collective, if any.
+        structure: The treedef of the value (None for barrier and merge_call).
+        leaves: One :class:`LeafSpec` per leaf of the value.
+        call_path: The frames from the collective call up to the step function,
+            innermost first. ``call_path[0]`` is the call site.
+    """
+
+    kind: CollectiveKind
+    op: ReduceOp | None = None
+    axis: int | None = None
+    source: int | None = None
+    merge_fn: object = None
+    merge_fn_name: str | None = None
+    name: str | None = None
+    structure: TreeDef = None
+    leaves: tuple[LeafSpec, ...] = ()
+    call_path: tuple[CallSite, ...] = ()
+
+    @property
+    def call_site(self) -> CallSite | None:
+        """The innermost frame outside asyncreplica, or None if unknown."""
+        return self.call_path[0] if self.call_path else None
+
+    def describe(self) -> str:
+        """One short phrase: ``all_reduce(SUM) on float32[1024]``."""
+        args: list[str] = []
+        if self.op is not None:
+            args.append(self.op.value)
+        if self.axis is not None:
+            args.append(f"axis={self.axis}")
+        if self.source is not None:
+            args.append(f"source={self.source}")
+        if self.merge_fn_name is not None:
+            args.append(self.merge_fn_name)
+        if self.name is not None:
+            args.append(f"name={self.name!r}")
+        text = f"{self.kind.value}({', '.join(args)})"
+        if self.kind in (CollectiveKind.BARRIER, CollectiveKind.MERGE_CALL):
+            return text
+        return f"{text} on {self.value_str()}"
+
+    def value_str(self) -> str:
+        """The value's structure with each leaf's spec: ``[float32[], float32[]]``."""
+        if self.structure is None:
+            return str(self.leaves[0]) if len(self.leaves) == 1 else "no value"
+        return treedef_str(self.structure, (str(spec) for spec in self.leaves))
+
+
+def ordinal(n: int) -> str:
+    """Return ``1st``, ``2nd``, ``3rd``, ``4th``, ... ``11th``, ``21st`` for ``n``."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"

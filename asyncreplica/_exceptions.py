@@ -1,0 +1,201 @@
+"""The exceptions of asyncreplica.
+
+::
+
+    AsyncReplicaError(Exception)
+    ├── CollectiveError(AsyncReplicaError, RuntimeError)
+    │   ├── CollectiveMismatchError          .position .signatures .fields
+    │   ├── ReplicaExitedError               .replica_id .position .waiting
+    │   └── CollectiveTimeoutError(CollectiveError, TimeoutError)  .position .arrived .missing
+    ├── ReplicaContextError(AsyncReplicaError, RuntimeError)
+    ├── BackendError(AsyncReplicaError, RuntimeError)
+    └── BackendNotFoundError(AsyncReplicaError, LookupError)  .name .available
+
+Argument validation raises the built-in ``TypeError`` and ``ValueError``. Domain failures
+use this tree; the second bases keep TensorFlow-style ``except RuntimeError`` handlers
+working. Each collective error builds its message from structured data (the builders
+live in :mod:`asyncreplica._core._report`) and keeps that data as attributes, so that no
+one has to parse the text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from ._core import _report
+
+if TYPE_CHECKING:
+    from ._core._ledger import Report
+    from ._core._signature import Signature
+
+__all__ = [
+    "AsyncReplicaError",
+    "BackendError",
+    "BackendNotFoundError",
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "ReplicaContextError",
+    "ReplicaExitedError",
+]
+
+# Names of backends this project ships or plans, with the extra that installs them.
+_INSTALL_HINTS = {
+    "numpy": "pip install asyncreplica  (numpy is a required dependency; reinstall it)",
+    "cupy": 'pip install "asyncreplica[gpu]"',
+    "mpi": 'pip install "asyncreplica[mpi]"',
+}
+
+
+class AsyncReplicaError(Exception):
+    """The base class of every error that asyncreplica raises on purpose."""
+
+
+class CollectiveError(AsyncReplicaError, RuntimeError):
+    """A collective could not complete as issued.
+
+    Attributes:
+        report: The state of every replica when the error was raised (one row per
+            replica: state, position, signature, call site and its recent
+            collectives), or None when no run was involved.
+    """
+
+    def __init__(self, message: str, *, report: Report | None = None) -> None:
+        if not message:
+            raise ValueError("a CollectiveError needs a message")
+        super().__init__(message)
+        self.report = report
+
+
+class CollectiveMismatchError(CollectiveError):
+    """Replicas issued different collectives at the same position.
+
+    Attributes:
+        position: The 0-based position at which they disagree.
+        signatures: The signature of each replica that had arrived, by replica id.
+        fields: The names of the signature fields that differ.
+    """
+
+    def __init__(
+        self,
+        position: int,
+        signatures: Mapping[int, Signature],
+        fields: Sequence[str],
+        *,
+        num_replicas: int,
+        report: Report | None = None,
+    ) -> None:
+        self.position = position
+        self.signatures = dict(signatures)
+        self.fields = tuple(fields)
+        super().__init__(
+            _report.mismatch_message(position, signatures, self.fields, num_replicas),
+            report=report,
+        )
+
+
+class ReplicaExitedError(CollectiveError):
+    """A replica finished its step function while others wait at a collective it never made.
+
+    Attributes:
+        replica_id: The replica that finished.
+        position: The position at which the others wait.
+        waiting: The ids of the replicas waiting there.
+    """
+
+    def __init__(
+        self,
+        replica_id: int,
+        position: int,
+        waiting: Mapping[int, Signature],
+        *,
+        exited_count: int,
+        exited_last: Signature | None,
+        report: Report | None = None,
+    ) -> None:
+        self.replica_id = replica_id
+        self.position = position
+        self.waiting = frozenset(waiting)
+        super().__init__(
+            _report.exited_message(replica_id, exited_count, exited_last, position, waiting),
+            report=report,
+        )
+
+
+class CollectiveTimeoutError(CollectiveError, TimeoutError):
+    """A rendezvous passed its ``timeout_seconds`` with some replicas missing.
+
+    Attributes:
+        position: The position of the rendezvous.
+        arrived: The ids of the replicas that arrived.
+        missing: The ids of the replicas that did not.
+        timeout: The timeout, in seconds.
+    """
+
+    def __init__(
+        self,
+        position: int,
+        timeout: float,
+        arrived: Mapping[int, Signature],
+        missing: Mapping[int, str],
+        *,
+        report: Report | None = None,
+    ) -> None:
+        self.position = position
+        self.timeout = timeout
+        self.arrived = frozenset(arrived)
+        self.missing = frozenset(missing)
+        super().__init__(
+            _report.timeout_message(position, timeout, arrived, missing), report=report
+        )
+
+
+class ReplicaContextError(AsyncReplicaError, RuntimeError):
+    """An API was used in the wrong context.
+
+    For example a collective outside ``Strategy.run``, a cross-replica API such as
+    ``Strategy.reduce`` inside a replica, or a ``ReplicaContext`` used after its run
+    ended. The message names the call to use instead.
+    """
+
+
+class BackendError(AsyncReplicaError, RuntimeError):
+    """A backend could not be used or an operation in it failed.
+
+    The native error, if any, is kept as ``__cause__``.
+    """
+
+
+class BackendNotFoundError(AsyncReplicaError, LookupError):
+    """No backend of the requested name could be loaded.
+
+    Attributes:
+        name: The requested name.
+        available: The names of the backends that can be loaded.
+        load_error: Why the backend failed to load, if it is installed but broken.
+    """
+
+    def __init__(
+        self, name: str, available: Sequence[str], load_error: BaseException | None = None
+    ) -> None:
+        self.name = name
+        self.available = tuple(available)
+        self.load_error = load_error
+        known = ", ".join(repr(a) for a in self.available) or "none"
+        if load_error is not None:
+            message = (
+                f"backend {name!r} is installed but failed to load: "
+                f"{type(load_error).__name__}: {load_error}. Available backends: {known}."
+            )
+        else:
+            message = f"no backend named {name!r}. Available backends: {known}."
+        hint = _INSTALL_HINTS.get(name)
+        if hint is not None:
+            message += f" Install it with: {hint}"
+        else:
+            message += (
+                " A third-party backend registers itself under the entry-point group "
+                "'asyncreplica.backends'; check its name and that it is installed."
+            )
+        super().__init__(message)

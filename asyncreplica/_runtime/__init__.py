@@ -1,0 +1,6 @@
+"""The thin async layer: runs replica tasks, feeds the ledger, awaits the backend.
+
+No rule about whether replicas agree lives here (that is :mod:`asyncreplica._core`),
+and no array library is imported (arrays are the backend's business). Everything
+runs on anyio, so asyncio, uvloop and trio all work.
+"""

@@ -1,0 +1,588 @@
+"""``ReplicaContext`` and the module functions that find the current context."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._core._nest import flatten, regroup, select_replica, unflatten
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
+from .._exceptions import ReplicaContextError
+from .._options import CommunicationOptions
+from .._values import PerReplica
+from ._inspect import call_path
+from ._mode import MODE, Mode, current_mode
+from ._values import component
+
+if TYPE_CHECKING:
+    from ._run import Run
+    from ._strategy import Strategy
+
+__all__ = [
+    "ReplicaContext",
+    "get_replica_context",
+    "get_strategy",
+    "has_strategy",
+    "in_cross_replica_context",
+]
+
+
+def get_replica_context() -> ReplicaContext | None:
+    """Return the current replica context, or None in cross-replica context.
+
+    Inside ``Strategy.run`` this is the replica's own context; inside
+    ``strategy.scope()`` or a ``merge_fn`` it is None; elsewhere it is the default
+    replica context (one replica, whose collectives are the identity).
+    """
+    return current_mode().replica
+
+
+def in_cross_replica_context() -> bool:
+    """Return True inside ``strategy.scope()`` or a ``merge_fn``, False elsewhere."""
+    return current_mode().cross_replica
+
+
+def get_strategy() -> Strategy:
+    """Return the current strategy: the one in scope or running, else the default strategy."""
+    return current_mode().strategy
+
+
+def has_strategy() -> bool:
+    """Return True when a strategy other than the default one is current."""
+    from ._strategy import DefaultStrategy
+
+    return not isinstance(current_mode().strategy, DefaultStrategy)
+
+
+def _check_args(args: object, kwargs: object, what: str) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    if not isinstance(args, list | tuple):
+        raise ValueError(
+            f"positional args must be a list or tuple, got {type(args)}: pass args=(x,) "
+            f"(note the comma) to {what}"
+        )
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"kwargs must be a mapping (a dict) or None, got {type(kwargs)}")
+    return args, kwargs
+
+
+def _merge_fn_key(merge_fn: Callable[..., Any]) -> object:
+    """What identifies a merge function across replicas: its code, not the closure."""
+    fn: object = merge_fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        call = getattr(type(fn), "__call__", None)  # noqa: B004 -- we want its code
+        code = getattr(call, "__code__", None)
+    return code if code is not None else fn
+
+
+class ReplicaContext:
+    """The context of one replica inside ``Strategy.run``: its id and its collectives.
+
+    Get it with :func:`asyncreplica.get_replica_context` inside the step function;
+    strategies create it, users do not. Every collective is awaitable and must be
+    issued by every replica, in the same order, with the same arguments: a replica
+    that skips one, adds one or passes different shapes gets a ``CollectiveError``
+    naming every replica and its call site, never a hang.
+    """
+
+    def __init__(
+        self, strategy: Strategy, replica_id_in_sync_group: int, *, run: Run | None = None
+    ) -> None:
+        self._strategy = strategy
+        self._replica_id = replica_id_in_sync_group
+        self._run = run
+
+    @property
+    def replica_id_in_sync_group(self) -> int:
+        """This replica's id, ``0 .. num_replicas_in_sync - 1`` (a Python int)."""
+        return self._replica_id
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas run in sync."""
+        return self._strategy.num_replicas_in_sync
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy this replica belongs to."""
+        return self._strategy
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The device of this replica, as a one-element tuple (``("CPU:1",)``)."""
+        self._require_current("devices")
+        return (self._strategy.extended.worker_devices[self._replica_id],)
+
+    def __repr__(self) -> str:
+        return (
+            f"<ReplicaContext replica {self._replica_id} of {self.num_replicas_in_sync} "
+            f"in {type(self._strategy).__name__}>"
+        )
+
+    # -- checks ---------------------------------------------------------------------
+
+    def _require_current(self, api: str) -> Run:
+        mode = MODE.get()
+        run = self._run
+        if mode is not None and mode.replica is self and run is not None and not run.closed:
+            return run
+        if run is not None and run.closed:
+            raise ReplicaContextError(
+                f"{api} was called on the ReplicaContext of replica {self._replica_id}, whose "
+                "Strategy.run has finished. A ReplicaContext is valid only inside the run that "
+                "created it: call asyncreplica.get_replica_context() inside the step function."
+            )
+        if mode is not None and mode.cross_replica:
+            raise ReplicaContextError(
+                f"{api} needs a replica context, but it was called in cross-replica context "
+                "(inside strategy.scope() or a merge_fn). There, use the cross-replica APIs: "
+                "await strategy.reduce(...), await strategy.gather(...), or "
+                "await strategy.extended.reduce_to(...)."
+            )
+        raise ReplicaContextError(
+            f"{api} was called on the ReplicaContext of replica {self._replica_id} from "
+            "outside that replica (another replica, or a task it started). Call "
+            "asyncreplica.get_replica_context() in the coroutine that issues the collective."
+        )
+
+    def _options(self, options: CommunicationOptions | None) -> float | None:
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+        merged = self._strategy.communication_options.merge(options)
+        return merged.timeout_seconds
+
+    def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
+        describe = self._strategy.backend.describe
+        return tuple(describe(leaf) for leaf in leaves)
+
+    @staticmethod
+    def _check_name(name: object) -> str | None:
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a string or None, got {name!r}")
+        return name
+
+    # -- collectives ------------------------------------------------------------------
+
+    async def all_reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        options: CommunicationOptions | None = None,
+        *,
+        name: str | None = None,
+    ) -> Any:
+        """Combine ``value`` across replicas with ``reduce_op``; every replica gets the result.
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name (``"sum"``, ``"MEAN"``, ...).
+            value: A number, an array, an ``IndexedSlices`` or a nest (list, tuple,
+                dict, namedtuple) of them. A nest is one collective: one rendezvous.
+            options: Per-call ``CommunicationOptions``, merged over the strategy's.
+            name: Names the collective; named calls may differ in call site.
+
+        Returns:
+            The result, with the structure of ``value``: read-only arrays, each
+            replica's own view of one shared buffer. ``all_reduce([])`` returns ``[]``.
+
+        Raises:
+            ValueError: ``reduce_op`` is not a reduce op.
+            TypeError: A leaf is not numeric.
+            CollectiveMismatchError: Another replica issued a different collective at
+                this position. The run fails; every replica is cancelled.
+            ReplicaExitedError: A replica finished without reaching this collective.
+            CollectiveTimeoutError: ``timeout_seconds`` passed with replicas missing.
+            ReplicaContextError: Called outside this replica.
+        """
+        run = self._require_current("all_reduce")
+        op = ReduceOp(reduce_op)
+        timeout = self._options(options)
+        leaves, treedef = flatten(value)
+        signature = Signature(
+            CollectiveKind.ALL_REDUCE,
+            op=op,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=self._describe(leaves),
+            call_path=call_path(),
+        )
+        backend = self._strategy.backend
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            if not leaves:
+                return [[] for _ in payloads]
+            return await backend.all_reduce(op, payloads)
+
+        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
+        return unflatten(treedef, result)
+
+    async def all_gather(
+        self,
+        value: Any,
+        axis: int,
+        options: CommunicationOptions | None = None,
+        *,
+        name: str | None = None,
+    ) -> Any:
+        """Concatenate ``value`` from every replica along ``axis``, in replica order.
+
+        Shapes may differ along ``axis`` only. Every replica gets the whole result.
+
+        Args:
+            value: An array or a nest of arrays, each of rank >= 1.
+            axis: The axis to concatenate along; negative counts from the end.
+            options: Per-call ``CommunicationOptions``.
+            name: Names the collective; named calls may differ in call site.
+
+        Returns:
+            The gathered value, with the structure of ``value`` (read-only arrays).
+
+        Raises:
+            ValueError: A leaf is a scalar, or ``axis`` is out of range.
+            NotImplementedError: A leaf is an ``IndexedSlices``.
+            CollectiveMismatchError: See :meth:`all_reduce`.
+            ReplicaExitedError: See :meth:`all_reduce`.
+            CollectiveTimeoutError: See :meth:`all_reduce`.
+            ReplicaContextError: Called outside this replica.
+        """
+        run = self._require_current("all_gather")
+        timeout = self._options(options)
+        leaves, treedef = flatten(value)
+        specs = self._describe(leaves)
+        axis = _check_axis(axis, specs, "all_gather", sparse_ok=False)
+        signature = Signature(
+            CollectiveKind.ALL_GATHER,
+            axis=axis,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
+        backend = self._strategy.backend
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            if not leaves:
+                return [[] for _ in payloads]
+            return await backend.all_gather(payloads, axis)
+
+        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
+        return unflatten(treedef, result)
+
+    async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
+        """Give every replica a copy of replica ``source``'s ``value``.
+
+        Every replica passes a value of the same structure, shape and dtype (its own
+        is ignored unless it is the source), as in other collective libraries.
+
+        Args:
+            value: An array or a nest of arrays.
+            source: The replica whose value is sent.
+            name: Names the collective; named calls may differ in call site.
+
+        Returns:
+            The source's value (read-only views of one copy).
+
+        Raises:
+            ValueError: ``source`` is not a replica id.
+            CollectiveMismatchError: See :meth:`all_reduce`.
+            ReplicaExitedError: See :meth:`all_reduce`.
+            ReplicaContextError: Called outside this replica.
+        """
+        run = self._require_current("broadcast")
+        n = self.num_replicas_in_sync
+        if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
+            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {source!r}")
+        timeout = self._options(None)
+        leaves, treedef = flatten(value)
+        signature = Signature(
+            CollectiveKind.BROADCAST,
+            source=source,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=self._describe(leaves),
+            call_path=call_path(),
+        )
+        backend = self._strategy.backend
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            return await backend.broadcast(payloads[source], len(payloads))
+
+        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
+        return unflatten(treedef, result)
+
+    async def reduce_scatter(
+        self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
+    ) -> Any:
+        """Combine ``value`` across replicas, then give replica ``i`` the ``i``-th chunk.
+
+        The result is split along ``axis`` into ``num_replicas_in_sync`` equal chunks.
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name.
+            value: An array or a nest of arrays whose ``axis`` dimension divides by the
+                number of replicas.
+            axis: The axis to split along; negative counts from the end.
+            name: Names the collective; named calls may differ in call site.
+
+        Returns:
+            This replica's chunk of the result (read-only views).
+
+        Raises:
+            ValueError: Bad ``reduce_op`` or ``axis``, or a dimension that does not
+                divide by the number of replicas.
+            CollectiveMismatchError: See :meth:`all_reduce`.
+            ReplicaExitedError: See :meth:`all_reduce`.
+            ReplicaContextError: Called outside this replica.
+        """
+        run = self._require_current("reduce_scatter")
+        op = ReduceOp(reduce_op)
+        timeout = self._options(None)
+        leaves, treedef = flatten(value)
+        specs = self._describe(leaves)
+        axis = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
+        n = self.num_replicas_in_sync
+        for spec in specs:
+            size = spec.shape[axis]
+            if size % n:
+                raise ValueError(
+                    f"reduce_scatter splits axis {axis} into {n} equal chunks, but a value of "
+                    f"shape {spec.shape} has {size} elements there: pad it to a multiple of {n}"
+                )
+        signature = Signature(
+            CollectiveKind.REDUCE_SCATTER,
+            op=op,
+            axis=axis,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
+        backend = self._strategy.backend
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            if not leaves:
+                return [[] for _ in payloads]
+            return await backend.reduce_scatter(op, payloads, axis)
+
+        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
+        return unflatten(treedef, result)
+
+    async def barrier(self, *, name: str | None = None) -> None:
+        """Wait until every replica reaches this barrier.
+
+        Raises:
+            CollectiveMismatchError: See :meth:`all_reduce`.
+            ReplicaExitedError: See :meth:`all_reduce`.
+            ReplicaContextError: Called outside this replica.
+        """
+        run = self._require_current("barrier")
+        timeout = self._options(None)
+        signature = Signature(
+            CollectiveKind.BARRIER, name=self._check_name(name), call_path=call_path()
+        )
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            return [None] * len(payloads)
+
+        await run.collective(self._replica_id, signature, None, dispatch, timeout)
+
+    async def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Pause every replica, run ``merge_fn`` once in cross-replica context, resume.
+
+        The replicas' ``args`` and ``kwargs`` are regrouped as in TensorFlow: a leaf
+        that is the same object on every replica stays as it is, other leaves become
+        ``PerReplica``. ``merge_fn(strategy, *args, **kwargs)`` runs once (it may be a
+        plain or an ``async`` function, and may await cross-replica APIs such as
+        ``strategy.reduce``). Each replica then receives its part of the result:
+        component ``i`` of a ``PerReplica`` or ``Mirrored`` leaf, the leaf itself
+        otherwise.
+
+        Args:
+            merge_fn: ``merge_fn(strategy, *args, **kwargs)``; every replica must pass
+                the same function (the same code).
+            args: This replica's positional arguments (a list or tuple).
+            kwargs: This replica's keyword arguments.
+
+        Returns:
+            This replica's part of ``merge_fn``'s result.
+
+        Raises:
+            TypeError: ``merge_fn`` is not callable.
+            ValueError: ``args`` is not a list or tuple.
+            CollectiveMismatchError: Replicas passed different merge functions, or
+                issued another collective at this position.
+            ReplicaExitedError: See :meth:`all_reduce`.
+            ReplicaContextError: Called outside this replica (``merge_call`` inside a
+                ``merge_fn`` included).
+        """
+        run = self._require_current("merge_call")
+        if not callable(merge_fn):
+            raise TypeError(
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+            )
+        args, kwargs = _check_args(args, kwargs, "merge_call")
+        timeout = self._options(None)
+        signature = Signature(
+            CollectiveKind.MERGE_CALL,
+            merge_fn=_merge_fn_key(merge_fn),
+            merge_fn_name=getattr(merge_fn, "__qualname__", type(merge_fn).__qualname__),
+            call_path=call_path(),
+        )
+        strategy = self._strategy
+        num = self.num_replicas_in_sync
+
+        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
+            merge_args = regroup([p[1] for p in payloads], PerReplica)
+            merge_kwargs = regroup([p[2] for p in payloads], PerReplica)
+            assert isinstance(merge_args, tuple | list)
+            assert isinstance(merge_kwargs, Mapping)
+            token = MODE.set(Mode(strategy, True, None))
+            try:
+                result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            finally:
+                MODE.reset(token)
+            return [select_replica(i, result, _component(num)) for i in range(num)]
+
+        payload = (merge_fn, tuple(args), dict(kwargs))
+        return await run.collective(self._replica_id, signature, payload, dispatch, timeout)
+
+
+def _component(num_replicas: int) -> Callable[[int, object], object]:
+    return functools.partial(component, num_replicas=num_replicas)
+
+
+def _check_axis(axis: object, specs: Sequence[LeafSpec], api: str, *, sparse_ok: bool) -> int:
+    if isinstance(axis, bool) or not isinstance(axis, int):
+        raise TypeError(f"{api}: axis must be an int, got {axis!r}")
+    for spec in specs:
+        if spec.sparse and not sparse_ok:
+            raise NotImplementedError(f"{api} does not support IndexedSlices")
+        rank = len(spec.shape)
+        if rank == 0:
+            raise ValueError(
+                f"{api} needs values of rank >= 1, got a scalar ({spec}): scalars cannot be "
+                "concatenated or split; reshape it to shape (1,) first"
+            )
+        if not -rank <= axis < rank:
+            raise ValueError(
+                f"{api}: axis {axis} is out of range for a value of shape {spec.shape}"
+            )
+    if axis < 0 and specs:
+        ranks = {len(spec.shape) for spec in specs}
+        if len(ranks) > 1:
+            raise ValueError(
+                f"{api}: a negative axis needs every leaf to have the same rank, got ranks "
+                f"{sorted(ranks)}; pass a non-negative axis"
+            )
+        axis += ranks.pop()
+    return axis
+
+
+class DefaultReplicaContext(ReplicaContext):
+    """The replica context outside any strategy: one replica, collectives are the identity.
+
+    As in TensorFlow, ``all_reduce`` and ``all_gather`` return the value itself (no
+    arithmetic, no dtype change) and ``merge_call`` calls ``merge_fn`` directly in
+    cross-replica context.
+    """
+
+    def _require_current(self, api: str) -> Run:
+        raise AssertionError("the default replica context has no run")
+
+    def _validate(self, value: Any) -> None:
+        leaves, _ = flatten(value)
+        self._describe(leaves)
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """The default device, ``("CPU:0",)``."""
+        return (self._strategy.extended.worker_devices[0],)
+
+    async def all_reduce(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        options: CommunicationOptions | None = None,
+        *,
+        name: str | None = None,
+    ) -> Any:
+        """Return ``value`` unchanged (one replica: nothing to combine)."""
+        ReduceOp(reduce_op)
+        self._options(options)
+        self._validate(value)
+        return value
+
+    async def all_gather(
+        self,
+        value: Any,
+        axis: int,
+        options: CommunicationOptions | None = None,
+        *,
+        name: str | None = None,
+    ) -> Any:
+        """Return ``value`` unchanged (one replica: nothing to gather)."""
+        self._options(options)
+        leaves, _ = flatten(value)
+        for spec in self._describe(leaves):
+            if spec.sparse:
+                raise NotImplementedError("all_gather does not support IndexedSlices")
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(f"all_gather: axis must be an int, got {axis!r}")
+        return value
+
+    async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
+        """Return ``value`` unchanged (one replica)."""
+        if source != 0:
+            raise ValueError(f"source must be a replica id in 0..0, got {source!r}")
+        self._validate(value)
+        return value
+
+    async def reduce_scatter(
+        self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
+    ) -> Any:
+        """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
+        ReduceOp(reduce_op)
+        self._validate(value)
+        return value
+
+    async def barrier(self, *, name: str | None = None) -> None:
+        """Return at once (one replica)."""
+
+    async def merge_call(
+        self,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
+        if not callable(merge_fn):
+            raise TypeError(
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+            )
+        if current_mode().replica is not self:
+            raise ReplicaContextError(
+                "merge_call was called in cross-replica context (inside a merge_fn or "
+                "strategy.scope()); it is available in replica context only. Inside a "
+                "merge_fn, call the cross-replica APIs directly."
+            )
+        args, kwargs = _check_args(args, kwargs, "merge_call")
+        token = MODE.set(Mode(self._strategy, True, None))
+        try:
+            result = merge_fn(self._strategy, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            MODE.reset(token)
+        return result

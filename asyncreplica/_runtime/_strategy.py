@@ -1,0 +1,740 @@
+"""Strategies: ``MirroredStrategy``, its ``extended`` and the default strategy."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import threading
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
+from typing import TYPE_CHECKING, Any, cast, final
+
+from .._core._devices import device_type, parse_device
+from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
+from .._core._signature import ReduceOp
+from .._exceptions import BackendError, BackendNotFoundError, ReplicaContextError
+from .._options import CommunicationOptions
+from .._registry import load_backend_class
+from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
+from ._context import DefaultReplicaContext, ReplicaContext, _check_args
+from ._mode import MODE, Mode, current_mode
+from ._run import Run
+from ._values import component
+
+if TYPE_CHECKING:
+    from ..abc import Backend
+
+__all__ = [
+    "DefaultStrategy",
+    "DistributedDataset",
+    "MirroredStrategy",
+    "Strategy",
+    "StrategyExtended",
+    "default_strategy",
+]
+
+
+def _coroutine_error(fn: object) -> TypeError:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "step")
+    return TypeError(
+        "Strategy.run expects a function to call once per replica, but got a coroutine "
+        f"object {fn!r}.\n\n"
+        "Probably you wrote:\n\n"
+        f"    await strategy.run({name}(x))             # incorrect!\n\n"
+        "Instead pass the function and its arguments (notice: no call parentheses):\n\n"
+        f"    await strategy.run({name}, args=(x,))     # correct"
+    )
+
+
+def _axis_tuple(axis: object) -> tuple[int, ...] | None:
+    if axis is None:
+        return None
+    if isinstance(axis, int) and not isinstance(axis, bool):
+        return (axis,)
+    if isinstance(axis, tuple | list) and all(
+        isinstance(a, int) and not isinstance(a, bool) for a in axis
+    ):
+        return tuple(axis)
+    raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {type(axis)}")
+
+
+def _normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    rank = len(shape)
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ValueError(f"`axis` = {a} out of range for `value` with rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise ValueError(f"`axis` {axes} names the same axis twice")
+    return tuple(out)
+
+
+class Strategy:
+    """The base of every strategy: run a function on replicas and combine their values.
+
+    Use :class:`MirroredStrategy`; outside any strategy, :func:`get_strategy` returns
+    the default strategy, which runs one replica and whose reductions are the identity.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str],
+        backend: Backend,
+        communication_options: CommunicationOptions,
+        check_call_sites: bool,
+    ) -> None:
+        self._devices = tuple(devices)
+        self._backend = backend
+        self._communication_options = communication_options
+        self._check_call_sites = check_call_sites
+        self._extended = StrategyExtended(self)
+
+    # -- look-ups ---------------------------------------------------------------------
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas run in sync."""
+        return len(self._devices)
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """The extended API: ``reduce_to``, ``batch_reduce_to``, ``broadcast_to``, devices."""
+        return self._extended
+
+    @property
+    def backend(self) -> Backend:
+        """The backend that holds this strategy's values."""
+        return self._backend
+
+    @property
+    def communication_options(self) -> CommunicationOptions:
+        """The strategy-wide collective options (per-call options are merged over them)."""
+        return self._communication_options
+
+    # -- context ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Make this strategy current, in cross-replica context.
+
+        Re-entering the same strategy's scope is allowed.
+
+        Yields:
+            This strategy.
+
+        Raises:
+            ReplicaContextError: Called inside a replica, or inside another strategy's
+                scope.
+        """
+        mode = current_mode()
+        if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
+            raise ReplicaContextError(
+                "Method requires being in cross-replica context, use "
+                "get_replica_context().merge_call(): strategy.scope() cannot be entered "
+                "inside a replica."
+            )
+        if mode.strategy is not self and not isinstance(mode.strategy, DefaultStrategy):
+            raise ReplicaContextError(
+                f"Mixing different strategies: {self!r} is not {mode.strategy!r}. Leave the "
+                "other strategy's scope first."
+            )
+        token = MODE.set(Mode(self, True, None))
+        try:
+            yield self
+        finally:
+            MODE.reset(token)
+
+    def _require_cross_replica(self, api: str, instead: str) -> None:
+        mode = current_mode()
+        if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
+            raise ReplicaContextError(
+                f"{api} requires cross-replica context, but it was called inside a replica. "
+                f"In a replica use {instead} instead, or call it from a merge_fn "
+                "(get_replica_context().merge_call)."
+            )
+        if mode.strategy is not self and not isinstance(mode.strategy, DefaultStrategy):
+            raise ReplicaContextError(
+                f"{api} of {self!r} was called in the scope of another strategy "
+                f"({mode.strategy!r}): mixing strategies is not supported."
+            )
+
+    # -- running ----------------------------------------------------------------------
+
+    async def run(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run ``fn`` once per replica and regroup the results.
+
+        Each replica ``i`` gets ``args`` and ``kwargs`` with every ``PerReplica`` or
+        ``Mirrored`` leaf replaced by its ``i``-th component (other leaves are passed
+        as they are, the same object to every replica). ``fn`` is usually an ``async``
+        function; a plain function is called per replica too. Results are merged as
+        TensorFlow's ``regroup`` does: containers are rebuilt, a leaf that is the same
+        object on every replica is returned as it is, other leaves become
+        ``PerReplica``.
+
+        Args:
+            fn: The step function.
+            args: Positional arguments (a list or tuple).
+            kwargs: Keyword arguments.
+
+        Returns:
+            The regrouped results.
+
+        Raises:
+            TypeError: ``fn`` is a coroutine object or not callable.
+            ValueError: ``args`` is not a list or tuple, or a ``PerReplica`` argument
+                has the wrong number of components.
+            ReplicaContextError: Called inside a replica (nested run) or inside another
+                strategy's scope.
+            CollectiveError: Replicas disagreed about their collectives.
+            Exception: Whatever a replica raised, re-raised as the same object with a
+                note naming the replica (several as an ``ExceptionGroup``). The other
+                replicas are cancelled. The strategy can run again afterwards.
+        """
+        if inspect.iscoroutine(fn):
+            fn.close()
+            raise _coroutine_error(fn)
+        if not callable(fn):
+            raise TypeError(f"Strategy.run expects a function, got {fn!r}")
+        args, kwargs = _check_args(args, kwargs, "Strategy.run")
+        mode = current_mode()
+        if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
+            raise ReplicaContextError(
+                "Strategy.run was called inside a replica (a nested run). Method requires "
+                "being in cross-replica context: call it outside the step function, or from "
+                "a merge_fn (get_replica_context().merge_call)."
+            )
+        if mode.strategy is not self and not isinstance(mode.strategy, DefaultStrategy):
+            raise ReplicaContextError(
+                f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
+            )
+        return await self._run(fn, args, kwargs)
+
+    async def _run(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
+    ) -> Any:
+        n = self.num_replicas_in_sync
+        pick = self._component
+        per_args = [select_replica(i, tuple(args), pick) for i in range(n)]
+        per_kwargs = [select_replica(i, dict(kwargs), pick) for i in range(n)]
+        run = Run(self, self._backend, check_call_sites=self._check_call_sites)
+        modes = [Mode(self, False, ReplicaContext(self, i, run=run)) for i in range(n)]
+        results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
+        return regroup(results, PerReplica)
+
+    def _component(self, replica_id: int, leaf: object) -> object:
+        return component(replica_id, leaf, num_replicas=self.num_replicas_in_sync)
+
+    # -- cross-replica APIs -------------------------------------------------------------
+
+    async def reduce(self, reduce_op: ReduceOp | str, value: Any, axis: Any = None) -> Any:
+        """Reduce ``value`` across replicas to one result (cross-replica context).
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name.
+            value: A ``PerReplica``/``Mirrored`` value, a plain value, or a nest of them
+                (every leaf is reduced).
+            axis: ``None`` reduces across replicas only, element-wise. An int, tuple or
+                list also reduces each replica's value along those axes first;
+                ``MEAN`` then divides the global sum by the global element count, so
+                uneven batches are weighted correctly.
+
+        Returns:
+            The result, with the structure of ``value`` (new, writable arrays).
+
+        Raises:
+            ReplicaContextError: Called inside a replica (use ``ctx.all_reduce``).
+            TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
+            ValueError: Bad op or axis, or ``SUM``/``PROD`` of a value that is not
+                distributed (it would be counted once per replica).
+        """
+        self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
+        op = ReduceOp(reduce_op)
+        axes = _axis_tuple(axis)
+        leaves, treedef = flatten(value)
+        out = [await self._reduce_leaf(op, leaf, axes) for leaf in leaves]
+        return unflatten(treedef, out)
+
+    async def _reduce_leaf(
+        self, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
+    ) -> object:
+        describe = self._backend.describe
+        n = self.num_replicas_in_sync
+        if isinstance(leaf, DistributedValues):
+            components = [self._component(i, leaf) for i in range(n)]
+            specs = [describe(c) for c in components]
+            if axes is None:
+                shapes = {s.shape for s in specs}
+                if len(shapes) > 1:
+                    raise ValueError(
+                        f"Strategy.reduce with axis=None combines the replicas' values "
+                        f"element-wise, so they need one shape, got {sorted(shapes)}; pass "
+                        "axis=0 to reduce along the batch axis too"
+                    )
+                return await self._backend.reduce(op, components, None)
+            norm = {_normalize_axes(axes, s.shape) for s in specs}
+            if len(norm) > 1:
+                raise ValueError(f"`axis` {axes} means different axes for values of different rank")
+            return await self._backend.reduce(op, components, norm.pop())
+        spec = describe(leaf)
+        if n > 1 and op in (ReduceOp.SUM, ReduceOp.PROD):
+            raise ValueError(
+                f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
+                f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
+                f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
+                "of strategy.run) or use MEAN."
+            )
+        if axes is None:
+            return leaf
+        return await self._backend.reduce(op, [leaf], _normalize_axes(axes, spec.shape))
+
+    async def gather(self, value: Any, axis: int) -> Any:
+        """Concatenate each replica's component along ``axis`` (cross-replica context).
+
+        Args:
+            value: A ``PerReplica`` value or a nest of them; plain leaves come back
+                unchanged (as in TensorFlow).
+            axis: The axis to concatenate along; negative counts from the end.
+
+        Returns:
+            The gathered value (new arrays), with the structure of ``value``.
+
+        Raises:
+            ReplicaContextError: Called inside a replica (use ``ctx.all_gather``).
+            NotImplementedError: A leaf is an ``IndexedSlices``.
+            ValueError: A component is a scalar or ``axis`` is out of range.
+        """
+        self._require_cross_replica(
+            "tf.distribute.Strategy.gather method", "get_replica_context().all_gather()"
+        )
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(f"gather: axis must be an int, got {axis!r}")
+        leaves, treedef = flatten(value)
+        out: list[object] = []
+        for leaf in leaves:
+            if isinstance(leaf, IndexedSlices) or (
+                isinstance(leaf, DistributedValues)
+                and any(isinstance(c, IndexedSlices) for c in leaf.values)
+            ):
+                raise NotImplementedError("gather does not support IndexedSlices")
+            if not isinstance(leaf, DistributedValues):
+                out.append(leaf)
+                continue
+            components = [self._component(i, leaf) for i in range(self.num_replicas_in_sync)]
+            for c in components:
+                shape = self._backend.describe(c).shape
+                if not shape:
+                    raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
+                _normalize_axes((axis,), shape)
+            out.append(await self._backend.gather(components, axis))
+        return unflatten(treedef, out)
+
+    def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
+        """Return the local components of ``value``, one per replica.
+
+        A ``PerReplica``/``Mirrored`` gives its components; a nest containing such
+        values gives one nest per replica; anything else gives ``(value,)``.
+        """
+        if isinstance(value, DistributedValues):
+            return value.values
+        if is_nest(value):
+            leaves, _ = flatten(value)
+            if any(isinstance(leaf, DistributedValues) for leaf in leaves):
+                return tuple(
+                    select_replica(i, value, self._component)
+                    for i in range(self.num_replicas_in_sync)
+                )
+        return (value,)
+
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
+        """Call ``value_fn(ValueContext(i, n))`` for each replica ``i``; return a ``PerReplica``.
+
+        Raises:
+            TypeError: ``value_fn`` is not callable or is ``async``.
+        """
+        if not callable(value_fn):
+            raise TypeError(f"value_fn must be callable, got {value_fn!r}")
+        n = self.num_replicas_in_sync
+        values = []
+        for i in range(n):
+            value = value_fn(ValueContext(i, n))
+            if inspect.isawaitable(value):
+                if inspect.iscoroutine(value):
+                    value.close()
+                raise TypeError("value_fn must be a plain function, not an async one")
+            values.append(value)
+        return PerReplica(values)
+
+    def experimental_distribute_dataset(
+        self, dataset: Iterable[Any] | AsyncIterable[Any], options: object = None
+    ) -> DistributedDataset:
+        """Split each global batch of ``dataset`` across the replicas.
+
+        Each batch (an array, a list, or a nest of them, all of the same length) is
+        split along its first axis into contiguous slices of ``ceil(len / n)``
+        elements, filled in replica order, as TensorFlow 2.21 does: a batch of 6 over
+        4 replicas gives 2, 2, 2 and 0 elements. Each element becomes a
+        ``PerReplica`` (in a nest, each leaf does).
+
+        Args:
+            dataset: An iterable or async iterable of global batches.
+            options: Accepted for TensorFlow compatibility; must be None.
+
+        Returns:
+            A re-iterable (and, for an async input, async-iterable) dataset.
+        """
+        if options is not None:
+            raise ValueError("experimental_distribute_dataset takes no options here; pass None")
+        if not isinstance(dataset, Iterable | AsyncIterable):
+            raise TypeError(f"dataset must be an iterable of batches, got {type(dataset).__name__}")
+        return DistributedDataset(dataset, self.num_replicas_in_sync)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {self.num_replicas_in_sync} replicas on {list(self._devices)}>"
+
+    def __copy__(self) -> Strategy:
+        raise TypeError(f"{type(self).__name__} objects cannot be copied; share the one you have")
+
+    def __deepcopy__(self, memo: object) -> Strategy:
+        raise TypeError(f"{type(self).__name__} objects cannot be copied; share the one you have")
+
+
+@final
+class DistributedDataset:
+    """Global batches split across replicas (see ``experimental_distribute_dataset``)."""
+
+    def __init__(self, dataset: Iterable[Any] | AsyncIterable[Any], num_replicas: int) -> None:
+        self._dataset = dataset
+        self._num_replicas = num_replicas
+
+    def _split(self, batch: Any) -> Any:
+        leaves, treedef = flatten(batch)
+        lengths = set()
+        for leaf in leaves:
+            if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
+                raise TypeError(
+                    "each element of a distributed dataset must be a batch (an array or a "
+                    f"sequence, or a nest of them) that can be split along its first axis, got "
+                    f"{type(leaf).__name__}"
+                )
+            lengths.add(len(leaf))
+        if len(lengths) > 1:
+            raise ValueError(f"the leaves of one batch have different lengths: {sorted(lengths)}")
+        n = self._num_replicas
+        size = lengths.pop() if lengths else 0
+        per = math.ceil(size / n)
+        bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in range(n)]
+        split = [
+            PerReplica([leaf[a:b] for a, b in bounds])  # type: ignore[index]
+            for leaf in leaves
+        ]
+        return unflatten(treedef, split)
+
+    def __iter__(self) -> Iterator[Any]:
+        if not isinstance(self._dataset, Iterable):
+            raise TypeError("this dataset is async: iterate it with `async for`")
+        for batch in self._dataset:
+            yield self._split(batch)
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        if isinstance(self._dataset, AsyncIterable):
+            async for batch in self._dataset:
+                yield self._split(batch)
+        else:
+            for batch in self._dataset:
+                yield self._split(batch)
+
+
+@final
+class StrategyExtended:
+    """The extended, cross-replica API of a strategy (``strategy.extended``)."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The device of each local replica, in replica order."""
+        return self._strategy._devices
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices that hold mirrored values: the same as :attr:`worker_devices`."""
+        return self._strategy._devices
+
+    def _destination_count(self, destinations: object) -> int | None:
+        """None for one device (a single result); else how many components."""
+        if destinations is None:
+            raise ValueError(
+                "destinations must be given: a device string (one result), a list of "
+                "devices, or a distributed value whose devices receive a Mirrored result"
+            )
+        if isinstance(destinations, str):
+            parse_device(destinations)
+            return None
+        if isinstance(destinations, DistributedValues):
+            return len(destinations.values)
+        if isinstance(destinations, list | tuple) and destinations:
+            for d in destinations:
+                parse_device(d)
+            return len(destinations)
+        raise TypeError(
+            f"destinations must be a device string, a non-empty list of devices or a "
+            f"distributed value, got {destinations!r}"
+        )
+
+    async def _mirror(self, value: object, count: int | None) -> object:
+        if count is None:
+            return value
+        views = await self._strategy.backend.broadcast([value], count)
+        return Mirrored([v[0] for v in views])
+
+    async def reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
+        """Reduce ``value`` across replicas and place the result on ``destinations``.
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name.
+            value: A ``PerReplica`` (or plain) value.
+            destinations: A device string gives one result; a list of devices or a
+                distributed value gives a ``Mirrored`` result with one read-only view
+                per destination (an all-reduce).
+            options: ``CommunicationOptions`` (hints).
+
+        Returns:
+            The reduced value, single or ``Mirrored``.
+
+        Raises:
+            ReplicaContextError: Called inside a replica.
+            ValueError: ``destinations`` is None, or as :meth:`Strategy.reduce`.
+        """
+        strategy = self._strategy
+        strategy._require_cross_replica("extended.reduce_to", "await ctx.all_reduce(...)")
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+        count = self._destination_count(destinations)
+        reduced = await strategy._reduce_leaf(ReduceOp(reduce_op), value, None)
+        return await self._mirror(reduced, count)
+
+    async def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
+        """Reduce several values, each to its destinations (see :meth:`reduce_to`).
+
+        Returns:
+            One result per pair, in order; ``[]`` for no pairs.
+        """
+        if not isinstance(value_destination_pairs, list | tuple):
+            raise TypeError("value_destination_pairs must be a list of (value, destinations) pairs")
+        results = []
+        for pair in value_destination_pairs:
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise TypeError(f"each item must be a (value, destinations) pair, got {pair!r}")
+            results.append(await self.reduce_to(reduce_op, pair[0], pair[1], options))
+        return results
+
+    async def broadcast_to(self, value: Any, destinations: Any) -> Any:
+        """Copy ``value`` to ``destinations`` as a ``Mirrored`` value.
+
+        Python numbers are returned unchanged, as in TensorFlow.
+
+        Raises:
+            ValueError: ``destinations`` is None.
+        """
+        strategy = self._strategy
+        strategy._require_cross_replica("extended.broadcast_to", "await ctx.broadcast(...)")
+        count = self._destination_count(destinations)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return value
+        strategy.backend.describe(value)
+        return await self._mirror(value, 1 if count is None else count)
+
+
+def _load_backend(name: str, devices: Sequence[str]) -> Backend:
+    cls = load_backend_class(name)
+    cls.check_available()
+    return cls(devices)
+
+
+@final
+class MirroredStrategy(Strategy):
+    """Run replicas as coroutines on one event loop, one per device.
+
+    Args:
+        devices: The replicas' devices, e.g. ``["CPU:0", "CPU:1"]`` (TensorFlow
+            spellings accepted). Default: every GPU if a GPU backend sees any, else
+            ``["CPU:0"]``.
+        backend: A backend name (``"numpy"``) or a :class:`~asyncreplica.abc.Backend`
+            instance. Default: ``"numpy"`` for CPU devices.
+        communication_options: Default ``CommunicationOptions`` for every collective.
+        check_call_sites: Whether replicas' unnamed collectives at one position must
+            come from the same call path (it catches skipped collectives whose
+            neighbours look alike). Turn it off only when replicas legitimately reach
+            the same collective through different code.
+
+    Raises:
+        TypeError: An argument has the wrong type.
+        ValueError: No devices, a duplicate or unknown device, or a device the backend
+            cannot hold values on.
+        BackendNotFoundError: ``backend`` names no installed backend.
+        BackendError: The backend is installed but cannot run here.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str] | None = None,
+        *,
+        backend: str | Backend | None = None,
+        communication_options: CommunicationOptions | None = None,
+        check_call_sites: bool = True,
+    ) -> None:
+        from ..abc import Backend
+
+        if communication_options is None:
+            communication_options = CommunicationOptions()
+        if not isinstance(communication_options, CommunicationOptions):
+            raise TypeError(
+                f"communication_options must be CommunicationOptions or None, got "
+                f"{communication_options!r}"
+            )
+        if not isinstance(check_call_sites, bool):
+            raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
+        if backend is not None and not isinstance(backend, str | Backend):
+            raise TypeError(
+                f"backend must be a backend name or a Backend instance, got {backend!r}"
+            )
+        parsed = _parse_devices(devices) if devices is not None else None
+        if isinstance(backend, Backend):
+            instance = backend
+            if parsed is None:
+                parsed = list(instance.devices) or ["CPU:0"]
+        else:
+            if parsed is None:
+                parsed = _default_devices(backend)
+            if backend is None:
+                backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
+            instance = _load_backend(backend, parsed)
+        super().__init__(parsed, instance, communication_options, check_call_sites)
+
+
+def _parse_devices(devices: object) -> list[str]:
+    if isinstance(devices, str) or not isinstance(devices, Sequence):
+        raise TypeError(
+            f"devices must be a list of device names such as ['CPU:0', 'CPU:1'], got {devices!r}"
+        )
+    parsed = [parse_device(d) for d in devices]
+    if not parsed:
+        raise ValueError("devices must name at least one device, e.g. ['CPU:0']")
+    seen: set[str] = set()
+    for spec, d in zip(devices, parsed, strict=True):
+        if d in seen:
+            raise ValueError(
+                f"device {spec!r} ({d}) is listed twice: each replica needs its own device "
+                "name (for N CPU replicas use 'CPU:0' .. 'CPU:N-1')"
+            )
+        seen.add(d)
+    return parsed
+
+
+def _default_devices(backend: str | None) -> list[str]:
+    if backend is not None:
+        return load_backend_class(backend).default_devices()
+    try:
+        gpu = load_backend_class("cupy")
+        gpu.check_available()
+        return gpu.default_devices()
+    except (BackendNotFoundError, BackendError):
+        return ["CPU:0"]
+
+
+@final
+class DefaultStrategy(Strategy):
+    """The strategy in effect outside any other: one replica, reductions are the identity."""
+
+    def __init__(self) -> None:
+        devices = ["CPU:0"]
+        lazy = cast("Backend", _LazyBackend(devices))
+        super().__init__(devices, lazy, CommunicationOptions(), True)
+        self.default_replica_context = DefaultReplicaContext(self, 0)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[Strategy]:
+        """Enter the default strategy's scope (no change of context).
+
+        Raises:
+            ReplicaContextError: Another strategy's scope is active.
+        """
+        mode = current_mode()
+        if mode.strategy is not self:
+            raise ReplicaContextError("Must not nest strategy scopes: leave the other scope first.")
+        yield self
+
+    async def _run(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
+    ) -> Any:
+        token = MODE.set(Mode(self, False, self.default_replica_context))
+        try:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+        finally:
+            MODE.reset(token)
+        return result
+
+    def experimental_distribute_values_from_function(
+        self, value_fn: Callable[[ValueContext], Any]
+    ) -> Any:
+        """Return ``value_fn(ValueContext())`` unwrapped (one replica)."""
+        if not callable(value_fn):
+            raise TypeError(f"value_fn must be callable, got {value_fn!r}")
+        return value_fn(ValueContext())
+
+
+class _LazyBackend:
+    """The default strategy's backend, loaded on first use (numpy is not imported before)."""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.devices = tuple(devices)
+        self._backend: Backend | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._backend is None:
+            self._backend = _load_backend("numpy", self.devices)
+        return getattr(self._backend, attr)
+
+
+_default: DefaultStrategy | None = None
+_default_lock = threading.Lock()
+
+
+def default_strategy() -> DefaultStrategy:
+    """Return the default strategy (created once)."""
+    global _default
+    if _default is None:
+        with _default_lock:
+            if _default is None:
+                _default = DefaultStrategy()
+    return _default

@@ -1,0 +1,133 @@
+"""The backend contract, for people who write backends.
+
+A backend holds replicas' values and combines them. The runtime hands it *all local
+replicas' values of one collective at once*, already checked by the ledger: same
+structure, shapes, dtypes and arguments on every replica. A backend therefore never
+synchronises replicas and never validates agreement; it only computes.
+
+Backends are found through the entry-point group ``asyncreplica.backends``, the same
+way for the built-in ``numpy`` backend and for third-party plugins::
+
+    [project.entry-points."asyncreplica.backends"]
+    mybackend = "mypackage:MyBackend"
+
+:func:`register_backend` registers one at run time (for tests and embedding). Every
+backend should pass :class:`asyncreplica.testing.BackendConformanceTests`.
+
+Values are passed as ``values[r][j]``: leaf ``j`` of replica ``r``, in replica order.
+Results come back in the same layout. Rules every backend follows:
+
+* never modify an input;
+* combine in replica-id order, so every replica's result is bitwise identical
+  whatever order replicas arrived in;
+* a result shared by several replicas is read-only, and each replica gets its own
+  result object (a view), so that ``Strategy.run`` regroups them into ``PerReplica``;
+* raise ``TypeError`` for a leaf it cannot hold, ``BackendError`` for a failure of
+  the native library (keeping the native error as ``__cause__``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import ClassVar
+
+from ._core._signature import LeafSpec, ReduceOp
+from ._registry import available_backends, register_backend
+
+__all__ = ["Backend", "LeafSpec", "ReduceOp", "available_backends", "register_backend"]
+
+Leaves = Sequence[Sequence[object]]
+
+
+class Backend(abc.ABC):
+    """The contract between the runtime and a place that holds values.
+
+    Args:
+        devices: The canonical device of each local replica (``"CPU:0"``, ...), in
+            replica order.
+
+    Raises:
+        ValueError: The backend cannot hold values on one of ``devices``.
+    """
+
+    #: The name users pass as ``backend=``; set by each subclass.
+    name: ClassVar[str] = ""
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        self.devices = tuple(devices)
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ``BackendError`` saying why this backend cannot run here, if it cannot.
+
+        The default does nothing: the backend is always available.
+        """
+        return
+
+    @classmethod
+    def default_devices(cls) -> list[str]:
+        """The devices a strategy uses when none are given. The default is ``["CPU:0"]``."""
+        return ["CPU:0"]
+
+    @abc.abstractmethod
+    def describe(self, value: object) -> LeafSpec:
+        """Describe one leaf: its shape and dtype.
+
+        Args:
+            value: A leaf a replica passed to a collective.
+
+        Returns:
+            Its :class:`LeafSpec`.
+
+        Raises:
+            TypeError: The backend cannot hold this value (a string, ``None``, an
+                object array, ...). The message says what is accepted.
+        """
+
+    @abc.abstractmethod
+    async def all_reduce(self, op: ReduceOp, values: Leaves) -> list[list[object]]:
+        """Combine each leaf across replicas with ``op``; every replica gets the result.
+
+        ``MEAN`` divides by ``len(values)``; the mean of integers is float64.
+        ``IndexedSlices`` leaves are concatenated (``MEAN`` also scales their values).
+        """
+
+    @abc.abstractmethod
+    async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
+        """Concatenate each leaf along ``axis`` (``0 <= axis < rank``) in replica order."""
+
+    @abc.abstractmethod
+    async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
+        """Combine each leaf with ``op``, then scatter it in equal chunks.
+
+        Replica ``r`` gets the ``r``-th of ``len(values)`` equal chunks along ``axis``
+        (the runtime has checked that the dimension divides).
+        """
+
+    @abc.abstractmethod
+    async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
+        """Give each of ``num_replicas`` replicas a copy of the source's leaves ``values``.
+
+        The copy is made once; replicas get read-only views of it.
+        """
+
+    @abc.abstractmethod
+    async def reduce(
+        self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
+    ) -> object:
+        """Reduce one value held as one component per replica to one result.
+
+        With ``axis=None`` components are combined element-wise. With an axis tuple
+        each component is first reduced along those axes; ``MEAN`` divides the global
+        sum by the global element count, so uneven components are weighted correctly.
+        The result belongs to the caller (it is writable).
+        """
+
+    @abc.abstractmethod
+    async def gather(self, components: Sequence[object], axis: int) -> object:
+        """Concatenate the components along ``axis`` into one new value."""
+
+    async def aclose(self) -> None:
+        """Release what the backend holds. The default does nothing."""
+        return

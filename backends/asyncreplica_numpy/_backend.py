@@ -1,0 +1,212 @@
+"""NumpyBackend: reductions in replica order into one shared, read-only buffer."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from asyncreplica import IndexedSlices
+from asyncreplica.abc import Backend, LeafSpec, ReduceOp
+
+__all__ = ["NumpyBackend"]
+
+Leaves = Sequence[Sequence[object]]
+Array = npt.NDArray[Any]
+
+# dtype kinds that reductions accept: signed, unsigned, float, complex.
+_NUMERIC_KINDS = frozenset("iufc")
+# dtype kinds a value may have at all (bool and the numeric kinds).
+_HOLDABLE_KINDS = frozenset("biufc")
+
+_BINARY: dict[ReduceOp, Callable[..., Array]] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MEAN: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PROD: np.multiply,
+}
+
+
+# Reduce one replica's value along axes, before combining across replicas.
+_LOCAL: dict[ReduceOp, Callable[..., Any]] = {
+    ReduceOp.SUM: np.sum,
+    ReduceOp.MIN: np.min,
+    ReduceOp.MAX: np.max,
+    ReduceOp.PROD: np.prod,
+}
+
+
+def _as_array(value: object) -> Array:
+    if isinstance(value, np.ndarray):
+        return value
+    return np.asarray(value)
+
+
+def _shared(out: Array, n: int) -> list[Array]:
+    """Freeze ``out`` and return one view of it per replica."""
+    out.flags.writeable = False
+    return [out.view() for _ in range(n)]
+
+
+def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
+    """Combine arrays in replica order into one new array (inputs untouched)."""
+    ufunc = _BINARY[op]
+    if len(arrays) == 1:
+        out = np.array(arrays[0], copy=True)
+    else:
+        # np.asarray: a ufunc of two 0-d arrays returns a numpy scalar, not an array.
+        out = np.asarray(ufunc(arrays[0], arrays[1]))
+        for a in arrays[2:]:
+            ufunc(out, a, out=out)
+    if op is ReduceOp.MEAN:
+        out = _divide(out, len(arrays))
+    return out
+
+
+def _divide(out: Array, n: int) -> Array:
+    if out.dtype.kind in "fc":
+        np.true_divide(out, n, out=out)
+        return out
+    # The mean of integers is float64, as in TensorFlow.
+    return np.asarray(np.true_divide(out, n, dtype=np.float64))
+
+
+class NumpyBackend(Backend):
+    """Values are numpy arrays (numpy scalars and Python numbers are accepted) on the CPU.
+
+    Results that several replicas receive share one read-only buffer; each replica gets
+    its own view. Reductions run in replica-id order, so results are bitwise identical
+    on every replica whatever the arrival order.
+
+    Args:
+        devices: Each local replica's device; all must be CPU devices.
+
+    Raises:
+        ValueError: A device is not a CPU device.
+    """
+
+    name: ClassVar[str] = "numpy"
+
+    def __init__(self, devices: Sequence[str]) -> None:
+        super().__init__(devices)
+        others = [d for d in self.devices if not d.startswith("CPU:")]
+        if others:
+            raise ValueError(
+                f"the numpy backend holds values on the CPU only, but devices {others} were "
+                "requested: use CPU devices ('CPU:0', 'CPU:1', ...) or a GPU backend "
+                "(backend='cupy')"
+            )
+
+    def describe(self, value: object) -> LeafSpec:
+        """Describe a numpy array, numpy scalar, Python number or ``IndexedSlices``."""
+        if isinstance(value, IndexedSlices):
+            values = self._checked(value.values, "IndexedSlices.values")
+            self._checked(value.indices, "IndexedSlices.indices")
+            return LeafSpec(value.dense_shape, values.dtype.name, sparse=True)
+        array = self._checked(value, "a collective's value")
+        return LeafSpec(array.shape, array.dtype.name)
+
+    @staticmethod
+    def _checked(value: object, what: str) -> Array:
+        if value is None or isinstance(value, str | bytes):
+            raise TypeError(_not_numeric(value, what))
+        try:
+            array = _as_array(value)
+        except Exception as exc:
+            raise TypeError(_not_numeric(value, what)) from exc
+        if array.dtype.kind not in _HOLDABLE_KINDS:
+            raise TypeError(_not_numeric(value, what))
+        return array
+
+    @staticmethod
+    def _reducible(array: Array) -> Array:
+        if array.dtype.kind not in _NUMERIC_KINDS:
+            raise TypeError(
+                f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
+                "complex values (cast booleans first, e.g. x.astype(np.int32))"
+            )
+        return array
+
+    async def all_reduce(self, op: ReduceOp, values: Leaves) -> list[list[object]]:
+        """Combine each leaf across replicas; see :meth:`Backend.all_reduce`."""
+        n = len(values)
+        out: list[list[object]] = [[] for _ in range(n)]
+        for j in range(len(values[0])):
+            first = values[0][j]
+            if isinstance(first, IndexedSlices):
+                views: Sequence[object] = self._reduce_slices(op, [v[j] for v in values])
+            else:
+                arrays = [self._reducible(_as_array(v[j])) for v in values]
+                views = _shared(_combine(op, arrays), n)
+            for r in range(n):
+                out[r].append(views[r])
+        return out
+
+    def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
+        if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+            raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+        parts = [s for s in slices if isinstance(s, IndexedSlices)]
+        values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
+        indices = np.concatenate([_as_array(s.indices) for s in parts], axis=0)
+        if op is ReduceOp.MEAN:
+            values = _divide(values, len(parts))
+        values_views = _shared(values, len(parts))
+        index_views = _shared(indices, len(parts))
+        return [
+            IndexedSlices(v, i, parts[0].dense_shape)
+            for v, i in zip(values_views, index_views, strict=True)
+        ]
+
+    async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
+        """Concatenate each leaf along ``axis``; see :meth:`Backend.all_gather`."""
+        n = len(values)
+        out: list[list[object]] = [[] for _ in range(n)]
+        for j in range(len(values[0])):
+            joined = np.concatenate([_as_array(v[j]) for v in values], axis=axis)
+            for r, view in enumerate(_shared(joined, n)):
+                out[r].append(view)
+        return out
+
+    async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
+        """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
+        n = len(values)
+        out: list[list[object]] = [[] for _ in range(n)]
+        for j in range(len(values[0])):
+            reduced = _combine(op, [self._reducible(_as_array(v[j])) for v in values])
+            reduced.flags.writeable = False
+            for r, chunk in enumerate(np.split(reduced, n, axis=axis)):
+                out[r].append(chunk)
+        return out
+
+    async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
+        """Copy the source's leaves once; see :meth:`Backend.broadcast`."""
+        copies = [_shared(np.array(_as_array(v), copy=True), num_replicas) for v in values]
+        return [[views[r] for views in copies] for r in range(num_replicas)]
+
+    async def reduce(
+        self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
+    ) -> object:
+        """Reduce to one writable result; see :meth:`Backend.reduce`."""
+        arrays = [self._reducible(_as_array(c)) for c in components]
+        if axis is None:
+            return _combine(op, arrays)
+        if op is ReduceOp.MEAN:
+            total = _combine(ReduceOp.SUM, [a.sum(axis=axis) for a in arrays])
+            count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
+            return _divide(total, count) if count else np.true_divide(total, count)
+        local = _LOCAL[op]
+        return _combine(op, [np.asarray(local(a, axis=axis)) for a in arrays])
+
+    async def gather(self, components: Sequence[object], axis: int) -> object:
+        """Concatenate components into one new array; see :meth:`Backend.gather`."""
+        return np.concatenate([_as_array(c) for c in components], axis=axis)
+
+
+def _not_numeric(value: object, what: str) -> str:
+    return (
+        f"{what} must be a number, a numpy array or a nest (list, tuple, dict) of them, "
+        f"got {type(value).__name__} {value!r:.60}"
+    )
