@@ -217,7 +217,7 @@ async def test_run_rejects_coroutine_object_with_right_call(two: ar.MirroredStra
         coro.close()
 
     message = str(info.value)
-    assert re.search(r"run\(step(,|\))", message), message
+    assert re.search(r"run\([\w.<>]*\bstep, args=", message), message
 
 
 # Nothing the user passed is modified; results are read-only ---------------------------------------
@@ -335,7 +335,9 @@ async def test_collective_results_are_read_only(two: ar.MirroredStrategy, collec
             out[0] = 99.0
 
 
-async def test_strategy_reduce_result_is_read_only(two: ar.MirroredStrategy) -> None:
-    result = await two.reduce("sum", ar.PerReplica((np.arange(3.0), np.arange(3.0))), None)
+async def test_strategy_reduce_result_does_not_alias_inputs(two: ar.MirroredStrategy) -> None:
+    a, b = np.arange(3.0), np.arange(3.0)
+    result = await two.reduce("sum", ar.PerReplica((a, b)), None)
     np.testing.assert_array_equal(result, [0.0, 2.0, 4.0])
-    assert not result.flags.writeable
+    assert not np.shares_memory(result, a)
+    assert not np.shares_memory(result, b)

@@ -423,12 +423,15 @@ async def test_merge_fn_can_reduce_and_result_is_unwrapped(two: ar.MirroredStrat
 
 
 async def test_merge_call_inside_merge_fn_is_a_context_error(two: ar.MirroredStrategy) -> None:
-    async def mf(strategy, ctx):
-        await ctx.merge_call(lambda s: None)
+    contexts = {}
+
+    async def mf(strategy):
+        await contexts[0].merge_call(lambda s: None)
 
     async def step():
         ctx = ar.get_replica_context()
-        await ctx.merge_call(mf, args=(ctx,))
+        contexts[ctx.replica_id_in_sync_group] = ctx
+        await ctx.merge_call(mf)
 
     with pytest.raises(ar.ReplicaContextError):
         await two.run(step)

@@ -515,7 +515,8 @@ class StrategyExtended:
 
         Args:
             reduce_op: A :class:`ReduceOp` or its name.
-            value: A ``PerReplica`` (or plain) value.
+            value: A ``PerReplica`` (or plain) value, or a nest of them (each leaf is
+                reduced).
             destinations: A device string gives one result; a list of devices or a
                 distributed value gives a ``Mirrored`` result with one read-only view
                 per destination (an all-reduce).
@@ -532,9 +533,11 @@ class StrategyExtended:
         strategy._require_cross_replica("extended.reduce_to", "await ctx.all_reduce(...)")
         if options is not None and not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+        op = ReduceOp(reduce_op)
         count = self._destination_count(destinations)
-        reduced = await strategy._reduce_leaf(ReduceOp(reduce_op), value, None)
-        return await self._mirror(reduced, count)
+        leaves, treedef = flatten(value)
+        out = [await self._mirror(await strategy._reduce_leaf(op, v, None), count) for v in leaves]
+        return unflatten(treedef, out)
 
     async def batch_reduce_to(
         self,
@@ -547,6 +550,9 @@ class StrategyExtended:
         Returns:
             One result per pair, in order; ``[]`` for no pairs.
         """
+        self._strategy._require_cross_replica(
+            "extended.batch_reduce_to", "await ctx.all_reduce(...)"
+        )
         if not isinstance(value_destination_pairs, list | tuple):
             raise TypeError("value_destination_pairs must be a list of (value, destinations) pairs")
         results = []

@@ -1,0 +1,163 @@
+"""Golden tests of the collective error messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncreplica import CollectiveMismatchError, ReplicaExitedError
+from asyncreplica._core._nest import flatten
+from asyncreplica._core._report import format_replicas
+from asyncreplica._core._signature import (
+    CallSite,
+    CollectiveKind,
+    LeafSpec,
+    ReduceOp,
+    Signature,
+    ordinal,
+)
+
+SITE = (
+    CallSite("/home/u/proj/train.py", 88, "step"),
+    CallSite("/home/u/proj/train.py", 120, "main"),
+)
+OTHER = (
+    CallSite("/home/u/proj/train.py", 95, "step"),
+    CallSite("/home/u/proj/train.py", 120, "main"),
+)
+
+
+@pytest.mark.parametrize(
+    ("ids", "text"),
+    [
+        ([2], "replica 2"),
+        ([3, 0, 1], "replicas 0-3"[:0] + "replicas 0, 1, 3"),
+        ([0, 1, 2, 3, 5], "replicas 0-3, 5"),
+        (list(range(4096)), "replicas 0-4095"),
+        ([0, 1, 4, 5], "replicas 0, 1, 4, 5"),
+    ],
+)
+def test_format_replicas(ids: list[int], text: str) -> None:
+    assert format_replicas(ids) == text
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (1, "1st"),
+        (2, "2nd"),
+        (3, "3rd"),
+        (4, "4th"),
+        (11, "11th"),
+        (12, "12th"),
+        (13, "13th"),
+        (21, "21st"),
+        (102, "102nd"),
+    ],
+)
+def test_ordinal(n: int, text: str) -> None:
+    assert ordinal(n) == text
+
+
+def test_mismatch_message_golden() -> None:
+    reduce = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        leaves=(LeafSpec((1024,), "float32"),),
+        call_path=SITE,
+    )
+    gather = Signature(
+        CollectiveKind.ALL_GATHER, axis=0, leaves=(LeafSpec((1024,), "float32"),), call_path=OTHER
+    )
+    error = CollectiveMismatchError(
+        2,
+        {0: reduce, 1: reduce, 3: reduce, 2: gather},
+        ("kind", "reduce op", "axis", "call site"),
+        num_replicas=5,
+    )
+    assert str(error) == (
+        "Replicas disagree about their 3rd collective (position 2): kind, reduce op, axis, call site differ.\n"
+        "\n"
+        "  * replicas 0, 1, 3 called all_reduce(SUM) on float32[1024] at proj/train.py:88 <- proj/train.py:120\n"
+        "  * replica 2 called all_gather(axis=0) on float32[1024] at proj/train.py:95 <- proj/train.py:120\n"
+        "  * replica 4 has not arrived yet\n"
+        "\n"
+        "Every replica must issue the same collectives, with the same arguments, in the same order.\n"
+        "The usual cause is a collective inside a branch on the replica id or on per-replica data "
+        "(`if ctx.replica_id_in_sync_group == 0:`), or values whose shape or dtype depends on the replica. "
+        "Move the collective out of the branch, or make every replica pass values of the same structure, "
+        "shape and dtype.\n"
+        "See docs/errors.md#collectivemismatcherror in the asyncreplica documentation."
+    )
+
+
+def test_mismatch_of_structures_prints_both_structures() -> None:
+    _, td_list = flatten([1.0, 2.0])
+    _, td_dict = flatten({"a": 1.0})
+    a = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        structure=td_list,
+        leaves=(LeafSpec((), "float64"),) * 2,
+    )
+    b = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        structure=td_dict,
+        leaves=(LeafSpec((), "float64"),),
+    )
+    text = str(
+        CollectiveMismatchError(0, {0: a, 1: b}, ("structure", "dtype", "shape"), num_replicas=2)
+    )
+    assert "replica 0 called all_reduce(SUM) on [float64[], float64[]]" in text
+    assert "replica 1 called all_reduce(SUM) on {'a': float64[]}" in text
+
+
+def test_call_site_only_mismatch_explains_skipped_collective() -> None:
+    a = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        leaves=(LeafSpec((), "float64"),),
+        call_path=SITE,
+    )
+    b = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        leaves=(LeafSpec((), "float64"),),
+        call_path=OTHER,
+    )
+    text = str(CollectiveMismatchError(0, {0: a, 1: b}, ("call site",), num_replicas=2))
+    assert (
+        text.splitlines()[0]
+        == "Replicas disagree about their 1st collective (position 0): call site differs."
+    )
+    assert "usually one replica skipped a collective" in text
+    assert "name= or create the strategy with check_call_sites=False" in text
+
+
+def test_exited_message_golden() -> None:
+    wait = Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.MEAN,
+        leaves=(LeafSpec((8,), "float32"),),
+        call_path=SITE,
+    )
+    last = Signature(CollectiveKind.BARRIER, call_path=OTHER)
+    error = ReplicaExitedError(1, 3, {0: wait, 2: wait}, exited_count=3, exited_last=last)
+    assert str(error) == (
+        "Replica 1 finished after 3 collectives, but replicas 0, 2 are waiting at their 4th collective (position 3).\n"
+        "\n"
+        "  * replicas 0, 2 called all_reduce(MEAN) on float32[8] at proj/train.py:88\n"
+        "  * replica 1 returned after barrier() at proj/train.py:95\n"
+        "\n"
+        "Every replica must make the same number of collectives in one run.\n"
+        "Either replica 1 skipped a collective (a collective inside `if` on the replica id or on per-replica "
+        "data, or a loop whose trip count differs per replica, such as an uneven last batch), or replicas 0, 2 "
+        "made an extra one. Make every replica issue the same sequence of collectives.\n"
+        "See docs/errors.md#replicaexitederror in the asyncreplica documentation."
+    )
+    assert error.waiting == frozenset({0, 2})
+
+
+def test_merge_call_signature_describes_function() -> None:
+    s = Signature(CollectiveKind.MERGE_CALL, merge_fn=object(), merge_fn_name="update")
+    assert s.describe() == "merge_call(update)"
