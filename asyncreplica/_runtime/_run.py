@@ -137,6 +137,11 @@ class Run:
         args: Sequence[Any],
         kwargs: Mapping[str, Any],
     ) -> None:
+        if self.failed:
+            # Another replica failed before this one started: like TensorFlow, replicas
+            # do not start a segment after a failure; this one is cancelled, not run.
+            self.ledger.cancel(replica)
+            return
         MODE.set(mode)
         try:
             result = fn(*args, **kwargs)

@@ -1,0 +1,261 @@
+"""Failure semantics: root causes, cancellation, timeouts, reuse after errors."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import numpy as np
+import pytest
+
+import asyncreplica as ar
+
+pytestmark = pytest.mark.anyio
+
+
+def strategy(n: int = 3, **kwargs: object) -> ar.MirroredStrategy:
+    return ar.MirroredStrategy([f"CPU:{i}" for i in range(n)], **kwargs)  # type: ignore[arg-type]
+
+
+async def test_exception_is_reraised_as_the_same_object_with_a_note() -> None:
+    s = strategy()
+    boom = ValueError("boom")
+    after: list[int] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            raise boom
+        await ctx.all_reduce("sum", 2.0)
+        after.append(ctx.replica_id_in_sync_group)
+
+    with pytest.raises(ValueError, match=r"^boom") as info:
+        await s.run(step)
+    assert info.value is boom
+    assert info.value.__notes__ == ["(raised in replica 1 of 3 in MirroredStrategy.run)"]
+    assert after == []  # the others were cancelled at their second collective
+
+
+async def test_replicas_do_not_start_after_a_failure() -> None:
+    s = strategy(4)
+    started: list[int] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        started.append(ctx.replica_id_in_sync_group)
+        raise KeyError(ctx.replica_id_in_sync_group)
+
+    with pytest.raises(KeyError):
+        await s.run(step)
+    assert len(started) == 1
+
+
+async def test_independent_failures_come_as_a_group_in_replica_order() -> None:
+    s = strategy(3)
+    released = anyio.Event()
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        rid = ctx.replica_id_in_sync_group
+        if rid == 0:
+            # Replicas 1 and 2 are parked below, shielded from cancellation.
+            await anyio.wait_all_tasks_blocked()
+            released.set()
+            raise ValueError("boom 0")
+        with anyio.CancelScope(shield=True):
+            await released.wait()
+            raise ValueError(f"boom {rid}")
+
+    with pytest.raises(ExceptionGroup) as info:
+        await s.run(step)
+    assert [str(e) for e in info.value.exceptions] == ["boom 0", "boom 1", "boom 2"]
+    assert info.value.exceptions[2].__notes__ == [
+        "(raised in replica 2 of 3 in MirroredStrategy.run)"
+    ]
+
+
+async def test_strategy_runs_again_after_every_kind_of_failure() -> None:
+    s = strategy(2)
+
+    async def mismatch() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", np.zeros(1 + ctx.replica_id_in_sync_group))
+
+    async def exits() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group:
+            await ctx.barrier()
+
+    async def raises() -> None:
+        raise RuntimeError("x")
+
+    async def good() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", float(ctx.replica_id_in_sync_group + 1))
+
+    for bad, error in [
+        (mismatch, ar.CollectiveMismatchError),
+        (exits, ar.ReplicaExitedError),
+        (raises, RuntimeError),
+    ]:
+        with pytest.raises(error):
+            await s.run(bad)
+        assert s.experimental_local_results(await s.run(good)) == (3.0, 3.0)
+
+
+async def test_cancelling_the_run_from_outside_cancels_every_replica() -> None:
+    s = strategy(3)
+    never = anyio.Event()
+    finished: list[int] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        try:
+            if ctx.replica_id_in_sync_group == 2:
+                await never.wait()
+            await ctx.all_reduce("sum", 1.0)
+        finally:
+            finished.append(ctx.replica_id_in_sync_group)
+
+    before = len(anyio.get_running_tasks())
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(s.run, step)
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert sorted(finished) == [0, 1, 2]
+    assert len(anyio.get_running_tasks()) == before
+
+
+async def test_timeout_names_arrived_and_missing_replicas() -> None:
+    s = strategy(3, communication_options=ar.CommunicationOptions(timeout_seconds=0.05))
+    never = anyio.Event()
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 1:
+            await never.wait()  # alive, but busy elsewhere
+        await ctx.all_reduce("sum", 1.0)
+
+    with pytest.raises(ar.CollectiveTimeoutError) as info:
+        await s.run(step)
+    error = info.value
+    assert isinstance(error, TimeoutError)
+    assert error.arrived == frozenset({0, 2})
+    assert error.missing == frozenset({1})
+    assert str(error).startswith(
+        "Timed out after 0.05 s waiting for replica 1 at the 1st collective (position 0)."
+    )
+
+
+async def test_per_call_timeout_overrides_the_strategy() -> None:
+    s = strategy(2)
+    never = anyio.Event()
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 1:
+            await never.wait()
+        await ctx.all_reduce("sum", 1.0, ar.CommunicationOptions(timeout_seconds=0.01))
+
+    with pytest.raises(ar.CollectiveTimeoutError):
+        await s.run(step)
+
+
+async def test_merge_fn_exception_fails_the_run() -> None:
+    s = strategy(2)
+
+    def merge_fn(strategy: ar.Strategy) -> None:
+        raise ZeroDivisionError("in merge_fn")
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.merge_call(merge_fn)
+
+    with pytest.raises(ZeroDivisionError, match="in merge_fn"):
+        await s.run(step)
+
+
+async def test_results_do_not_depend_on_arrival_order() -> None:
+    # Float addition is not associative: (1 + 1e16) - 1e16 == 0, but (-1e16 + 1e16) + 1 == 1.
+    values = [1.0, 1e16, -1e16]
+    expected = (values[0] + values[1]) + values[2]
+    s = strategy(3)
+    turn = [anyio.Event() for _ in range(4)]
+    turn[3].set()
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        rid = ctx.replica_id_in_sync_group
+        await turn[rid + 1].wait()  # replica 2 arrives first, then 1, then 0
+        turn[rid].set()
+        return await ctx.all_reduce("sum", np.float64(values[rid]))
+
+    results = s.experimental_local_results(await s.run(step))
+    assert [float(r) for r in results] == [expected] * 3
+    assert expected == 0.0
+    assert not math.isclose(sum(reversed(values)), expected)
+
+
+async def test_each_replica_gets_its_own_read_only_view() -> None:
+    s = strategy(3)
+    x = np.arange(4, dtype=np.float32)
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", x)
+
+    results = s.experimental_local_results(await s.run(step))
+    assert len({id(r) for r in results}) == 3
+    assert all(np.shares_memory(results[0], r) for r in results)
+    assert not any(r.flags.writeable for r in results)
+    np.testing.assert_array_equal(x, np.arange(4, dtype=np.float32))
+    assert x.flags.writeable
+
+
+async def test_unnamed_collectives_in_flight_together_raise() -> None:
+    s = strategy(2)
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ctx.all_reduce, "sum", 1.0)
+            tg.start_soon(ctx.all_reduce, "sum", 2.0)
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 -- one or several replicas
+        await s.run(step)
+    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]
+    leaves = [
+        e
+        for group in errors
+        for e in (group.exceptions if isinstance(group, BaseExceptionGroup) else [group])
+    ]
+    assert leaves
+    assert all(isinstance(e, ar.CollectiveError) and "is still in flight" in str(e) for e in leaves)
+
+
+async def test_collective_from_a_task_outside_the_replica_raises() -> None:
+    s = strategy(2)
+    holder: list[ar.ReplicaContext] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        holder.append(ctx)
+
+    await s.run(step)
+    with pytest.raises(ar.ReplicaContextError, match=r"whose Strategy\.run has finished"):
+        await holder[0].all_reduce("sum", 1.0)
