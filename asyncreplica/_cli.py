@@ -104,12 +104,15 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--learning-rate",
         type=_positive_float,
-        default=0.5,
+        default=0.1,
         metavar="LR",
         help="gradient descent step size (default: %(default)s)",
     )
     demo.add_argument(
-        "--seed", type=int, default=0, help="seed of the data set (default: %(default)s)"
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the data set and its shuffles (default: %(default)s)",
     )
     demo.add_argument(
         "--backend",

@@ -30,7 +30,6 @@ from typing import Literal, TextIO
 
 import anyio
 import numpy as np
-import sniffio
 from numpy.typing import NDArray
 
 import asyncreplica as ar
@@ -51,7 +50,6 @@ Batch = tuple[FloatArray, FloatArray]
 """One batch: features of shape ``(n, features)`` and 0/1 labels of shape ``(n,)``."""
 
 LoopName = Literal["asyncio", "trio", "uvloop"]
-LOOPS: tuple[LoopName, ...] = ("asyncio", "trio", "uvloop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +75,7 @@ class DemoConfig:
     samples: int = 4000
     features: int = 8
     seed: int = 0
-    learning_rate: float = 0.5
+    learning_rate: float = 0.1
     backend: str = "numpy"
     tolerance: float = 1e-9
 
@@ -253,8 +251,7 @@ async def train(
     Args:
         config: The settings of the run.
         out: Where to print; ``sys.stdout`` when ``None``.
-        loop: Name of the running event loop, for the summary; found with ``sniffio`` when
-            ``None``.
+        loop: Name of the running event loop, for the summary; left out when ``None``.
 
     Returns:
         The trained weights of every replica, the loss of each epoch and the final accuracy.
@@ -264,7 +261,7 @@ async def train(
     """
     stream = sys.stdout if out is None else out
     strategy = ar.MirroredStrategy(config.devices, backend=config.backend)
-    for line in _summary(config, sniffio.current_async_library() if loop is None else loop):
+    for line in _summary(config, loop):
         print(line, file=stream)
     data = make_dataset(config.samples, config.features, config.seed)
     # Every replica starts from its own copy of the same weights, like a MirroredVariable.
@@ -347,15 +344,16 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _summary(config: DemoConfig, loop: str) -> Iterator[str]:
+def _summary(config: DemoConfig, loop: str | None) -> Iterator[str]:
     yield (
         f"asyncreplica demo: logistic regression on {_plural(config.samples, 'sample')} x"
         f" {_plural(config.features, 'feature')}, global batch {config.batch_size},"
         f" {_plural(config.epochs, 'epoch')}"
     )
+    on_loop = "" if loop is None else f", loop {loop}"
     yield (
         f"{_plural(config.replicas, 'replica')} on {', '.join(config.devices)},"
-        f" backend {config.backend}, loop {loop}"
+        f" backend {config.backend}{on_loop}"
     )
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import re
 import subprocess
 import sys
+from importlib.machinery import ModuleSpec
 
 import numpy as np
 import pytest
@@ -90,19 +92,26 @@ def test_weights_match_single_replica(
         assert difference == 0.0  # one replica does exactly the reference's arithmetic
 
 
-def test_small_config_has_uneven_and_empty_shards() -> None:
+@pytest.mark.parametrize(
+    ("replicas", "expected"),
+    [
+        pytest.param(3, [[22, 22, 20], [22, 22, 20], [1, 1, 0]], id="3-replicas"),
+        pytest.param(4, [[16, 16, 16, 16], [16, 16, 16, 16], [1, 1, 0, 0]], id="4-replicas"),
+    ],
+)
+def test_small_config_has_uneven_and_empty_shards(replicas: int, expected: list[list[int]]) -> None:
     # The premise of the test above: the demo's batches really split unevenly.
-    config = _demo.DemoConfig(replicas=4, samples=130, batch_size=64)
+    config = _demo.DemoConfig(replicas=replicas, samples=130, batch_size=64)
     data = _demo.make_dataset(config.samples, config.features, config.seed)
     batches = _demo.epoch_batches(data, 0, config.batch_size, config.seed)
     strategy = ar.MirroredStrategy(config.devices)
+
     sizes = [
-        [len(y) for _, y in strategy.experimental_local_results(shards)]
-        if isinstance(shards, ar.PerReplica)
-        else [len(y) for y in strategy.experimental_local_results(shards[1])]
-        for shards in strategy.experimental_distribute_dataset(batches)
+        [len(y) for y in strategy.experimental_local_results(labels)]
+        for _, labels in strategy.experimental_distribute_dataset(batches)
     ]
-    assert sizes == [[16, 16, 16, 16], [16, 16, 16, 16], [1, 1, 0, 0]]
+
+    assert sizes == expected
 
 
 def test_output_is_deterministic(capsys: pytest.CaptureFixture[str]) -> None:
@@ -141,6 +150,25 @@ def test_unknown_backend_is_one_line_and_status_2(capsys: pytest.CaptureFixture[
     assert err.startswith("asyncreplica demo: error: ")
     assert "'no-such-backend'" in err
     assert "numpy" in err  # names what is available
+
+
+def test_missing_loop_package_is_one_line_and_status_2(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        return None if name == "trio" else real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+
+    status, lines, err = run_cli(capsys, "--loop", "trio")
+
+    assert status == 2
+    assert lines == []
+    assert (
+        err == "asyncreplica demo: error: --loop trio needs the 'trio' package: pip install trio\n"
+    )
 
 
 def test_mismatch_exits_1(
@@ -196,7 +224,7 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 @pytest.mark.anyio
-async def test_train_from_async_code(anyio_backend: str) -> None:
+async def test_train_from_async_code() -> None:
     # train() is the async API behind the command; a program can await it on its own loop.
     config = _demo.DemoConfig(replicas=3, epochs=2, samples=130, batch_size=64)
     out = io.StringIO()
@@ -207,7 +235,7 @@ async def test_train_from_async_code(anyio_backend: str) -> None:
     assert len(result.replica_params) == 3
     assert len(result.epoch_losses) == 2
     assert _demo.max_abs_difference(result.params, _demo.reference_train(config)) <= 1e-9
-    assert f"loop {anyio_backend}" in out.getvalue().splitlines()[1]
+    assert out.getvalue().splitlines()[1] == "3 replicas on CPU:0, CPU:1, CPU:2, backend numpy"
 
 
 @pytest.mark.parametrize("args", [["--help"], ["demo", "--help"]], ids=["main", "demo"])
