@@ -3,14 +3,14 @@
 The containers we traverse are exactly TensorFlow's for ``run``'s arguments and
 results: ``list``, ``tuple`` (namedtuples keep their type), and every
 :class:`collections.abc.Mapping` (rebuilt as ``type(m)(dict)``, keys visited in sorted
-order). Everything else -- arrays, numbers, dataclasses, sets, ``PerReplica`` -- is a
+order, the original key order kept). Everything else -- arrays, numbers, dataclasses, sets, ``PerReplica`` -- is a
 leaf.
 
 A structure's shape is a *treedef*: nested tuples that are hashable and compare
 with ``==``, so the ledger can check that replicas passed the same structure without
 touching a single leaf. A treedef node is ``None`` for a leaf, or
-``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences and the
-sorted key tuple for mappings (plus the ``default_factory`` of a ``defaultdict``).
+``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences and, for
+mappings, ``(sorted keys, insertion order or None, default_factory or None)``.
 """
 
 from __future__ import annotations
@@ -49,10 +49,16 @@ def _sorted_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
 
 
 def _mapping_keys(mapping: Mapping[object, object]) -> object:
+    """The treedef metadata of a mapping: ``(sorted keys, insertion order, factory)``.
+
+    Leaves are visited in sorted key order (so replicas that built equal dicts in
+    different orders still flatten alike); the insertion order is kept, only when it
+    differs, so that the rebuilt mapping iterates as the original did.
+    """
     keys = _sorted_keys(mapping)
-    if isinstance(mapping, defaultdict):
-        return (keys, mapping.default_factory)
-    return keys
+    insertion = tuple(mapping)
+    factory = mapping.default_factory if isinstance(mapping, defaultdict) else None
+    return (keys, None if insertion == keys else insertion, factory)
 
 
 def flatten(value: object) -> tuple[list[object], TreeDef]:
@@ -102,16 +108,15 @@ def _build(cls: type, keys: object, children: list[object]) -> object:
         if hasattr(cls, "_fields") and hasattr(cls, "_make"):
             return cls._make(children)
         return cls(children)
-    if (
-        isinstance(keys, tuple)
-        and len(keys) == 2
-        and cls is not dict
-        and issubclass(cls, defaultdict)
-    ):
-        ordered, factory = keys
-        return cls(factory, zip(ordered, children, strict=True))
     assert isinstance(keys, tuple)
-    return cls(dict(zip(keys, children, strict=True)))
+    ordered, insertion, factory = keys
+    items = dict(zip(ordered, children, strict=True))
+    if insertion is not None:
+        items = {k: items[k] for k in insertion}
+    make: Callable[..., object] = cls
+    if issubclass(cls, defaultdict):
+        return make(factory, items)
+    return make(items)
 
 
 def _unflatten_from(treedef: TreeDef, it: Iterator[object]) -> object:
@@ -144,8 +149,8 @@ def treedef_str(treedef: TreeDef, leaves: Iterator[str] | None = None) -> str:
         inner = ", ".join(parts) + ("," if len(parts) == 1 else "")
         prefix = "" if cls is tuple else cls.__name__
         return f"{prefix}({inner})"
-    ordered = keys[0] if issubclass(cls, defaultdict) and isinstance(keys, tuple) else keys
-    assert isinstance(ordered, tuple)
+    assert isinstance(keys, tuple)
+    ordered = keys[0]
     body = ", ".join(f"{k!r}: {p}" for k, p in zip(ordered, parts, strict=True))
     prefix = "" if cls is dict else cls.__name__
     return f"{prefix}{{{body}}}"
