@@ -451,6 +451,13 @@ class ReplicaContext:
                 result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
                 if inspect.isawaitable(result):
                     result = await result
+            except Exception as exc:
+                run.note(
+                    exc,
+                    f"(raised in merge_fn {signature.merge_fn_name}, called once for all {num} "
+                    f"replicas of {type(strategy).__name__}.run)",
+                )
+                raise
             finally:
                 MODE.reset(token)
             return [select_replica(i, result, _component(num)) for i in range(num)]

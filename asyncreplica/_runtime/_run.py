@@ -65,11 +65,18 @@ class Run:
         self._errors: list[tuple[int, BaseException]] = []
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
+        # Errors that already carry a note saying where they came from.
+        self._noted: set[int] = set()
 
     @property
     def failed(self) -> bool:
         """Whether a root cause has been recorded."""
         return bool(self._errors)
+
+    def note(self, error: BaseException, note: str) -> None:
+        """Attach ``note`` to ``error`` instead of the usual "raised in replica k" note."""
+        error.add_note(note)
+        self._noted.add(id(error))
 
     def _fail(self, replica: int, error: BaseException) -> None:
         if not any(e is error for _, e in self._errors):
@@ -194,7 +201,7 @@ class Run:
     def _root_cause(self) -> BaseException:
         errors = sorted(self._errors, key=lambda item: item[0])
         for replica, error in errors:
-            if not isinstance(error, CollectiveError):
+            if not isinstance(error, CollectiveError) and id(error) not in self._noted:
                 error.add_note(
                     f"(raised in replica {replica} of {self.num_replicas} in "
                     f"{type(self.strategy).__name__}.run)"

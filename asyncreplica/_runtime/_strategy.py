@@ -385,7 +385,7 @@ class Strategy:
     ) -> DistributedDataset:
         """Split each global batch of ``dataset`` across the replicas.
 
-        Each batch (an array, a list, or a nest of them, all of the same length) is
+        Each batch (an array, a list of numbers, or a nest of arrays of one length) is
         split along its first axis into contiguous slices of ``ceil(len / n)``
         elements, filled in replica order, as TensorFlow 2.21 does: a batch of 6 over
         4 replicas gives 2, 2, 2 and 0 elements. Each element becomes a
@@ -424,6 +424,9 @@ class DistributedDataset:
 
     def _split(self, batch: Any) -> Any:
         leaves, treedef = flatten(batch)
+        if leaves and not any(hasattr(leaf, "__len__") for leaf in leaves):
+            # A plain list (or tuple) of numbers is one batch, not a nest of scalars.
+            leaves, treedef = [batch], None
         lengths = set()
         for leaf in leaves:
             if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):

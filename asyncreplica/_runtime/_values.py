@@ -16,8 +16,9 @@ def component(replica_id: int, leaf: object, *, num_replicas: int) -> object:
     if isinstance(leaf, DistributedValues):
         if len(leaf.values) != num_replicas:
             raise ValueError(
-                f"a {type(leaf).__name__} with {len(leaf.values)} components was given to "
-                f"{num_replicas} replicas: it needs exactly one component per replica"
+                f"a {type(leaf).__name__} with {len(leaf.values)} "
+                f"component{'' if len(leaf.values) == 1 else 's'} was given to {num_replicas} "
+                "replicas: it needs exactly one component per replica"
             )
         return leaf.values[replica_id]
     return leaf

@@ -182,8 +182,12 @@ async def test_merge_fn_exception_fails_the_run() -> None:
         assert ctx is not None
         await ctx.merge_call(merge_fn)
 
-    with pytest.raises(ZeroDivisionError, match="in merge_fn"):
+    with pytest.raises(ZeroDivisionError, match="in merge_fn") as info:
         await s.run(step)
+    assert info.value.__notes__ == [
+        "(raised in merge_fn test_merge_fn_exception_fails_the_run.<locals>.merge_fn, called once "
+        "for all 2 replicas of MirroredStrategy.run)"
+    ]
 
 
 async def test_results_do_not_depend_on_arrival_order() -> None:
