@@ -81,7 +81,8 @@ def load_backend_class(name: str) -> type[Backend]:
     if name in _classes:
         return _classes[name]
     if name in _load_errors:
-        raise BackendNotFoundError(name, available_backends(), _load_errors[name])
+        cause = _load_errors[name]
+        raise BackendNotFoundError(name, available_backends(), cause) from cause
     entry = _discover().get(name)
     if entry is None:
         raise BackendNotFoundError(name, available_backends())

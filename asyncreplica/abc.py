@@ -102,7 +102,8 @@ class Backend(abc.ABC):
         """Combine each leaf with ``op``, then scatter it in equal chunks.
 
         Replica ``r`` gets the ``r``-th of ``len(values)`` equal chunks along ``axis``
-        (the runtime has checked that the dimension divides).
+        (the runtime has checked that the dimension divides); the chunks are read-only
+        views of one buffer.
         """
 
     @abc.abstractmethod
@@ -126,7 +127,7 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def gather(self, components: Sequence[object], axis: int) -> object:
-        """Concatenate the components along ``axis`` into one new value."""
+        """Concatenate the components along ``axis`` (``0 <= axis < rank``) into one new value."""
 
     async def aclose(self) -> None:
         """Release what the backend holds. The default does nothing."""

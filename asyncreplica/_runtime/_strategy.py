@@ -334,12 +334,17 @@ class Strategy:
                 out.append(leaf)
                 continue
             components = [self._component(i, leaf) for i in range(self.num_replicas_in_sync)]
+            axes = set()
             for c in components:
                 shape = self._backend.describe(c).shape
                 if not shape:
                     raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
-                _normalize_axes((axis,), shape)
-            out.append(await self._backend.gather(components, axis))
+                axes.add(_normalize_axes((axis,), shape)[0])
+            if len(axes) > 1:
+                raise ValueError(
+                    f"gather: axis {axis} means different axes for components of different rank"
+                )
+            out.append(await self._backend.gather(components, axes.pop()))
         return unflatten(treedef, out)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:

@@ -7,11 +7,23 @@ inheriting the conformance suite in its own pytest tests (three lines)::
     class TestMyBackend(BackendConformanceTests):
         def make_backend(self, devices): return MyBackend(devices)
 
-Importing this package imports pytest; ``import asyncreplica`` never does.
+``BackendConformanceTests`` needs pytest, which is imported when the name is first
+used; ``import asyncreplica`` and ``import asyncreplica.testing`` never import it.
 """
 
 from __future__ import annotations
 
-from ._conformance import BackendConformanceTests as BackendConformanceTests
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._conformance import BackendConformanceTests as BackendConformanceTests
 
 __all__ = ["BackendConformanceTests"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "BackendConformanceTests":
+        from ._conformance import BackendConformanceTests
+
+        return BackendConformanceTests
+    raise AttributeError(f"module 'asyncreplica.testing' has no attribute {name!r}")

@@ -185,8 +185,10 @@ async def test_merge_fn_exception_fails_the_run() -> None:
     with pytest.raises(ZeroDivisionError, match="in merge_fn") as info:
         await s.run(step)
     assert info.value.__notes__ == [
-        "(raised in merge_fn test_merge_fn_exception_fails_the_run.<locals>.merge_fn, called once "
-        "for all 2 replicas of MirroredStrategy.run)"
+        (
+            "(raised in merge_fn test_merge_fn_exception_fails_the_run.<locals>.merge_fn, called once "
+            "for all 2 replicas of MirroredStrategy.run)"
+        )
     ]
 
 
