@@ -23,6 +23,7 @@ from ._core._signature import ReduceOp as ReduceOp
 from ._exceptions import AsyncReplicaError as AsyncReplicaError
 from ._exceptions import BackendError as BackendError
 from ._exceptions import BackendNotFoundError as BackendNotFoundError
+from ._exceptions import CollectiveDeadlockError as CollectiveDeadlockError
 from ._exceptions import CollectiveError as CollectiveError
 from ._exceptions import CollectiveMismatchError as CollectiveMismatchError
 from ._exceptions import CollectiveTimeoutError as CollectiveTimeoutError
@@ -50,6 +51,7 @@ __all__ = [
     "AsyncReplicaError",
     "BackendError",
     "BackendNotFoundError",
+    "CollectiveDeadlockError",
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",

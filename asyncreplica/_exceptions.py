@@ -6,6 +6,7 @@
     ├── CollectiveError(AsyncReplicaError, RuntimeError)
     │   ├── CollectiveMismatchError          .position .signatures .fields
     │   ├── ReplicaExitedError               .replica_id .position .waiting
+    │   ├── CollectiveDeadlockError          .cycle
     │   └── CollectiveTimeoutError(CollectiveError, TimeoutError)  .position .arrived .missing
     ├── ReplicaContextError(AsyncReplicaError, RuntimeError)
     ├── BackendError(AsyncReplicaError, RuntimeError)
@@ -33,6 +34,7 @@ __all__ = [
     "AsyncReplicaError",
     "BackendError",
     "BackendNotFoundError",
+    "CollectiveDeadlockError",
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
@@ -72,7 +74,9 @@ class CollectiveMismatchError(CollectiveError):
     """Replicas issued different collectives at the same position.
 
     Attributes:
-        position: The 0-based position at which they disagree.
+        position: The 0-based position at which they disagree: the index among the
+            replicas' unnamed collectives, or the occurrence of :attr:`name`.
+        name: The collective's name, for a named collective, else None.
         signatures: The signature of each replica that had arrived, by replica id.
         fields: The names of the signature fields that differ.
     """
@@ -84,13 +88,15 @@ class CollectiveMismatchError(CollectiveError):
         fields: Sequence[str],
         *,
         num_replicas: int,
+        name: str | None = None,
         report: Report | None = None,
     ) -> None:
         self.position = position
+        self.name = name
         self.signatures = dict(signatures)
         self.fields = tuple(fields)
         super().__init__(
-            _report.mismatch_message(position, signatures, self.fields, num_replicas),
+            _report.mismatch_message(position, signatures, self.fields, num_replicas, name),
             report=report,
         )
 
@@ -112,15 +118,39 @@ class ReplicaExitedError(CollectiveError):
         *,
         exited_count: int,
         exited_last: Signature | None,
+        name: str | None = None,
         report: Report | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.position = position
+        self.name = name
         self.waiting = frozenset(waiting)
         super().__init__(
-            _report.exited_message(replica_id, exited_count, exited_last, position, waiting),
+            _report.exited_message(replica_id, exited_count, exited_last, position, waiting, name),
             report=report,
         )
+
+
+class CollectiveDeadlockError(CollectiveError):
+    """Replicas wait for each other in a cycle, so none of their collectives can complete.
+
+    This happens with named collectives awaited one after another in different orders
+    (replica 0 awaits ``x`` then ``y``, replica 1 ``y`` then ``x``). It is raised once
+    no task of any replica can still issue a collective that would break the cycle.
+
+    Attributes:
+        cycle: For each replica of the cycle, ``(replica_id, where)``: the collective
+            it waits at, as text (``"collective named 'x' (1st use)"``).
+    """
+
+    def __init__(
+        self,
+        edges: Sequence[tuple[int, str, Signature, Sequence[int]]],
+        *,
+        report: Report | None = None,
+    ) -> None:
+        self.cycle = tuple((rid, where) for rid, where, _, _ in edges)
+        super().__init__(_report.deadlock_message(edges), report=report)
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):
@@ -140,6 +170,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         arrived: Mapping[int, Signature],
         missing: Mapping[int, str],
         *,
+        where: str | None = None,
         report: Report | None = None,
     ) -> None:
         self.position = position
@@ -147,7 +178,7 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         self.arrived = frozenset(arrived)
         self.missing = frozenset(missing)
         super().__init__(
-            _report.timeout_message(position, timeout, arrived, missing), report=report
+            _report.timeout_message(position, timeout, arrived, missing, where), report=report
         )
 
 

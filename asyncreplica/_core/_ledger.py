@@ -10,18 +10,24 @@ Rules of this module (h11-style: they are what make the rest trustworthy):
    caller passes (:meth:`Ledger.timeout_error`).
 3. Which signature fields must agree is the table in :mod:`._match`.
 
-Theory of operation. Replicas issue collectives one at a time (an unnamed collective
-while another is in flight is an error). A replica's *position* is the 0-based index
-of the collective it is issuing, so replicas meet at equal positions. The first
-replica to arrive at a position sets the reference signature; every later arrival is
-compared with it at once, so a mismatch is raised by the first disagreeing replica.
-The last arrival completes the position and the runtime dispatches it.
+Theory of operation. Each collective has a *key*: unnamed collectives match by their
+index among the replica's unnamed collectives (its *position* when no names are
+used), named ones by ``(name, occurrence of that name)``. An unnamed collective
+issued while the same replica has another in flight is an error (its index would
+depend on task scheduling); named ones may be in flight together. The first replica
+to arrive at a key sets the reference signature; every later arrival is compared
+with it at once, so a mismatch is raised by the first disagreeing replica. The last
+arrival completes the key and the runtime dispatches it.
 
-A replica that *finishes* after ``k`` collectives can never arrive at position ``k``
-or later. So the moment it finishes, any replica waiting at a position ``>= k`` is
-stuck forever (:class:`ReplicaExitedError`), and so is any replica that arrives at
-such a position afterwards. Keeping the smallest ``k`` over finished replicas makes
-that check O(1) per arrival.
+A replica that *finishes* after ``k`` unnamed collectives can never arrive at index
+``k`` or later (likewise per name). So the moment it finishes, any replica waiting
+at such a key is stuck forever (:class:`ReplicaExitedError`), and so is any replica
+that arrives at such a key afterwards. Keeping the smallest ``k`` over finished
+replicas makes that check O(1) per unnamed arrival.
+
+When every replica is finished or waiting, and the runtime has seen that none of
+their tasks can still issue a collective, no key can ever complete: the replicas
+wait on each other in a cycle (:class:`CollectiveDeadlockError`).
 
 Invariant (checked by the property tests): for any sequence of events, every replica
 that waits at a position is either released by the position's completion or is
@@ -35,6 +41,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from .._exceptions import (
+    CollectiveDeadlockError,
     CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -42,9 +49,9 @@ from .._exceptions import (
 )
 from . import _report
 from ._match import differing_fields
-from ._signature import CallSite, Signature, ordinal
+from ._signature import CallSite, Signature
 
-__all__ = ["Ledger", "ReplicaRow", "ReplicaState", "Report"]
+__all__ = ["Key", "Ledger", "ReplicaRow", "ReplicaState", "Report", "key_index"]
 
 HISTORY_SIZE = 16
 
@@ -104,14 +111,42 @@ class Report:
         return "\n".join(str(row) for row in self.rows)
 
 
+Key = int | tuple[str, int]
+"""What matches collectives across replicas: the index among a replica's unnamed
+collectives, or ``(name, occurrence of that name)`` for a named one."""
+
+
+def key_index(key: Key) -> int:
+    """The 0-based position a key stands for (its index, or its name's occurrence)."""
+    return key if isinstance(key, int) else key[1]
+
+
 class _Round:
-    """The replicas that have arrived at one position."""
+    """The replicas that have arrived at one key."""
 
     __slots__ = ("reference", "signatures")
 
     def __init__(self, replica: int, signature: Signature) -> None:
         self.reference = signature
         self.signatures = {replica: signature}
+
+
+class _Replica:
+    """One replica's bookkeeping."""
+
+    __slots__ = ("history", "inflight", "names", "seq", "state", "unnamed")
+
+    def __init__(self) -> None:
+        self.state = ReplicaState.RUNNING
+        self.unnamed = 0  # unnamed collectives issued
+        self.names: dict[str, int] = {}  # named collectives issued, per name
+        self.seq = 0  # collectives issued in all
+        self.inflight: dict[Key, Signature] = {}
+        self.history: deque[tuple[int, Signature]] = deque(maxlen=HISTORY_SIZE)
+
+    def count(self, key: Key) -> int:
+        """How many collectives of ``key``'s kind (unnamed, or that name) were issued."""
+        return self.unnamed if isinstance(key, int) else self.names.get(key[0], 0)
 
 
 class Ledger:
@@ -126,143 +161,224 @@ class Ledger:
         "_check_call_sites",
         "_exit_bound",
         "_exited",
-        "_history",
-        "_next",
+        "_finished",
+        "_replicas",
         "_rounds",
-        "_states",
-        "_waiting_at",
         "num_replicas",
     )
 
     def __init__(self, num_replicas: int, *, check_call_sites: bool = True) -> None:
         self.num_replicas = num_replicas
         self._check_call_sites = check_call_sites
-        self._next = [0] * num_replicas
-        self._states = [ReplicaState.RUNNING] * num_replicas
-        self._waiting_at: list[int | None] = [None] * num_replicas
-        self._history: list[deque[tuple[int, Signature]]] = [
-            deque(maxlen=HISTORY_SIZE) for _ in range(num_replicas)
-        ]
-        self._rounds: dict[int, _Round] = {}
-        # The smallest collective count of a finished replica, and that replica.
+        self._replicas = [_Replica() for _ in range(num_replicas)]
+        self._rounds: dict[Key, _Round] = {}
+        self._finished: list[int] = []
+        # The smallest unnamed-collective count of a finished replica, and that replica:
+        # no replica can complete an unnamed collective at or beyond it (O(1) per arrival).
         self._exit_bound = -1
         self._exited = -1
 
-    def arrive(self, replica: int, signature: Signature) -> tuple[int, bool]:
+    def arrive(self, replica: int, signature: Signature) -> tuple[Key, bool]:
         """Record that ``replica`` issued a collective.
 
         Args:
             replica: The replica id.
-            signature: The collective's signature.
+            signature: The collective's signature (its ``name`` decides the matching).
 
         Returns:
-            ``(position, complete)``: the position of this collective, and whether
-            this arrival completed it (then the caller dispatches it).
+            ``(key, complete)``: what this collective matches by, and whether this
+            arrival completed it (then the caller dispatches it).
 
         Raises:
             CollectiveMismatchError: The signature disagrees with the first arrival's.
-            ReplicaExitedError: A replica finished before reaching this position.
-            CollectiveError: The replica has another collective in flight, or has
-                already finished.
+            ReplicaExitedError: A replica finished without reaching this collective.
+            CollectiveError: An unnamed collective while the replica has another in
+                flight, or a collective after the replica finished.
         """
-        state = self._states[replica]
-        position = self._next[replica]
-        if state is not ReplicaState.RUNNING:
-            if state is ReplicaState.WAITING:
-                pending_at = self._waiting_at[replica]
-                assert pending_at is not None
-                pending = self._rounds[pending_at].signatures[replica]
-                raise CollectiveError(
-                    _report.in_flight_message(replica, signature, pending, pending_at),
-                    report=self.report(),
-                )
+        rep = self._replicas[replica]
+        if rep.state is not ReplicaState.RUNNING and rep.state is not ReplicaState.WAITING:
             raise CollectiveError(
-                f"Replica {replica} issued {signature.describe()} after it {state.value}.\n\n"
+                f"Replica {replica} issued {signature.describe()} after it {rep.state.value}.\n\n"
                 "A collective belongs to the run of the replica that issues it: issue it from "
                 "the step function (or a coroutine it awaits), not from a task that outlives "
                 f"it.\nSee {_report.DOCS}#collectiveerror in the asyncreplica documentation.",
                 report=self.report(),
             )
-        round_ = self._rounds.get(position)
-        if round_ is None:
-            round_ = self._rounds[position] = _Round(replica, signature)
+        name = signature.name
+        if name is None:
+            if rep.inflight:
+                pending_key, pending = next(iter(rep.inflight.items()))
+                raise CollectiveError(
+                    _report.in_flight_message(
+                        replica, signature, pending, _report.key_text(pending_key)
+                    ),
+                    report=self.report(),
+                )
+            key: Key = rep.unnamed
+            rep.unnamed += 1
         else:
+            key = (name, rep.names.get(name, 0))
+            rep.names[name] = key[1] + 1
+        rep.state = ReplicaState.WAITING
+        rep.inflight[key] = signature
+        rep.history.append((rep.seq, signature))
+        rep.seq += 1
+        round_ = self._rounds.get(key)
+        if round_ is None:
+            round_ = self._rounds[key] = _Round(replica, signature)
+        else:
+            round_.signatures[replica] = signature
             fields = differing_fields(
                 round_.reference, signature, check_call_sites=self._check_call_sites
             )
             if fields:
-                round_.signatures[replica] = signature
-                signatures = dict(round_.signatures)
-                self._record(replica, position, signature)
                 raise CollectiveMismatchError(
-                    position,
-                    signatures,
+                    key_index(key),
+                    dict(round_.signatures),
                     fields,
                     num_replicas=self.num_replicas,
+                    name=name,
                     report=self.report(),
                 )
-            round_.signatures[replica] = signature
-        self._record(replica, position, signature)
-        if 0 <= self._exit_bound <= position:
-            raise self._exited_error(self._exited, position)
+        if self._finished:
+            exited = self._exited_before(key)
+            if exited is not None:
+                raise self._exited_error(exited, key)
         if len(round_.signatures) < self.num_replicas:
-            return position, False
-        del self._rounds[position]
+            return key, False
+        del self._rounds[key]
         for rid in round_.signatures:
-            self._states[rid] = ReplicaState.RUNNING
-            self._waiting_at[rid] = None
-            self._next[rid] = position + 1
-        return position, True
+            other = self._replicas[rid]
+            other.inflight.pop(key, None)
+            if not other.inflight:
+                other.state = ReplicaState.RUNNING
+        return key, True
 
-    def _record(self, replica: int, position: int, signature: Signature) -> None:
-        self._states[replica] = ReplicaState.WAITING
-        self._waiting_at[replica] = position
-        self._history[replica].append((position, signature))
+    def _exited_before(self, key: Key) -> int | None:
+        """A finished replica that never reached ``key``, if any."""
+        if isinstance(key, int):
+            return self._exited if 0 <= self._exit_bound <= key else None
+        for rid in self._finished:
+            if self._replicas[rid].count(key) <= key[1]:
+                return rid
+        return None
 
     def finish(self, replica: int) -> None:
         """Record that ``replica`` returned from its step function.
 
         Raises:
-            ReplicaExitedError: Other replicas wait at a position this replica never
+            ReplicaExitedError: Other replicas wait at a collective this replica never
                 reached; they would wait forever.
         """
-        count = self._next[replica]
-        self._states[replica] = ReplicaState.FINISHED
-        if self._exit_bound < 0 or count < self._exit_bound:
-            self._exit_bound = count
+        rep = self._replicas[replica]
+        rep.state = ReplicaState.FINISHED
+        self._finished.append(replica)
+        if self._exit_bound < 0 or rep.unnamed < self._exit_bound:
+            self._exit_bound = rep.unnamed
             self._exited = replica
-        stuck = [p for p in self._rounds if p >= count]
+        stuck = [
+            key
+            for key, round_ in self._rounds.items()
+            if replica not in round_.signatures and rep.count(key) <= key_index(key)
+        ]
         if stuck:
-            raise self._exited_error(replica, min(stuck))
+            raise self._exited_error(replica, min(stuck, key=_key_order))
 
-    def _exited_error(self, exited: int, position: int) -> ReplicaExitedError:
-        history = self._history[exited]
-        last = history[-1][1] if history else None
+    def _exited_error(self, exited: int, key: Key) -> ReplicaExitedError:
+        rep = self._replicas[exited]
+        last = rep.history[-1][1] if rep.history else None
         return ReplicaExitedError(
             exited,
-            position,
-            dict(self._rounds[position].signatures),
-            exited_count=self._next[exited],
+            key_index(key),
+            dict(self._rounds[key].signatures),
+            exited_count=rep.seq,
             exited_last=last,
+            name=None if isinstance(key, int) else key[0],
+            report=self.report(),
+        )
+
+    def abandon(self, replica: int, key: Key) -> CollectiveError | None:
+        """Record that ``replica`` stopped waiting at ``key`` (its task was cancelled).
+
+        Returns:
+            The error to fail the run with when the collective was still pending (the
+            other replicas would wait for ever), or None when it had completed.
+        """
+        round_ = self._rounds.get(key)
+        rep = self._replicas[replica]
+        if round_ is None or replica not in round_.signatures:
+            return None
+        rep.inflight.pop(key, None)
+        if not rep.inflight and rep.state is ReplicaState.WAITING:
+            rep.state = ReplicaState.RUNNING
+        others = sorted(r for r in round_.signatures if r != replica)
+        where = _report.key_text(key)
+        waiting = (
+            f"{_report.format_replicas(others)} wait there"
+            if others
+            else "no other replica has arrived yet"
+        )
+        return CollectiveError(
+            f"Replica {replica} was cancelled while waiting at its {where}; "
+            f"{waiting} and could never complete it.\n\n"
+            "A collective cannot be abandoned half-way: every replica must complete it. "
+            "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
+            "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"
+            f"See {_report.DOCS}#collectiveerror in the asyncreplica documentation.",
             report=self.report(),
         )
 
     def fail(self, replica: int) -> None:
         """Record that ``replica`` raised an exception."""
-        self._states[replica] = ReplicaState.FAILED
+        self._replicas[replica].state = ReplicaState.FAILED
 
     def cancel(self, replica: int) -> None:
         """Record that ``replica`` was cancelled."""
-        if self._states[replica] in (ReplicaState.RUNNING, ReplicaState.WAITING):
-            self._states[replica] = ReplicaState.CANCELLED
+        rep = self._replicas[replica]
+        if rep.state in (ReplicaState.RUNNING, ReplicaState.WAITING):
+            rep.state = ReplicaState.CANCELLED
+
+    def all_waiting(self) -> bool:
+        """Whether every replica is finished or has a collective in flight (and some wait).
+
+        Only then can replicas be deadlocked; the runtime checks whether their tasks
+        can still issue anything before calling :meth:`deadlock_error`.
+        """
+        if not self._rounds:
+            return False
+        return all(rep.inflight or rep.state is ReplicaState.FINISHED for rep in self._replicas)
+
+    def deadlock_error(self) -> CollectiveDeadlockError:
+        """Build the error for replicas that wait on each other in a cycle.
+
+        Call it only when no replica can issue another collective (every replica is
+        finished or blocked on its collectives in flight) and none can complete.
+        """
+        waits: dict[int, tuple[Key, Signature, tuple[int, ...]]] = {}
+        for rid, rep in enumerate(self._replicas):
+            for key, sig in rep.inflight.items():
+                round_ = self._rounds[key]
+                missing = tuple(r for r in range(self.num_replicas) if r not in round_.signatures)
+                waits[rid] = (key, sig, missing)
+                break
+        # Follow "waits for" edges from the lowest waiting replica until one repeats.
+        cycle: list[int] = []
+        rid = min(waits)
+        while rid not in cycle and rid in waits:
+            cycle.append(rid)
+            rid = waits[rid][2][0]
+        if rid in cycle:
+            cycle = cycle[cycle.index(rid) :]
+        edges = tuple((r, _report.key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
+        return CollectiveDeadlockError(edges, report=self.report())
 
     def timeout_error(
-        self, position: int, timeout: float, whereabouts: dict[int, str]
+        self, key: Key, timeout: float, whereabouts: dict[int, str]
     ) -> CollectiveTimeoutError:
-        """Build the error for a rendezvous at ``position`` that passed its timeout.
+        """Build the error for a rendezvous at ``key`` that passed its timeout.
 
         Args:
-            position: The position that timed out.
+            key: The collective that timed out.
             timeout: The timeout that passed, in seconds.
             whereabouts: For missing replicas, where each one is now (free text
                 from the runtime); replicas not in it are described from the ledger.
@@ -270,34 +386,65 @@ class Ledger:
         Returns:
             The error, with the report attached (the caller raises it).
         """
-        round_ = self._rounds.get(position)
+        round_ = self._rounds.get(key)
         arrived = dict(round_.signatures) if round_ is not None else {}
         missing = {
             rid: whereabouts.get(rid, self._describe_state(rid))
             for rid in range(self.num_replicas)
             if rid not in arrived
         }
-        return CollectiveTimeoutError(position, timeout, arrived, missing, report=self.report())
+        return CollectiveTimeoutError(
+            key_index(key),
+            timeout,
+            arrived,
+            missing,
+            where=_report.key_text(key),
+            report=self.report(),
+        )
+
+    def stall_message(self, key: Key, waited: float, whereabouts: dict[int, str]) -> str:
+        """The text of a stall warning for the rendezvous at ``key`` (see timeout_error)."""
+        round_ = self._rounds.get(key)
+        arrived = dict(round_.signatures) if round_ is not None else {}
+        missing = {
+            rid: whereabouts.get(rid, self._describe_state(rid))
+            for rid in range(self.num_replicas)
+            if rid not in arrived
+        }
+        return _report.stall_message(_report.key_text(key), waited, arrived, missing)
+
+    def pending(self, key: Key) -> bool:
+        """Whether the collective at ``key`` is still waiting for replicas."""
+        return key in self._rounds
+
+    def missing(self, key: Key) -> list[int]:
+        """The replicas that have not arrived at ``key``."""
+        round_ = self._rounds.get(key)
+        arrived = round_.signatures if round_ is not None else {}
+        return [r for r in range(self.num_replicas) if r not in arrived]
 
     def _describe_state(self, replica: int) -> str:
-        state = self._states[replica]
-        if state is ReplicaState.WAITING:
-            at = self._waiting_at[replica]
-            assert at is not None
-            return f"waiting at its {ordinal(at + 1)} collective (position {at})"
-        return f"{state.value} after {self._next[replica]} collective(s)"
+        rep = self._replicas[replica]
+        if rep.inflight:
+            where = ", ".join(_report.key_text(k) for k in rep.inflight)
+            return f"waiting at its {where}"
+        return f"{rep.state.value} after {rep.seq} collective{'' if rep.seq == 1 else 's'}"
 
     def report(self) -> Report:
         """Return the state of every replica now."""
         rows = []
-        for rid in range(self.num_replicas):
-            history = tuple(self._history[rid])
-            at = self._waiting_at[rid]
-            if at is not None:
-                position = at
-                signature: Signature | None = self._rounds[at].signatures.get(rid)
+        for rid, rep in enumerate(self._replicas):
+            history = tuple(rep.history)
+            signature: Signature | None
+            if rep.inflight:
+                key, signature = next(iter(rep.inflight.items()))
+                position = key_index(key)
             else:
-                position = self._next[rid]
+                position = rep.seq
                 signature = history[-1][1] if history else None
-            rows.append(ReplicaRow(rid, self._states[rid], position, signature, history))
+            rows.append(ReplicaRow(rid, rep.state, position, signature, history))
         return Report(tuple(rows))
+
+
+def _key_order(key: Key) -> tuple[int, str]:
+    return (key, "") if isinstance(key, int) else (key[1], key[0])

@@ -19,6 +19,10 @@ from ._signature import Signature, ordinal
 
 __all__ = [
     "DOCS",
+    "deadlock_message",
+    "key_text",
+    "resumed_message",
+    "stall_message",
     "exited_message",
     "format_replicas",
     "in_flight_message",
@@ -27,6 +31,13 @@ __all__ = [
 ]
 
 DOCS = "docs/errors.md"
+
+
+def key_text(key: int | tuple[str, int]) -> str:
+    """``"3rd collective (position 2)"`` or ``"collective named 'grads' (2nd use)"``."""
+    if isinstance(key, int):
+        return f"{ordinal(key + 1)} collective (position {key})"
+    return f"collective named {key[0]!r} ({ordinal(key[1] + 1)} use)"
 
 
 def format_replicas(ids: Iterable[int]) -> str:
@@ -80,33 +91,41 @@ def mismatch_message(
     signatures: Mapping[int, Signature],
     fields: Sequence[str],
     num_replicas: int,
+    name: str | None = None,
 ) -> str:
     """The message of ``CollectiveMismatchError``.
 
     Args:
-        position: The 0-based position at which replicas disagree.
+        position: The 0-based position at which replicas disagree (the occurrence of
+            ``name`` for a named collective).
         signatures: The signature of every replica that has arrived there.
         fields: The fields that differ (see ``_match.RULES``).
         num_replicas: The number of replicas in sync.
+        name: The name of the collective, for a named one.
 
     Returns:
         The full message.
     """
     full_path = "call site" in fields
+    where = key_text(position if name is None else (name, position))
     lines = [
         (
-            f"Replicas disagree about their {ordinal(position + 1)} collective "
-            f"(position {position}): {', '.join(fields)} differ{'s' if len(fields) == 1 else ''}."
+            f"Replicas disagree about their {where}: "
+            f"{', '.join(fields)} differ{'s' if len(fields) == 1 else ''}."
         ),
         "",
     ]
-    for ids, text in _group(signatures, full_path=full_path):
+    groups = _group(signatures, full_path=full_path)
+    for ids, text in groups:
         lines.append(f"  * {format_replicas(ids)} called {text}")
     pending = [r for r in range(num_replicas) if r not in signatures]
     if pending:
         lines.append(
             f"  * {format_replicas(pending)} {_verb(pending, 'has', 'have')} not arrived yet"
         )
+    hint = _extra_or_missed(groups, signatures)
+    if hint:
+        lines += ["", hint]
     lines += [
         "",
         "Every replica must issue the same collectives, with the same arguments, in the same order.",
@@ -130,12 +149,50 @@ def mismatch_message(
     return "\n".join(lines)
 
 
+def _extra_or_missed(
+    groups: Sequence[tuple[list[int], str]], signatures: Mapping[int, Signature]
+) -> str | None:
+    """Say whether the outliers made an extra collective or skipped one.
+
+    The call sites tell when there are two behaviours whose calls are in the same
+    function of the same file: the earlier line is the collective that the others
+    do not (yet) make.
+    """
+    if len(groups) != 2:
+        return None
+    (major, _), (minor, _) = groups
+    a, b = signatures[major[0]].call_site, signatures[minor[0]].call_site
+    if a is None or b is None or (a.filename, a.function) != (b.filename, b.function):
+        return None
+    if a.lineno == b.lineno:
+        return None
+    outliers, others = format_replicas(minor), format_replicas(major)
+    if len(major) == len(minor):
+        first, second = (minor, major) if b.lineno < a.lineno else (major, minor)
+        early, late = signatures[first[0]].call_site, signatures[second[0]].call_site
+        return (
+            f"{format_replicas(first)} {_verb(first, 'is', 'are')} at an earlier line ({early}) "
+            f"than {format_replicas(second)} ({late}): either {format_replicas(first)} made an "
+            f"extra collective at {early}, or {format_replicas(second)} skipped it."
+        )
+    if b.lineno < a.lineno:
+        return (
+            f"{outliers} made an extra collective at {b}: the others are already at a later line "
+            f"of {b.function}() ({a})."
+        )
+    return (
+        f"{outliers} skipped the collective at {a} that {others} made: "
+        f"{_verb(minor, 'it is', 'they are')} already at a later line of {a.function}() ({b})."
+    )
+
+
 def exited_message(
     exited: int,
     exited_count: int,
     exited_last: Signature | None,
     position: int,
     waiting: Mapping[int, Signature],
+    name: str | None = None,
 ) -> str:
     """The message of ``ReplicaExitedError``.
 
@@ -145,6 +202,7 @@ def exited_message(
         exited_last: Its last collective, if any.
         position: The position the others wait at (or arrived at).
         waiting: The signatures of the replicas waiting there.
+        name: The name of the collective they wait at, for a named one.
 
     Returns:
         The full message.
@@ -155,7 +213,7 @@ def exited_message(
             f"Replica {exited} finished after {exited_count} collective"
             f"{'' if exited_count == 1 else 's'}, but {format_replicas(wait_ids)} "
             f"{_verb(wait_ids, 'is', 'are')} waiting at {_verb(wait_ids, 'its', 'their')} "
-            f"{ordinal(position + 1)} collective (position {position})."
+            f"{key_text(position if name is None else (name, position))}."
         ),
         "",
     ]
@@ -185,6 +243,7 @@ def timeout_message(
     timeout: float,
     arrived: Mapping[int, Signature],
     missing: Mapping[int, str],
+    where: str | None = None,
 ) -> str:
     """The message of ``CollectiveTimeoutError``.
 
@@ -193,6 +252,7 @@ def timeout_message(
         timeout: The timeout in seconds.
         arrived: The signatures of the replicas that arrived.
         missing: For each missing replica, where it is now (free text).
+        where: How to name the collective (default: from ``position``).
 
     Returns:
         The full message.
@@ -201,17 +261,11 @@ def timeout_message(
     lines = [
         (
             f"Timed out after {timeout:g} s waiting for {format_replicas(miss_ids)} at the "
-            f"{ordinal(position + 1)} collective (position {position})."
+            f"{where or key_text(position)}."
         ),
         "",
+        *_roll_call(arrived, missing, "and waited"),
     ]
-    for ids, text in _group(arrived, full_path=False):
-        lines.append(f"  * {format_replicas(ids)} called {text} and waited")
-    by_place: dict[str, list[int]] = {}
-    for rid in miss_ids:
-        by_place.setdefault(missing[rid], []).append(rid)
-    for place, ids in by_place.items():
-        lines.append(f"  * {format_replicas(ids)} did not arrive: {place}")
     lines += [
         "",
         (
@@ -227,21 +281,104 @@ def timeout_message(
     return "\n".join(lines)
 
 
-def in_flight_message(replica: int, new: Signature, pending: Signature, position: int) -> str:
-    """The message for a collective issued while the same replica has one in flight."""
+def _roll_call(
+    arrived: Mapping[int, Signature], missing: Mapping[int, str], verb: str
+) -> list[str]:
+    lines = [
+        f"  * {format_replicas(ids)} called {text} {verb}"
+        for ids, text in _group(arrived, full_path=False)
+    ]
+    by_place: dict[str, list[int]] = {}
+    for rid in sorted(missing):
+        by_place.setdefault(missing[rid], []).append(rid)
+    lines += [
+        f"  * {format_replicas(ids)} did not arrive: {place}" for place, ids in by_place.items()
+    ]
+    return lines
+
+
+def stall_message(
+    where: str, waited: float, arrived: Mapping[int, Signature], missing: Mapping[int, str]
+) -> str:
+    """The text of the stall warning: who waits, for whom, and where the missing are."""
     return "\n".join(
         [
             (
-                f"Replica {replica} issued a collective while its {ordinal(position + 1)} collective "
-                f"(position {position}) is still in flight."
+                f"Collective stalled: {format_replicas(arrived) if arrived else 'no replica'} "
+                f"{_verb(list(arrived), 'has', 'have')} waited {waited:.1f} s at the {where} for "
+                f"{format_replicas(missing)}."
             ),
+            "",
+            *_roll_call(arrived, missing, "and waits"),
+            "",
+            (
+                "This is a warning, not an error: the run goes on, and a message follows if the "
+                "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
+            ),
+        ]
+    )
+
+
+def resumed_message(where: str, waited: float) -> str:
+    """The text logged when a stalled collective completes after all."""
+    return (
+        f"Collective resumed: the {where} completed after {waited:.1f} s; the stall warning "
+        "above was not a hang."
+    )
+
+
+def deadlock_message(
+    edges: Sequence[tuple[int, str, Signature, Sequence[int]]],
+) -> str:
+    """The message of ``CollectiveDeadlockError``.
+
+    Args:
+        edges: For each replica of the cycle: its id, the collective it waits at (as
+            text), that collective's signature, and the replicas it waits for.
+
+    Returns:
+        The full message.
+    """
+    lines = [
+        (
+            f"{format_replicas(e[0] for e in edges).capitalize()} wait for each other in a cycle: "
+            "none of their collectives can ever complete."
+        ),
+        "",
+    ]
+    for rid, where, sig, needs in edges:
+        lines.append(
+            f"  * replica {rid} waits at its {where}: {sig.describe()}{_where(sig, full_path=False)}, "
+            f"which {format_replicas(needs)} {_verb(list(needs), 'has', 'have')} not issued"
+        )
+    lines += [
+        "",
+        (
+            "Named collectives match by name, so each replica must eventually issue every name its "
+            "peers wait at; here each waits for a name that another issues only after its own wait."
+        ),
+        (
+            "Await named collectives in the same order on every replica, or start them concurrently "
+            "(asyncio.gather or a task group) so that none blocks the others."
+        ),
+        _see("CollectiveDeadlockError"),
+    ]
+    return "\n".join(lines)
+
+
+def in_flight_message(replica: int, new: Signature, pending: Signature, where: str) -> str:
+    """The message for an unnamed collective issued while the replica has one in flight."""
+    return "\n".join(
+        [
+            f"Replica {replica} issued a collective while its {where} is still in flight.",
             "",
             f"  * in flight: {pending.describe()}{_where(pending, full_path=False)}",
             f"  * new: {new.describe()}{_where(new, full_path=False)}",
             "",
             (
-                "One replica issues its collectives one at a time, in order: await each collective "
-                "before issuing the next (do not start several with asyncio.gather or a task group)."
+                "Unnamed collectives match by their order, so one replica issues them one at a "
+                "time: await each collective before issuing the next, or give each concurrent "
+                "collective a name (name='grads') so that they match by name."
             ),
             _see("CollectiveError"),
         ]

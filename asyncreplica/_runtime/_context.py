@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core._nest import flatten, regroup, select_replica, unflatten
+from .._core._nest import TreeDef, flatten, regroup, select_replica, unflatten
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
 from ._mode import MODE, Mode, current_mode
+from ._run import Collective, Dispatch
 from ._values import component
 
 if TYPE_CHECKING:
@@ -27,6 +28,13 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
 ]
+
+
+class _NoTree:
+    """Marks a collective whose result is not rebuilt into a structure."""
+
+
+_NO_TREE = _NoTree()
 
 
 def get_replica_context() -> ReplicaContext | None:
@@ -167,16 +175,33 @@ class ReplicaContext:
             raise TypeError(f"name must be a string or None, got {name!r}")
         return name
 
+    def _issue(
+        self,
+        run: Run,
+        signature: Signature,
+        payload: object,
+        dispatch: Dispatch,
+        timeout: float | None,
+        treedef: TreeDef | _NoTree = _NO_TREE,
+    ) -> Collective:
+        replica = self._replica_id
+
+        async def meet() -> Any:
+            result = await run.collective(replica, signature, payload, dispatch, timeout)
+            return result if isinstance(treedef, _NoTree) else unflatten(treedef, result)
+
+        return Collective(meet(), run, replica, signature)
+
     # -- collectives ------------------------------------------------------------------
 
-    async def all_reduce(
+    def all_reduce(
         self,
         reduce_op: ReduceOp | str,
         value: Any,
         options: CommunicationOptions | None = None,
         *,
         name: str | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """Combine ``value`` across replicas with ``reduce_op``; every replica gets the result.
 
         Args:
@@ -218,17 +243,16 @@ class ReplicaContext:
                 return [[] for _ in payloads]
             return await backend.all_reduce(op, payloads)
 
-        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
-        return unflatten(treedef, result)
+        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
 
-    async def all_gather(
+    def all_gather(
         self,
         value: Any,
         axis: int,
         options: CommunicationOptions | None = None,
         *,
         name: str | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """Concatenate ``value`` from every replica along ``axis``, in replica order.
 
         Shapes may differ along ``axis`` only. Every replica gets the whole result.
@@ -270,10 +294,9 @@ class ReplicaContext:
                 return [[] for _ in payloads]
             return await backend.all_gather(payloads, axis)
 
-        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
-        return unflatten(treedef, result)
+        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
 
-    async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
+    def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Awaitable[Any]:
         """Give every replica a copy of replica ``source``'s ``value``.
 
         Every replica passes a value of the same structure, shape and dtype (its own
@@ -312,12 +335,11 @@ class ReplicaContext:
         async def dispatch(payloads: list[Any]) -> Sequence[Any]:
             return await backend.broadcast(payloads[source], len(payloads))
 
-        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
-        return unflatten(treedef, result)
+        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
 
-    async def reduce_scatter(
+    def reduce_scatter(
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """Combine ``value`` across replicas, then give replica ``i`` the ``i``-th chunk.
 
         The result is split along ``axis`` into ``num_replicas_in_sync`` equal chunks.
@@ -369,10 +391,9 @@ class ReplicaContext:
                 return [[] for _ in payloads]
             return await backend.reduce_scatter(op, payloads, axis)
 
-        result = await run.collective(self._replica_id, signature, leaves, dispatch, timeout)
-        return unflatten(treedef, result)
+        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
 
-    async def barrier(self, *, name: str | None = None) -> None:
+    def barrier(self, *, name: str | None = None) -> Awaitable[None]:
         """Wait until every replica reaches this barrier.
 
         Raises:
@@ -389,14 +410,14 @@ class ReplicaContext:
         async def dispatch(payloads: list[Any]) -> Sequence[Any]:
             return [None] * len(payloads)
 
-        await run.collective(self._replica_id, signature, None, dispatch, timeout)
+        return self._issue(run, signature, None, dispatch, timeout)
 
-    async def merge_call(
+    def merge_call(
         self,
         merge_fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-    ) -> Any:
+    ) -> Awaitable[Any]:
         """Pause every replica, run ``merge_fn`` once in cross-replica context, resume.
 
         The replicas' ``args`` and ``kwargs`` are regrouped as in TensorFlow: a leaf
@@ -463,7 +484,7 @@ class ReplicaContext:
             return [select_replica(i, result, _component(num)) for i in range(num)]
 
         payload = (merge_fn, tuple(args), dict(kwargs))
-        return await run.collective(self._replica_id, signature, payload, dispatch, timeout)
+        return self._issue(run, signature, payload, dispatch, timeout)
 
 
 def _component(num_replicas: int) -> Callable[[int, object], object]:

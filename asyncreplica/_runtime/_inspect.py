@@ -11,6 +11,9 @@ __all__ = ["MAX_DEPTH", "call_path"]
 
 # Frames in this directory are the runtime's own; the call path starts above them.
 _RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Frames of the event loops' own code (a task group's start_soon calling the
+# collective method, say) are left out of call paths: they say nothing about the user's.
+_LOOP_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("asyncio", "anyio", "trio", "uvloop"))
 # Enough frames to tell helpers apart, few enough to stay cheap.
 MAX_DEPTH = 8
 
@@ -33,6 +36,7 @@ def call_path() -> tuple[CallSite, ...]:
         and not frame.f_code.co_filename.startswith(_RUNTIME_DIR)
     ):
         code = frame.f_code
-        sites.append(CallSite(code.co_filename, frame.f_lineno, code.co_name))
+        if not any(d in code.co_filename for d in _LOOP_DIRS):
+            sites.append(CallSite(code.co_filename, frame.f_lineno, code.co_name))
         frame = frame.f_back  # type: ignore[assignment]
     return tuple(sites)

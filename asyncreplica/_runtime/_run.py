@@ -1,6 +1,6 @@
 """One ``Strategy.run``: replica tasks, rendezvous, failure handling.
 
-Rendezvous: the last replica to arrive at a position dispatches the backend
+Rendezvous: the last replica to arrive at a collective dispatches the backend
 operation in its own task, then wakes the others. Nobody polls; no thread per
 replica. The ledger decides everything about agreement; this module only acts on its
 answers: dispatch, wait, or fail the run.
@@ -10,33 +10,44 @@ recorded as a *root cause* and the run's cancel scope is cancelled, so every oth
 replica is cancelled, not reported. ``Strategy.run`` raises the root cause itself
 (with a note naming the replica) or, if several replicas failed independently before
 the cancellation reached them, an ``ExceptionGroup`` of them in replica order.
+
+Time enters only here: a waiter that has waited ``stall_warning_seconds`` logs a
+warning (and logs again if the collective completes after all); one that has waited
+``timeout_seconds`` fails the run. Deadlocks and exits are decided without time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections.abc
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
-from .._core._ledger import Ledger
+from .._core._ledger import Key, Ledger
+from .._core._report import DOCS, resumed_message
 from .._core._signature import Signature
 from .._exceptions import CollectiveError
+from . import _tasks
 from ._mode import MODE, Mode
 
 if TYPE_CHECKING:
     from ..abc import Backend
     from ._strategy import Strategy
 
-__all__ = ["Run"]
+__all__ = ["Collective", "Run", "logger"]
+
+logger = logging.getLogger("asyncreplica")
 
 Dispatch = Callable[[list[Any]], Awaitable[Sequence[Any]]]
 
 
 class _Slot:
-    """The payloads of one position and, once dispatched, the results."""
+    """The payloads of one collective and, once dispatched, the results."""
 
     __slots__ = ("event", "payloads", "results")
 
@@ -46,6 +57,105 @@ class _Slot:
         self.results: Sequence[Any] = ()
 
 
+def _on_task_created(task: asyncio.Task[Any]) -> None:
+    """Task factory hook: record tasks created inside a replica (asyncio)."""
+    mode = MODE.get()
+    if mode is None or mode.replica is None:
+        return
+    run = mode.replica._run
+    if run is not None and not run.closed:
+        run.watch.adopt(mode.replica.replica_id_in_sync_group, task)
+
+
+class Collective(collections.abc.Coroutine[Any, Any, Any]):
+    """An issued collective: await it to take part in the rendezvous.
+
+    It is a coroutine (so ``asyncio.create_task``, ``asyncio.gather`` and task groups
+    accept it) that refuses to be used as a value, so that a forgotten ``await`` fails
+    where it happens rather than as a silently skipped collective.
+    """
+
+    __slots__ = ("_coro", "_description", "_run", "_site", "awaited")
+
+    def __init__(self, coro: Any, run: Run, replica: int, signature: Signature) -> None:
+        self._coro = coro
+        self._run = run
+        self._description = signature.describe()
+        site = signature.call_site
+        self._site = "" if site is None else f" at {site}"
+        self.awaited = False
+        run.unawaited[replica].append(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        self.awaited = True
+        return self._coro.__await__()  # type: ignore[no-any-return]
+
+    def send(self, value: Any) -> Any:
+        """Run the collective to its next suspension (coroutine protocol)."""
+        self.awaited = True
+        return self._coro.send(value)
+
+    def throw(self, *args: Any) -> Any:
+        """Raise an exception inside the collective (coroutine protocol)."""
+        self.awaited = True
+        return self._coro.throw(*args)
+
+    def close(self) -> None:
+        """Discard the collective without running it."""
+        self._coro.close()
+
+    def describe(self) -> str:
+        """``all_reduce(SUM) on float32[4] at train.py:12``."""
+        return self._description + self._site
+
+    def _refuse(self, use: str) -> TypeError:
+        return TypeError(
+            f"A collective that has not run cannot be used as a value ({use}): "
+            f"{self.describe()}. Did you forget `await`? "
+            "Write `result = await ctx.all_reduce(...)`; an un-awaited collective is skipped "
+            "by this replica and its peers would wait for it."
+        )
+
+    def __bool__(self) -> bool:
+        raise self._refuse("truth value")
+
+    def __float__(self) -> float:
+        raise self._refuse("float()")
+
+    def __int__(self) -> int:
+        raise self._refuse("int()")
+
+    def __index__(self) -> int:
+        raise self._refuse("index")
+
+    def __complex__(self) -> complex:
+        raise self._refuse("complex()")
+
+    def __iter__(self) -> Any:
+        raise self._refuse("iteration")
+
+    def __len__(self) -> int:
+        raise self._refuse("len()")
+
+    def __array__(self, *args: object, **kwargs: object) -> Any:
+        raise self._refuse("array conversion")
+
+    def __getitem__(self, item: object) -> Any:
+        raise self._refuse("indexing")
+
+    def _operator(self, *_: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    __lt__ = __le__ = __gt__ = __ge__ = _operator
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _operator
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __pow__ = __rpow__ = _operator
+    __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = _operator
+
+    def __repr__(self) -> str:
+        state = "awaited" if self.awaited else "not awaited"
+        return f"<collective {self.describe()} ({state})>"
+
+
 class Run:
     """The state of one ``Strategy.run`` call.
 
@@ -53,15 +163,27 @@ class Run:
         strategy: The strategy that runs.
         backend: Its backend.
         check_call_sites: Whether call paths must agree.
+        stall_warning_seconds: Log a stall warning after this wait; None disables it.
     """
 
-    def __init__(self, strategy: Strategy, backend: Backend, *, check_call_sites: bool) -> None:
+    def __init__(
+        self,
+        strategy: Strategy,
+        backend: Backend,
+        *,
+        check_call_sites: bool,
+        stall_warning_seconds: float | None,
+    ) -> None:
         self.strategy = strategy
         self.backend = backend
         self.num_replicas = strategy.num_replicas_in_sync
         self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
         self.closed = False
-        self._slots: dict[int, _Slot] = {}
+        self.stall_warning_seconds = stall_warning_seconds
+        self.watch = _tasks.TaskWatch()
+        self.unawaited: list[list[Collective]] = [[] for _ in range(self.num_replicas)]
+        self._slots: dict[Key, _Slot] = {}
+        self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
@@ -84,6 +206,8 @@ class Run:
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
+    # -- collectives ----------------------------------------------------------------
+
     async def collective(
         self,
         replica: int,
@@ -92,7 +216,7 @@ class Run:
         dispatch: Dispatch,
         wait_limit: float | None,
     ) -> Any:
-        """Meet the other replicas at this replica's next position.
+        """Meet the other replicas at this replica's next collective.
 
         Args:
             replica: The arriving replica.
@@ -110,31 +234,116 @@ class Run:
             # The run is being torn down; this raises the cancellation.
             await anyio.lowlevel.checkpoint()
         try:
-            position, complete = self.ledger.arrive(replica, signature)
+            key, complete = self.ledger.arrive(replica, signature)
         except CollectiveError as exc:
             self._fail(replica, exc)
             raise
-        slot = self._slots.get(position)
+        slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[position] = _Slot(self.num_replicas)
+            slot = self._slots[key] = _Slot(self.num_replicas)
         slot.payloads[replica] = payload
         if complete:
-            del self._slots[position]
+            del self._slots[key]
             slot.results = await dispatch(slot.payloads)
             slot.event.set()
             return slot.results[replica]
-        if wait_limit:
-            with anyio.move_on_after(wait_limit):
+        task = _tasks.current_task()
+        self._parked[id(task)] = key
+        try:
+            self._check_deadlock(replica, current=task)
+            await self._wait(slot, key, replica, wait_limit)
+        except anyio.get_cancelled_exc_class():
+            if not self.failed and not slot.event.is_set():
+                error = self.ledger.abandon(replica, key)
+                if error is not None:
+                    self._fail(replica, error)
+            raise
+        finally:
+            self._parked.pop(id(task), None)
+        return slot.results[replica]
+
+    async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
+        stall = self.stall_warning_seconds
+        # One replica per collective watches for stalls: the first to arrive.
+        if not wait_limit and not (stall and self.ledger.missing(key) == self._others(replica)):
+            await slot.event.wait()
+            return
+        start = anyio.current_time()
+        warned = False
+        while not slot.event.is_set():
+            waited = anyio.current_time() - start
+            limits = [wait_limit - waited] if wait_limit else []
+            watching = stall and not warned and self.ledger.missing(key) == self._others(replica)
+            if watching:
+                limits.append(stall - waited)  # type: ignore[operator]
+            if not limits:
                 await slot.event.wait()
-            if not slot.event.is_set():
-                if self.failed:
-                    await anyio.lowlevel.checkpoint()
-                error = self.ledger.timeout_error(position, wait_limit, {})
+                break
+            with anyio.move_on_after(max(min(limits), 0)):
+                await slot.event.wait()
+            if slot.event.is_set():
+                break
+            if self.failed:
+                await anyio.lowlevel.checkpoint()
+            waited = anyio.current_time() - start
+            if wait_limit and waited >= wait_limit:
+                error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))
                 self._fail(replica, error)
                 raise error
-        else:
-            await slot.event.wait()
-        return slot.results[replica]
+            if watching and stall is not None and waited >= stall:
+                logger.warning(self.ledger.stall_message(key, waited, self._whereabouts(key)))
+                warned = True
+        if warned:
+            from .._core._report import key_text
+
+            logger.warning(resumed_message(key_text(key), anyio.current_time() - start))
+
+    def _others(self, replica: int) -> list[int]:
+        # Missing replicas when only `replica` has arrived: it is the first arrival.
+        return [r for r in range(self.num_replicas) if r != replica]
+
+    def _whereabouts(self, key: Key) -> dict[int, str]:
+        found = {}
+        for rid in self.ledger.missing(key):
+            main = self.watch.main.get(rid)
+            if main is not None:
+                found[rid] = _tasks.whereabouts(main)
+        return found
+
+    def _check_deadlock(self, replica: int, *, current: object = None) -> None:
+        """Fail the run if no replica can ever complete a collective again."""
+        if not self.ledger.all_waiting():
+            return
+        parked = self._parked
+
+        def is_parked(task: object) -> bool:
+            return task is current or id(task) in parked
+
+        for rid in range(self.num_replicas):
+            if not all(_tasks.blocked(t, is_parked) for t in self.watch.tasks(rid)):
+                return
+        error = self.ledger.deadlock_error()
+        self._fail(replica, error)
+        raise error
+
+    # -- replicas ---------------------------------------------------------------------
+
+    def _check_awaited(self, replica: int) -> None:
+        pending = [c for c in self.unawaited[replica] if not c.awaited]
+        for c in self.unawaited[replica]:
+            if not c.awaited:
+                c.close()
+        self.unawaited[replica].clear()
+        if pending:
+            sites = "\n".join(f"  * {c.describe()}" for c in pending)
+            raise CollectiveError(
+                f"Replica {replica} created {len(pending)} collective"
+                f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
+                "A collective runs only when awaited; without `await` this replica skips it "
+                "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
+                f"See {DOCS}#collectiveerror in the asyncreplica documentation.",
+                report=self.ledger.report(),
+            )
 
     async def _replica_main(
         self,
@@ -150,10 +359,12 @@ class Run:
             self.ledger.cancel(replica)
             return
         MODE.set(mode)
+        self.watch.main[replica] = _tasks.current_task()
         try:
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
+            self._check_awaited(replica)
         except Exception as exc:
             self.ledger.fail(replica)
             self._fail(replica, exc)
@@ -161,9 +372,13 @@ class Run:
         except BaseException:
             self.ledger.cancel(replica)
             raise
+        finally:
+            for c in self.unawaited[replica]:
+                c.close()
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
+            self._check_deadlock(replica)
         except CollectiveError as exc:
             self._fail(replica, exc)
 
@@ -180,6 +395,12 @@ class Run:
             Exception: The root cause of a failed run (see the module docstring).
         """
         try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            _tasks.install_factory(loop, _on_task_created)
+        try:
             async with anyio.create_task_group() as tg:
                 self._cancel_scope = tg.cancel_scope
                 for i in range(self.num_replicas):
@@ -194,6 +415,8 @@ class Run:
                     )
         finally:
             self.closed = True
+            if loop is not None:
+                _tasks.uninstall_factory(loop)
         if self._errors:
             raise self._root_cause()
         return self._results

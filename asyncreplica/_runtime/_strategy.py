@@ -91,8 +91,10 @@ class Strategy:
         backend: Backend,
         communication_options: CommunicationOptions,
         check_call_sites: bool,
+        stall_warning_seconds: float | None = 30.0,
     ) -> None:
         self._devices = tuple(devices)
+        self._stall_warning_seconds = stall_warning_seconds
         self._backend = backend
         self._communication_options = communication_options
         self._check_call_sites = check_call_sites
@@ -230,7 +232,12 @@ class Strategy:
         pick = self._component
         per_args = [select_replica(i, tuple(args), pick) for i in range(n)]
         per_kwargs = [select_replica(i, dict(kwargs), pick) for i in range(n)]
-        run = Run(self, self._backend, check_call_sites=self._check_call_sites)
+        run = Run(
+            self,
+            self._backend,
+            check_call_sites=self._check_call_sites,
+            stall_warning_seconds=self._stall_warning_seconds,
+        )
         modes = [Mode(self, False, ReplicaContext(self, i, run=run)) for i in range(n)]
         results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
         return regroup(results, PerReplica)
@@ -608,6 +615,10 @@ class MirroredStrategy(Strategy):
             come from the same call path (it catches skipped collectives whose
             neighbours look alike). Turn it off only when replicas legitimately reach
             the same collective through different code.
+        stall_warning_seconds: When a collective has waited this long for missing
+            replicas, log a warning on the ``asyncreplica`` logger saying where each
+            missing replica is awaiting (and log again if it completes after all).
+            None disables it. It never fails the run; ``timeout_seconds`` does.
 
     Raises:
         TypeError: An argument has the wrong type.
@@ -624,6 +635,7 @@ class MirroredStrategy(Strategy):
         backend: str | Backend | None = None,
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
+        stall_warning_seconds: float | None = 30.0,
     ) -> None:
         from ..abc import Backend
 
@@ -636,6 +648,15 @@ class MirroredStrategy(Strategy):
             )
         if not isinstance(check_call_sites, bool):
             raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
+        if stall_warning_seconds is not None and (
+            isinstance(stall_warning_seconds, bool)
+            or not isinstance(stall_warning_seconds, int | float)
+            or stall_warning_seconds <= 0
+        ):
+            raise ValueError(
+                f"stall_warning_seconds must be a positive number of seconds or None, got "
+                f"{stall_warning_seconds!r}"
+            )
         if backend is not None and not isinstance(backend, str | Backend):
             raise TypeError(
                 f"backend must be a backend name or a Backend instance, got {backend!r}"
@@ -651,7 +672,9 @@ class MirroredStrategy(Strategy):
             if backend is None:
                 backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
             instance = _load_backend(backend, parsed)
-        super().__init__(parsed, instance, communication_options, check_call_sites)
+        super().__init__(
+            parsed, instance, communication_options, check_call_sites, stall_warning_seconds
+        )
 
 
 def _parse_devices(devices: object) -> list[str]:

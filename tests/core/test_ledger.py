@@ -44,7 +44,6 @@ def test_single_replica_completes_at_once() -> None:
         pytest.param(sig(dtype="float64"), ("dtype",), id="dtype"),
         pytest.param(sig(site=SITE_B), ("call site",), id="call-site"),
         pytest.param(sig(CollectiveKind.ALL_GATHER, op=None), ("kind", "reduce op"), id="kind"),
-        pytest.param(sig(name="grads"), ("name",), id="name"),
     ],
 )
 def test_first_disagreeing_arrival_raises_with_fields(
@@ -66,7 +65,7 @@ def test_call_sites_ignored_when_disabled_or_named() -> None:
     assert ledger.arrive(1, sig(site=SITE_B)) == (0, True)
     named = Ledger(2)
     named.arrive(0, sig(name="g"))
-    assert named.arrive(1, sig(name="g", site=SITE_B)) == (0, True)
+    assert named.arrive(1, sig(name="g", site=SITE_B)) == (("g", 0), True)
 
 
 def test_finish_while_others_wait_raises_exited() -> None:
@@ -101,11 +100,84 @@ def test_finishing_at_equal_counts_is_fine() -> None:
     assert [row.state for row in ledger.report().rows] == [ReplicaState.FINISHED] * 2
 
 
+def test_named_collectives_match_by_name_in_any_order() -> None:
+    ledger = Ledger(2)
+    assert ledger.arrive(0, sig(name="a")) == (("a", 0), False)
+    assert ledger.arrive(0, sig(name="b", site=SITE_B)) == (("b", 0), False)
+    assert ledger.arrive(1, sig(name="b")) == (("b", 0), True)
+    assert ledger.arrive(1, sig(name="a", site=SITE_B)) == (("a", 0), True)
+    assert ledger.arrive(0, sig()) == (0, False)  # unnamed positions are counted apart
+
+
+def test_named_mismatch_reports_the_name() -> None:
+    ledger = Ledger(2)
+    ledger.arrive(0, sig(name="a"))
+    with pytest.raises(
+        CollectiveMismatchError,
+        match=r"^Replicas disagree about their collective named 'a' \(1st use\): shape differs\.",
+    ) as info:
+        ledger.arrive(1, sig(name="a", shape=(9,)))
+    assert info.value.name == "a"
+    assert info.value.position == 0
+
+
+def test_finish_without_a_name_others_wait_at_raises_exited() -> None:
+    ledger = Ledger(2)
+    ledger.arrive(0, sig(name="a"))
+    with pytest.raises(ReplicaExitedError, match="waiting at its collective named 'a'"):
+        ledger.finish(1)
+
+
+def test_deadlock_error_names_the_cycle() -> None:
+    ledger = Ledger(2)
+    ledger.arrive(0, sig(name="x"))
+    ledger.arrive(1, sig(name="y", site=SITE_B))
+    assert ledger.all_waiting()
+    error = ledger.deadlock_error()
+    assert error.cycle == (
+        (0, "collective named 'x' (1st use)"),
+        (1, "collective named 'y' (1st use)"),
+    )
+    text = str(error)
+    assert text.startswith("Replicas 0, 1 wait for each other in a cycle")
+    assert (
+        "replica 0 waits at its collective named 'x' (1st use): all_reduce(SUM, name='x') on float32[4] at train.py:10, which replica 1 has not issued"
+        in text
+    )
+
+
+def test_all_waiting_needs_every_replica_waiting_or_finished() -> None:
+    ledger = Ledger(3)
+    ledger.arrive(0, sig(name="x"))
+    ledger.arrive(1, sig(name="y"))
+    assert not ledger.all_waiting()
+    ledger.arrive(2, sig(name="x"))
+    assert ledger.all_waiting()
+
+
+def test_abandoning_a_pending_collective_is_an_error() -> None:
+    ledger = Ledger(2)
+    key, _ = ledger.arrive(0, sig())
+    error = ledger.abandon(0, key)
+    assert error is not None
+    assert str(error).startswith(
+        "Replica 0 was cancelled while waiting at its 1st collective (position 0)"
+    )
+    ledger.arrive(1, sig())
+    assert ledger.abandon(1, key) is None  # completed: nothing is left hanging
+
+
 def test_collective_while_one_in_flight_raises() -> None:
     ledger = Ledger(2)
     ledger.arrive(0, sig())
     with pytest.raises(CollectiveError, match=r"^Replica 0 issued a collective while its 1st"):
         ledger.arrive(0, sig(site=SITE_B))
+
+
+def test_named_collective_while_unnamed_in_flight_is_allowed() -> None:
+    ledger = Ledger(2)
+    ledger.arrive(0, sig())
+    assert ledger.arrive(0, sig(name="n")) == (("n", 0), False)
 
 
 def test_collective_after_finishing_raises() -> None:
@@ -151,7 +223,7 @@ def test_timeout_error_lists_arrived_and_missing() -> None:
         "Timed out after 2.5 s waiting for replicas 1, 2 at the 1st collective (position 0)."
     )
     assert "replica 2 did not arrive: awaiting sleep at io.py:3" in text
-    assert "replica 1 did not arrive: running after 0 collective(s)" in text
+    assert "replica 1 did not arrive: running after 0 collectives" in text
 
 
 def test_cancel_marks_only_live_replicas() -> None:

@@ -81,6 +81,9 @@ def test_mismatch_message_golden() -> None:
         "  * replica 2 called all_gather(axis=0) on float32[1024] at proj/train.py:95 <- proj/train.py:120\n"
         "  * replica 4 has not arrived yet\n"
         "\n"
+        "replica 2 skipped the collective at proj/train.py:88 that replicas 0, 1, 3 made: it is already "
+        "at a later line of step() (proj/train.py:95).\n"
+        "\n"
         "Every replica must issue the same collectives, with the same arguments, in the same order.\n"
         "The usual cause is a collective inside a branch on the replica id or on per-replica data "
         "(`if ctx.replica_id_in_sync_group == 0:`), or values whose shape or dtype depends on the replica. "
@@ -161,3 +164,45 @@ def test_exited_message_golden() -> None:
 def test_merge_call_signature_describes_function() -> None:
     s = Signature(CollectiveKind.MERGE_CALL, merge_fn=object(), merge_fn_name="update")
     assert s.describe() == "merge_call(update)"
+
+
+def _reduce_at(line: int) -> Signature:
+    return Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        leaves=(LeafSpec((4,), "float32"),),
+        call_path=(CallSite("/p/train.py", line, "step"),),
+    )
+
+
+@pytest.mark.parametrize(
+    ("outlier_line", "hint"),
+    [
+        pytest.param(
+            41,
+            "replica 0 made an extra collective at p/train.py:41: the others are already at a later line of step() (p/train.py:44).",
+            id="extra",
+        ),
+        pytest.param(
+            50,
+            "replica 0 skipped the collective at p/train.py:44 that replicas 1, 2 made: it is already at a later line of step() (p/train.py:50).",
+            id="missed",
+        ),
+    ],
+)
+def test_mismatch_says_extra_or_missed(outlier_line: int, hint: str) -> None:
+    signatures = {0: _reduce_at(outlier_line), 1: _reduce_at(44), 2: _reduce_at(44)}
+    text = str(CollectiveMismatchError(0, signatures, ("call site",), num_replicas=3))
+    assert hint in text.splitlines()
+
+
+def test_mismatch_tie_names_both_possibilities() -> None:
+    text = str(
+        CollectiveMismatchError(
+            0, {0: _reduce_at(41), 1: _reduce_at(44)}, ("call site",), num_replicas=2
+        )
+    )
+    assert (
+        "replica 0 is at an earlier line (p/train.py:41) than replica 1 (p/train.py:44): either replica 0 "
+        "made an extra collective at p/train.py:41, or replica 1 skipped it."
+    ) in text.splitlines()

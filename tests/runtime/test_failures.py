@@ -243,14 +243,16 @@ async def test_unnamed_collectives_in_flight_together_raise() -> None:
 
     with pytest.raises(BaseException) as info:  # noqa: PT011 -- one or several replicas
         await s.run(step)
-    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]
-    leaves = [
-        e
-        for group in errors
-        for e in (group.exceptions if isinstance(group, BaseExceptionGroup) else [group])
-    ]
-    assert leaves
-    assert all(isinstance(e, ar.CollectiveError) and "is still in flight" in str(e) for e in leaves)
+
+    def leaves(e: BaseException) -> list[BaseException]:
+        if isinstance(e, BaseExceptionGroup):
+            return [x for sub in e.exceptions for x in leaves(sub)]
+        return [e]
+
+    found = leaves(info.value)
+    assert found
+    assert all(isinstance(e, ar.CollectiveError) and "is still in flight" in str(e) for e in found)
+    assert all(f"{__file__.rsplit('/', 2)[-2]}/test_failures.py" in str(e) for e in found)
 
 
 async def test_collective_from_a_task_outside_the_replica_raises() -> None:
