@@ -139,17 +139,21 @@ class CollectiveDeadlockError(CollectiveError):
     no task of any replica can still issue a collective that would break the cycle.
 
     Attributes:
-        cycle: For each replica of the cycle, ``(replica_id, where)``: the collective
-            it waits at, as text (``"collective named 'x' (1st use)"``).
+        cycle: For each replica of the cycle, ``(replica_id, waits_at)``: the name of
+            the collective it waits at, or its position for an unnamed one.
     """
 
     def __init__(
         self,
         edges: Sequence[tuple[int, str, Signature, Sequence[int]]],
         *,
+        keys: Sequence[int | tuple[str, int]] = (),
         report: Report | None = None,
     ) -> None:
-        self.cycle = tuple((rid, where) for rid, where, _, _ in edges)
+        self.cycle = tuple(
+            (edge[0], key if isinstance(key, int) else key[0])
+            for edge, key in zip(edges, keys, strict=False)
+        )
         super().__init__(_report.deadlock_message(edges), report=report)
 
 

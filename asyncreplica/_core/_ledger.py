@@ -164,6 +164,7 @@ class Ledger:
         "_finished",
         "_replicas",
         "_rounds",
+        "_settled",
         "num_replicas",
     )
 
@@ -173,6 +174,9 @@ class Ledger:
         self._replicas = [_Replica() for _ in range(num_replicas)]
         self._rounds: dict[Key, _Round] = {}
         self._finished: list[int] = []
+        # How many replicas are waiting (something in flight) or finished: when all of
+        # them are and nothing completes, they may be deadlocked (O(1) to ask).
+        self._settled = 0
         # The smallest unnamed-collective count of a finished replica, and that replica:
         # no replica can complete an unnamed collective at or beyond it (O(1) per arrival).
         self._exit_bound = -1
@@ -219,6 +223,8 @@ class Ledger:
         else:
             key = (name, rep.names.get(name, 0))
             rep.names[name] = key[1] + 1
+        if not rep.inflight:
+            self._settled += 1
         rep.state = ReplicaState.WAITING
         rep.inflight[key] = signature
         rep.history.append((rep.seq, signature))
@@ -249,9 +255,10 @@ class Ledger:
         del self._rounds[key]
         for rid in round_.signatures:
             other = self._replicas[rid]
-            other.inflight.pop(key, None)
-            if not other.inflight:
-                other.state = ReplicaState.RUNNING
+            if other.inflight.pop(key, None) is not None and not other.inflight:
+                self._settled -= 1
+                if other.state is ReplicaState.WAITING:
+                    other.state = ReplicaState.RUNNING
         return key, True
 
     def _exited_before(self, key: Key) -> int | None:
@@ -271,6 +278,8 @@ class Ledger:
                 reached; they would wait forever.
         """
         rep = self._replicas[replica]
+        if not rep.inflight:
+            self._settled += 1
         rep.state = ReplicaState.FINISHED
         self._finished.append(replica)
         if self._exit_bound < 0 or rep.unnamed < self._exit_bound:
@@ -308,9 +317,10 @@ class Ledger:
         rep = self._replicas[replica]
         if round_ is None or replica not in round_.signatures:
             return None
-        rep.inflight.pop(key, None)
-        if not rep.inflight and rep.state is ReplicaState.WAITING:
-            rep.state = ReplicaState.RUNNING
+        if rep.inflight.pop(key, None) is not None and not rep.inflight:
+            self._settled -= 1
+            if rep.state is ReplicaState.WAITING:
+                rep.state = ReplicaState.RUNNING
         others = sorted(r for r in round_.signatures if r != replica)
         where = _report.key_text(key)
         waiting = (
@@ -344,9 +354,7 @@ class Ledger:
         Only then can replicas be deadlocked; the runtime checks whether their tasks
         can still issue anything before calling :meth:`deadlock_error`.
         """
-        if not self._rounds:
-            return False
-        return all(rep.inflight or rep.state is ReplicaState.FINISHED for rep in self._replicas)
+        return self._settled == self.num_replicas and bool(self._rounds)
 
     def deadlock_error(self) -> CollectiveDeadlockError:
         """Build the error for replicas that wait on each other in a cycle.
@@ -370,7 +378,8 @@ class Ledger:
         if rid in cycle:
             cycle = cycle[cycle.index(rid) :]
         edges = tuple((r, _report.key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
-        return CollectiveDeadlockError(edges, report=self.report())
+        keys = tuple(waits[r][0] for r in cycle)
+        return CollectiveDeadlockError(edges, keys=keys, report=self.report())
 
     def timeout_error(
         self, key: Key, timeout: float, whereabouts: dict[int, str]

@@ -1,5 +1,8 @@
 """What one collective call is, as plain data: the signature.
 
+Signatures, leaf specs and call sites are named tuples: cheap to build on every
+collective, compared and hashed at C speed.
+
 A collective call becomes a :class:`Signature` before any data moves. The ledger
 compares the signatures of all replicas at one position (see :mod:`._match`); the
 report builders print them. Nothing here touches an array: leaves are described by a
@@ -9,7 +12,7 @@ report builders print them. Nothing here touches an array: leaves are described 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ._nest import TreeDef, treedef_str
 
@@ -34,6 +37,14 @@ class ReduceOp(enum.Enum):
     PROD = "PROD"
 
     @classmethod
+    def parse(cls, value: ReduceOp | str) -> ReduceOp:
+        """Return ``value`` as a ReduceOp (fast for members and common spellings)."""
+        if type(value) is cls:
+            return value
+        found = _REDUCE_OPS.get(value) if isinstance(value, str) else None
+        return found if found is not None else cls(value)
+
+    @classmethod
     def _missing_(cls, value: object) -> ReduceOp:
         if isinstance(value, str):
             upper = value.upper()
@@ -47,6 +58,11 @@ class ReduceOp(enum.Enum):
         )
 
 
+_REDUCE_OPS: dict[str, ReduceOp] = {
+    spelling: op for op in ReduceOp for spelling in (op.value, op.value.lower(), op.value.title())
+}
+
+
 class CollectiveKind(enum.Enum):
     """The collectives a replica can issue."""
 
@@ -58,8 +74,7 @@ class CollectiveKind(enum.Enum):
     MERGE_CALL = "merge_call"
 
 
-@dataclass(frozen=True, slots=True)
-class LeafSpec:
+class LeafSpec(NamedTuple):
     """Shape and dtype of one leaf, as a backend described it.
 
     Attributes:
@@ -77,8 +92,7 @@ class LeafSpec:
         return f"IndexedSlices({dense})" if self.sparse else dense
 
 
-@dataclass(frozen=True, slots=True)
-class CallSite:
+class CallSite(NamedTuple):
     """One frame of a collective's call path."""
 
     filename: str
@@ -95,8 +109,7 @@ def _short_path(filename: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else filename
 
 
-@dataclass(frozen=True, slots=True)
-class Signature:
+class Signature(NamedTuple):
     """Everything that must agree across replicas at one position.
 
     Attributes:

@@ -160,10 +160,12 @@ class ReplicaContext:
         )
 
     def _options(self, options: CommunicationOptions | None) -> float | None:
-        if options is not None and not isinstance(options, CommunicationOptions):
+        defaults = self._strategy.communication_options
+        if options is None:
+            return defaults.timeout_seconds
+        if not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
-        merged = self._strategy.communication_options.merge(options)
-        return merged.timeout_seconds
+        return defaults.merge(options).timeout_seconds
 
     def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
         describe = self._strategy.backend.describe
@@ -225,7 +227,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("all_reduce")
-        op = ReduceOp(reduce_op)
+        op = ReduceOp.parse(reduce_op)
         timeout = self._options(options)
         leaves, treedef = flatten(value)
         signature = Signature(
@@ -362,7 +364,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("reduce_scatter")
-        op = ReduceOp(reduce_op)
+        op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
         leaves, treedef = flatten(value)
         specs = self._describe(leaves)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from types import CodeType
 
 from .._core._signature import CallSite
 
@@ -17,6 +18,27 @@ _LOOP_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("asyncio", "anyio", "t
 # Enough frames to tell helpers apart, few enough to stay cheap.
 MAX_DEPTH = 8
 
+_USER, _SKIP, _STOP = 0, 1, 2
+_kinds: dict[CodeType, int] = {}
+# Interned call paths: the same (code, line) chain always gives the same tuple object,
+# so comparing two replicas' paths is usually an identity check.
+_paths: dict[tuple[tuple[CodeType, int], ...], tuple[CallSite, ...]] = {}
+_MAX_PATHS = 100_000
+
+
+def _kind(code: CodeType) -> int:
+    kind = _kinds.get(code)
+    if kind is None:
+        name = code.co_filename
+        if name.startswith(_RUNTIME_DIR):
+            kind = _STOP
+        elif any(d in name for d in _LOOP_DIRS):
+            kind = _SKIP
+        else:
+            kind = _USER
+        _kinds[code] = kind
+    return kind
+
 
 def call_path() -> tuple[CallSite, ...]:
     """Return the frames from the collective's caller up to the replica's step function.
@@ -24,19 +46,26 @@ def call_path() -> tuple[CallSite, ...]:
     The walk starts at the first frame outside the runtime and stops at the runtime's
     replica driver (or after :data:`MAX_DEPTH` frames). Coroutines that await each
     other are chained through ``f_back`` while they run, so the step function's frame
-    is on this chain.
+    is on this chain. Event-loop frames are skipped.
     """
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_RUNTIME_DIR):
+    while frame is not None and _kind(frame.f_code) == _STOP:
         frame = frame.f_back  # type: ignore[assignment]
-    sites: list[CallSite] = []
-    while (
-        frame is not None
-        and len(sites) < MAX_DEPTH
-        and not frame.f_code.co_filename.startswith(_RUNTIME_DIR)
-    ):
+    key: list[tuple[CodeType, int]] = []
+    while frame is not None and len(key) < MAX_DEPTH:
         code = frame.f_code
-        if not any(d in code.co_filename for d in _LOOP_DIRS):
-            sites.append(CallSite(code.co_filename, frame.f_lineno, code.co_name))
+        kind = _kind(code)
+        if kind == _STOP:
+            break
+        if kind == _USER:
+            key.append((code, frame.f_lineno))
         frame = frame.f_back  # type: ignore[assignment]
-    return tuple(sites)
+    frozen = tuple(key)
+    path = _paths.get(frozen)
+    if path is None:
+        if len(_paths) >= _MAX_PATHS:
+            _paths.clear()
+        path = _paths[frozen] = tuple(
+            CallSite(code.co_filename, line, code.co_name) for code, line in frozen
+        )
+    return path

@@ -29,7 +29,7 @@ import anyio
 import anyio.lowlevel
 
 from .._core._ledger import Key, Ledger
-from .._core._report import DOCS, resumed_message
+from .._core._report import DOCS, key_text, resumed_message
 from .._core._signature import Signature
 from .._exceptions import CollectiveError
 from . import _tasks
@@ -49,12 +49,14 @@ Dispatch = Callable[[list[Any]], Awaitable[Sequence[Any]]]
 class _Slot:
     """The payloads of one collective and, once dispatched, the results."""
 
-    __slots__ = ("event", "payloads", "results")
+    __slots__ = ("event", "payloads", "results", "since", "warned")
 
-    def __init__(self, num_replicas: int) -> None:
+    def __init__(self, num_replicas: int, since: float) -> None:
         self.payloads: list[Any] = [None] * num_replicas
         self.event = anyio.Event()
         self.results: Sequence[Any] = ()
+        self.since = since  # when the first replica arrived
+        self.warned = False  # whether a stall warning was logged for it
 
 
 def _on_task_created(task: asyncio.Task[Any]) -> None:
@@ -75,29 +77,33 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
     where it happens rather than as a silently skipped collective.
     """
 
-    __slots__ = ("_coro", "_description", "_run", "_site", "awaited")
+    __slots__ = ("_coro", "_pending", "_signature", "awaited")
 
     def __init__(self, coro: Any, run: Run, replica: int, signature: Signature) -> None:
         self._coro = coro
-        self._run = run
-        self._description = signature.describe()
-        site = signature.call_site
-        self._site = "" if site is None else f" at {site}"
+        self._signature = signature
         self.awaited = False
-        run.unawaited[replica].append(self)
+        # Registered until awaited, so that the replica's end can report it.
+        self._pending = run.unawaited[replica]
+        self._pending[id(self)] = self
+
+    def _start(self) -> None:
+        if not self.awaited:
+            self.awaited = True
+            self._pending.pop(id(self), None)
 
     def __await__(self) -> Generator[Any, None, Any]:
-        self.awaited = True
+        self._start()
         return self._coro.__await__()  # type: ignore[no-any-return]
 
     def send(self, value: Any) -> Any:
         """Run the collective to its next suspension (coroutine protocol)."""
-        self.awaited = True
+        self._start()
         return self._coro.send(value)
 
     def throw(self, *args: Any) -> Any:
         """Raise an exception inside the collective (coroutine protocol)."""
-        self.awaited = True
+        self._start()
         return self._coro.throw(*args)
 
     def close(self) -> None:
@@ -106,7 +112,8 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
 
     def describe(self) -> str:
         """``all_reduce(SUM) on float32[4] at train.py:12``."""
-        return self._description + self._site
+        site = self._signature.call_site
+        return self._signature.describe() + ("" if site is None else f" at {site}")
 
     def _refuse(self, use: str) -> TypeError:
         return TypeError(
@@ -181,7 +188,7 @@ class Run:
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
-        self.unawaited: list[list[Collective]] = [[] for _ in range(self.num_replicas)]
+        self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
         self._slots: dict[Key, _Slot] = {}
         self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
@@ -240,12 +247,15 @@ class Run:
             raise
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = _Slot(self.num_replicas)
+            slot = self._slots[key] = _Slot(self.num_replicas, anyio.current_time())
         slot.payloads[replica] = payload
         if complete:
             del self._slots[key]
             slot.results = await dispatch(slot.payloads)
             slot.event.set()
+            if slot.warned:
+                waited = anyio.current_time() - slot.since
+                logger.warning(resumed_message(key_text(key), waited))
             return slot.results[replica]
         task = _tasks.current_task()
         self._parked[id(task)] = key
@@ -263,44 +273,37 @@ class Run:
         return slot.results[replica]
 
     async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
-        stall = self.stall_warning_seconds
-        # One replica per collective watches for stalls: the first to arrive.
-        if not wait_limit and not (stall and self.ledger.missing(key) == self._others(replica)):
+        if not wait_limit:
             await slot.event.wait()
             return
-        start = anyio.current_time()
-        warned = False
-        while not slot.event.is_set():
-            waited = anyio.current_time() - start
-            limits = [wait_limit - waited] if wait_limit else []
-            watching = stall and not warned and self.ledger.missing(key) == self._others(replica)
-            if watching:
-                limits.append(stall - waited)  # type: ignore[operator]
-            if not limits:
-                await slot.event.wait()
-                break
-            with anyio.move_on_after(max(min(limits), 0)):
-                await slot.event.wait()
-            if slot.event.is_set():
-                break
-            if self.failed:
-                await anyio.lowlevel.checkpoint()
-            waited = anyio.current_time() - start
-            if wait_limit and waited >= wait_limit:
-                error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))
-                self._fail(replica, error)
-                raise error
-            if watching and stall is not None and waited >= stall:
-                logger.warning(self.ledger.stall_message(key, waited, self._whereabouts(key)))
-                warned = True
-        if warned:
-            from .._core._report import key_text
+        with anyio.move_on_after(wait_limit):
+            await slot.event.wait()
+        if slot.event.is_set():
+            return
+        if self.failed:
+            await anyio.lowlevel.checkpoint()
+        error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))
+        self._fail(replica, error)
+        raise error
 
-            logger.warning(resumed_message(key_text(key), anyio.current_time() - start))
+    async def _watch_stalls(self, stall: float) -> None:
+        """Log a warning for each collective that has waited ``stall`` seconds.
 
-    def _others(self, replica: int) -> list[int]:
-        # Missing replicas when only `replica` has arrived: it is the first arrival.
-        return [r for r in range(self.num_replicas) if r != replica]
+        One task per run; it sleeps until the oldest unwarned collective would stall,
+        so it costs nothing per collective.
+        """
+        while True:
+            now = anyio.current_time()
+            due = [s.since + stall for s in self._slots.values() if not s.warned]
+            await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
+            now = anyio.current_time()
+            for key, slot in list(self._slots.items()):
+                if not slot.warned and now - slot.since >= stall and not slot.event.is_set():
+                    slot.warned = True
+                    message = self.ledger.stall_message(
+                        key, now - slot.since, self._whereabouts(key)
+                    )
+                    logger.warning(message)
 
     def _whereabouts(self, key: Key) -> dict[int, str]:
         found = {}
@@ -329,10 +332,9 @@ class Run:
     # -- replicas ---------------------------------------------------------------------
 
     def _check_awaited(self, replica: int) -> None:
-        pending = [c for c in self.unawaited[replica] if not c.awaited]
-        for c in self.unawaited[replica]:
-            if not c.awaited:
-                c.close()
+        pending = list(self.unawaited[replica].values())
+        for c in pending:
+            c.close()
         self.unawaited[replica].clear()
         if pending:
             sites = "\n".join(f"  * {c.describe()}" for c in pending)
@@ -373,14 +375,17 @@ class Run:
             self.ledger.cancel(replica)
             raise
         finally:
-            for c in self.unawaited[replica]:
+            for c in self.unawaited[replica].values():
                 c.close()
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
             self._check_deadlock(replica)
         except CollectiveError as exc:
-            self._fail(replica, exc)
+            # Once the run has failed, later replicas that finish see the same stuck
+            # collective: the root cause is already recorded.
+            if not self.failed:
+                self._fail(replica, exc)
 
     async def execute(
         self,
@@ -400,19 +405,24 @@ class Run:
             loop = None
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
+        stall = self.stall_warning_seconds
         try:
-            async with anyio.create_task_group() as tg:
-                self._cancel_scope = tg.cancel_scope
-                for i in range(self.num_replicas):
-                    tg.start_soon(
-                        self._replica_main,
-                        i,
-                        modes[i],
-                        fn,
-                        args[i],
-                        kwargs[i],
-                        name=f"asyncreplica replica {i}",
-                    )
+            async with anyio.create_task_group() as outer:
+                if stall and self.num_replicas > 1:
+                    outer.start_soon(self._watch_stalls, stall, name="asyncreplica stall watch")
+                async with anyio.create_task_group() as tg:
+                    self._cancel_scope = tg.cancel_scope
+                    for i in range(self.num_replicas):
+                        tg.start_soon(
+                            self._replica_main,
+                            i,
+                            modes[i],
+                            fn,
+                            args[i],
+                            kwargs[i],
+                            name=f"asyncreplica replica {i}",
+                        )
+                outer.cancel_scope.cancel()
         finally:
             self.closed = True
             if loop is not None:

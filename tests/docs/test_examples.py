@@ -1,9 +1,13 @@
 """The documentation's examples run, and every page includes only examples that exist.
 
-Every code example in ``docs/*.md`` lives in ``docs/examples/`` as a script that asserts
-what the page claims; pages include them with the pymdownx.snippets line
-``--8<-- "docs/examples/NAME.py"``. This module runs each script in a fresh interpreter
-and checks the includes in both directions.
+Every code example in ``docs/*.md`` lives in ``docs/examples/`` (or a subfolder such as
+``docs/examples/errors/``) as a script that asserts what the page claims; pages include
+them with the pymdownx.snippets line ``--8<-- "docs/examples/NAME.py"``. This module runs
+each script in a fresh interpreter and checks the includes in both directions.
+
+It also checks the anchors of ``docs/errors.md``: every error message ends with "See
+docs/errors.md#<exception name, lowercase>", so each of those anchors must exist, and
+each section has a broken and a fixed example.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-EXAMPLES = sorted((DOCS / "examples").glob("*.py"))
+EXAMPLES = sorted((DOCS / "examples").rglob("*.py"))
+EXAMPLE_IDS = [p.relative_to(DOCS / "examples").as_posix() for p in EXAMPLES]
 PAGES = sorted(DOCS.glob("*.md"))
 INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$', re.MULTILINE)
 TIMEOUT_S = 60
@@ -32,7 +37,7 @@ def test_there_are_examples_and_pages() -> None:
     assert PAGES, "no docs/*.md found"
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=EXAMPLE_IDS)
 def test_example_runs(example: Path) -> None:
     proc = subprocess.run(
         [sys.executable, str(example)],
@@ -90,3 +95,75 @@ def test_every_example_is_included_by_a_page() -> None:
         if str(p.relative_to(ROOT).as_posix()) not in included
     ]
     assert not orphans, f"examples no page includes: {orphans}"
+
+
+# docs/errors.md anchors ---------------------------------------------------------------
+
+ERRORS_PAGE = DOCS / "errors.md"
+ANCHOR = re.compile(r'<a id="([a-z0-9_-]+)"></a>')
+# One section per exception: the anchor is the class name in lowercase, as messages print it.
+ERROR_ANCHORS = [
+    "asyncreplicaerror",
+    "collectiveerror",
+    "collectivemismatcherror",
+    "replicaexitederror",
+    "collectivetimeouterror",
+    "collectivedeadlockerror",
+    "replicacontexterror",
+    "backenderror",
+    "backendnotfounderror",
+]
+# Where the library points at the page: `See docs/errors.md#name` or `_see("ClassName")`.
+LIBRARY_LINK = re.compile(r'docs/errors\.md#([A-Za-z0-9_-]+)|_see\(\s*"([A-Za-z0-9_]+)"\s*\)')
+PAGE_LINK = re.compile(r"errors\.md#([A-Za-z0-9_-]+)")
+
+
+def _anchors() -> set[str]:
+    return set(ANCHOR.findall(ERRORS_PAGE.read_text(encoding="utf-8")))
+
+
+@pytest.mark.parametrize("anchor", ERROR_ANCHORS)
+def test_errors_page_has_the_anchor(anchor: str) -> None:
+    text = ERRORS_PAGE.read_text(encoding="utf-8")
+    assert anchor in _anchors(), f'docs/errors.md has no <a id="{anchor}"></a>'
+    # The anchor sits right before the section's heading, so the link lands on it.
+    following = text.split(f'<a id="{anchor}"></a>', 1)[1].lstrip("\n")
+    assert following.startswith("#"), f"the anchor {anchor!r} must be followed by a heading"
+
+
+@pytest.mark.parametrize("anchor", ERROR_ANCHORS)
+def test_every_error_section_has_a_broken_and_a_fixed_example(anchor: str) -> None:
+    included = set(_includes(ERRORS_PAGE))
+    for kind in ("broken", "fixed"):
+        target = f"docs/examples/errors/{anchor}_{kind}.py"
+        assert (ROOT / target).is_file(), f"{target} does not exist"
+        assert target in included, f"docs/errors.md does not include {target}"
+
+
+def test_every_public_exception_has_an_anchor() -> None:
+    import asyncreplica as ar
+
+    exceptions = [
+        name
+        for name in ar.__all__
+        if isinstance(getattr(ar, name), type) and issubclass(getattr(ar, name), BaseException)
+    ]
+    assert exceptions
+    missing = sorted(name for name in exceptions if name.lower() not in _anchors())
+    assert not missing, f"docs/errors.md has no section for {missing}"
+
+
+def test_library_messages_point_at_existing_anchors() -> None:
+    links: set[str] = set()
+    for source in sorted((ROOT / "asyncreplica").rglob("*.py")):
+        for literal, see in LIBRARY_LINK.findall(source.read_text(encoding="utf-8")):
+            links.add((literal or see).lower())
+    assert "collectivemismatcherror" in links, "found no link to docs/errors.md in the library"
+    missing = sorted(links - _anchors())
+    assert not missing, f"messages link to docs/errors.md anchors that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_links_into_the_errors_page_resolve(page: Path) -> None:
+    missing = sorted(set(PAGE_LINK.findall(page.read_text(encoding="utf-8"))) - _anchors())
+    assert not missing, f"{page.name} links to docs/errors.md anchors that do not exist: {missing}"

@@ -1,0 +1,99 @@
+"""The cost of the ordering checks on a small all_reduce, measured in one run.
+
+Compares, per all_reduce of 8 bytes (2 x float32) across N replicas on asyncio:
+
+* ``bare``: a bare futures rendezvous doing the same numpy sum (the floor: the last
+  arrival sums in replica order and sets one future per waiter);
+* ``no call sites``: asyncreplica with ``check_call_sites=False``;
+* ``full checks``: asyncreplica with every check on (the default).
+
+Run: ``python benchmarks/bench_checks.py [--replicas 8] [--rounds 2000] [--repeat 5]``.
+Prints medians in microseconds per collective and the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import numpy as np
+
+import asyncreplica as ar
+
+
+async def bare(n: int, rounds: int, value: np.ndarray) -> float:
+    loop = asyncio.get_running_loop()
+    state: dict[str, object] = {"arrived": 0, "inputs": [None] * n, "waiters": []}
+
+    async def all_reduce(rid: int, x: np.ndarray) -> np.ndarray:
+        inputs = state["inputs"]
+        assert isinstance(inputs, list)
+        inputs[rid] = x
+        state["arrived"] = int(state["arrived"]) + 1  # type: ignore[call-overload]
+        if state["arrived"] == n:
+            out = np.add(inputs[0], inputs[1]) if n > 1 else inputs[0].copy()
+            for a in inputs[2:]:
+                np.add(out, a, out=out)
+            waiters = state["waiters"]
+            assert isinstance(waiters, list)
+            for fut in waiters:
+                fut.set_result(out)
+            state["arrived"], state["waiters"] = 0, []
+            return out
+        fut = loop.create_future()
+        waiters = state["waiters"]
+        assert isinstance(waiters, list)
+        waiters.append(fut)
+        return await fut  # type: ignore[no-any-return]
+
+    async def replica(rid: int) -> None:
+        for _ in range(rounds):
+            await all_reduce(rid, value)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(replica(i) for i in range(n)))
+    return time.perf_counter() - start
+
+
+async def ours(strategy: ar.MirroredStrategy, rounds: int, value: np.ndarray) -> float:
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for _ in range(rounds):
+            await ctx.all_reduce(ar.ReduceOp.SUM, value)
+
+    start = time.perf_counter()
+    await strategy.run(step)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    n, rounds = args.replicas, args.rounds
+    value = np.ones(2, dtype=np.float32)
+    devices = [f"CPU:{i}" for i in range(n)]
+    full = ar.MirroredStrategy(devices)
+    relaxed = ar.MirroredStrategy(devices, check_call_sites=False)
+    times: dict[str, list[float]] = {"bare": [], "no call sites": [], "full checks": []}
+    for _ in range(args.repeat):  # interleaved, so drift hits every system alike
+        times["bare"].append(asyncio.run(bare(n, rounds, value)))
+        times["no call sites"].append(asyncio.run(ours(relaxed, rounds, value)))
+        times["full checks"].append(asyncio.run(ours(full, rounds, value)))
+    medians = {k: statistics.median(v) / rounds * 1e6 for k, v in times.items()}
+    print(f"small all_reduce (8 B), {n} replicas, asyncio, {rounds} rounds x {args.repeat}")
+    print(f"{'system':<16}{'us/collective':>14}{'vs bare':>10}{'vs no call sites':>18}")
+    for name, us in medians.items():
+        print(
+            f"{name:<16}{us:>14.1f}{us / medians['bare']:>9.2f}x"
+            f"{us / medians['no call sites']:>17.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
