@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
@@ -67,6 +68,8 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
     run = mode.replica._run
     if run is not None and not run.closed:
         run.watch.adopt(mode.replica.replica_id_in_sync_group, task)
+        # A replica's helper task that ends may leave its replica blocked for good.
+        task.add_done_callback(run.task_done)
 
 
 class Collective(collections.abc.Coroutine[Any, Any, Any]):
@@ -207,8 +210,24 @@ class Run:
         error.add_note(note)
         self._noted.add(id(error))
 
+    def _recorded(self, error: BaseException) -> bool:
+        """Whether ``error`` is a recorded root cause, or only wraps recorded ones.
+
+        A replica's own task group wraps the collective error it re-raises in an
+        ``ExceptionGroup``; that group is not a second failure.
+        """
+        if any(e is error for _, e in self._errors):
+            return True
+        if isinstance(error, BaseExceptionGroup):
+            return all(
+                self._recorded(e) or isinstance(e, anyio.get_cancelled_exc_class())
+                for e in error.exceptions
+            )
+        return False
+
     def _fail(self, replica: int, error: BaseException) -> None:
-        if not any(e is error for _, e in self._errors):
+        # replica is -1 when no replica raised it (found by a callback).
+        if not self._recorded(error):
             self._errors.append((replica, error))
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
@@ -329,6 +348,14 @@ class Run:
         self._fail(replica, error)
         raise error
 
+    def task_done(self, task: object) -> None:
+        """A task of some replica ended: replicas may now be deadlocked (asyncio)."""
+        if self.closed or self.failed or not self.ledger.all_waiting():
+            return
+        # A deadlock is recorded as the run's root cause and the run is cancelled.
+        with contextlib.suppress(CollectiveError):
+            self._check_deadlock(-1)
+
     # -- replicas ---------------------------------------------------------------------
 
     def _check_awaited(self, replica: int) -> None:
@@ -371,6 +398,16 @@ class Run:
             self.ledger.fail(replica)
             self._fail(replica, exc)
             return
+        except BaseExceptionGroup as group:
+            # A replica's own task group mixes a failure with its children's
+            # cancellations (trio): the failure is what counts.
+            failures, _ = group.split(Exception)
+            if failures is None:
+                self.ledger.cancel(replica)
+                raise
+            self.ledger.fail(replica)
+            self._fail(replica, failures)
+            return
         except BaseException:
             self.ledger.cancel(replica)
             raise
@@ -405,6 +442,8 @@ class Run:
             loop = None
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
+        else:
+            _tasks.install_trio_watch(self.task_done)
         stall = self.stall_warning_seconds
         try:
             async with anyio.create_task_group() as outer:
@@ -427,6 +466,8 @@ class Run:
             self.closed = True
             if loop is not None:
                 _tasks.uninstall_factory(loop)
+            else:
+                _tasks.uninstall_trio_watch(self.task_done)
         if self._errors:
             raise self._root_cause()
         return self._results

@@ -210,3 +210,37 @@ def uninstall_factory(loop: asyncio.AbstractEventLoop) -> None:
         loop.set_task_factory(previous)
     else:
         _factories[loop] = (users - 1, previous)
+
+
+_trio_watch: list[Any] = []  # [instrument, users, callbacks]
+
+
+def install_trio_watch(on_exit: Callable[[object], None]) -> None:
+    """Call ``on_exit(task)`` whenever a trio task exits, while any run is active."""
+    import trio
+
+    if not _trio_watch:
+
+        class _ExitWatch(trio.abc.Instrument):
+            def __init__(self) -> None:
+                self.callbacks: list[Callable[[object], None]] = []
+
+            def task_exited(self, task: trio.lowlevel.Task) -> None:
+                for callback in list(self.callbacks):
+                    callback(task)
+
+        instrument = _ExitWatch()
+        trio.lowlevel.add_instrument(instrument)
+        _trio_watch.append(instrument)
+    _trio_watch[0].callbacks.append(on_exit)
+
+
+def uninstall_trio_watch(on_exit: Callable[[object], None]) -> None:
+    """Undo one :func:`install_trio_watch`."""
+    import trio
+
+    instrument = _trio_watch[0]
+    instrument.callbacks.remove(on_exit)
+    if not instrument.callbacks:
+        trio.lowlevel.remove_instrument(instrument)
+        _trio_watch.clear()

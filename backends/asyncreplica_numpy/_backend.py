@@ -39,6 +39,17 @@ _LOCAL: dict[ReduceOp, Callable[..., Any]] = {
 }
 
 
+_dtype_names: dict[np.dtype[Any], str] = {}
+
+
+def _dtype_name(dtype: np.dtype[Any]) -> str:
+    # dtype.name is computed on each access (slow); the set of dtypes is small.
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = dtype.name
+    return name
+
+
 def _as_array(value: object) -> Array:
     if isinstance(value, np.ndarray):
         return value
@@ -105,12 +116,14 @@ class NumpyBackend(Backend):
         if isinstance(value, IndexedSlices):
             values = self._checked(value.values, "IndexedSlices.values")
             self._checked(value.indices, "IndexedSlices.indices")
-            return LeafSpec(value.dense_shape, values.dtype.name, sparse=True)
+            return LeafSpec(value.dense_shape, _dtype_name(values.dtype), sparse=True)
         array = self._checked(value, "a collective's value")
-        return LeafSpec(array.shape, array.dtype.name)
+        return LeafSpec(array.shape, _dtype_name(array.dtype))
 
     @staticmethod
     def _checked(value: object, what: str) -> Array:
+        if type(value) is np.ndarray and value.dtype.kind in _HOLDABLE_KINDS:
+            return value
         if value is None or isinstance(value, str | bytes):
             raise TypeError(_not_numeric(value, what))
         try:

@@ -206,3 +206,98 @@ def test_mismatch_tie_names_both_possibilities() -> None:
         "replica 0 is at an earlier line (p/train.py:41) than replica 1 (p/train.py:44): either replica 0 "
         "made an extra collective at p/train.py:41, or replica 1 skipped it."
     ) in text.splitlines()
+
+
+def _site(line: int) -> tuple[CallSite, ...]:
+    return (CallSite("/p/train.py", line, "step"),)
+
+
+def test_timeout_message_golden() -> None:
+    from asyncreplica import CollectiveTimeoutError
+
+    arrived = _reduce_at(44)
+    error = CollectiveTimeoutError(
+        3, 2.0, {0: arrived, 2: arrived}, {1: "awaiting at p/io.py:7 in load()"}
+    )
+    assert str(error) == (
+        "Timed out after 2 s waiting for replica 1 at the 4th collective (position 3).\n"
+        "\n"
+        "  * replicas 0, 2 called all_reduce(SUM) on float32[4] at p/train.py:44 and waited\n"
+        "  * replica 1 did not arrive: awaiting at p/io.py:7 in load()\n"
+        "\n"
+        "A collective completes only when every replica reaches it; the missing replicas are alive "
+        "but busy elsewhere.\n"
+        "Find what they wait for (I/O, a lock, a long computation) or raise timeout_seconds in "
+        "CommunicationOptions.\n"
+        "See docs/errors.md#collectivetimeouterror in the asyncreplica documentation."
+    )
+
+
+def test_deadlock_message_golden() -> None:
+    from asyncreplica import CollectiveDeadlockError
+
+    x = Signature(CollectiveKind.BARRIER, name="x", call_path=_site(10))
+    y = Signature(CollectiveKind.BARRIER, name="y", call_path=_site(20))
+    error = CollectiveDeadlockError(
+        [
+            (0, "collective named 'x' (1st use)", x, [1]),
+            (1, "collective named 'y' (1st use)", y, [0]),
+        ],
+        keys=[("x", 0), ("y", 0)],
+    )
+    assert error.cycle == ((0, "x"), (1, "y"))
+    assert str(error) == (
+        "Replicas 0, 1 wait for each other in a cycle: none of their collectives can ever complete.\n"
+        "\n"
+        "  * replica 0 waits at its collective named 'x' (1st use): barrier(name='x') at "
+        "p/train.py:10, which replica 1 has not issued\n"
+        "  * replica 1 waits at its collective named 'y' (1st use): barrier(name='y') at "
+        "p/train.py:20, which replica 0 has not issued\n"
+        "\n"
+        "Named collectives match by name, so each replica must eventually issue every name its "
+        "peers wait at; here each waits for a name that another issues only after its own wait.\n"
+        "Await named collectives in the same order on every replica, or start them concurrently "
+        "(asyncio.gather or a task group) so that none blocks the others.\n"
+        "See docs/errors.md#collectivedeadlockerror in the asyncreplica documentation."
+    )
+
+
+def test_in_flight_message_golden() -> None:
+    from asyncreplica._core._report import in_flight_message
+
+    assert in_flight_message(2, _reduce_at(50), _reduce_at(44), "1st collective (position 0)") == (
+        "Replica 2 issued a collective while its 1st collective (position 0) is still in flight.\n"
+        "\n"
+        "  * in flight: all_reduce(SUM) on float32[4] at p/train.py:44\n"
+        "  * new: all_reduce(SUM) on float32[4] at p/train.py:50\n"
+        "\n"
+        "Unnamed collectives match by their order, so one replica issues them one at a time: await "
+        "each collective before issuing the next, or give each concurrent collective a name "
+        "(name='grads') so that they match by name.\n"
+        "See docs/errors.md#collectiveerror in the asyncreplica documentation."
+    )
+
+
+def test_stall_and_resumed_messages_golden() -> None:
+    from asyncreplica._core._report import resumed_message, stall_message
+
+    text = stall_message(
+        "1st collective (position 0)",
+        30.04,
+        {0: _reduce_at(44)},
+        {1: "awaiting at p/io.py:7 in load()"},
+    )
+    assert text == (
+        "Collective stalled: replica 0 has waited 30.0 s at the 1st collective (position 0) for "
+        "replica 1.\n"
+        "\n"
+        "  * replica 0 called all_reduce(SUM) on float32[4] at p/train.py:44 and waits\n"
+        "  * replica 1 did not arrive: awaiting at p/io.py:7 in load()\n"
+        "\n"
+        "This is a warning, not an error: the run goes on, and a message follows if the collective "
+        "completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
+    )
+    assert resumed_message("collective named 'g' (2nd use)", 31.25) == (
+        "Collective resumed: the collective named 'g' (2nd use) completed after 31.2 s; the stall "
+        "warning above was not a hang."
+    )

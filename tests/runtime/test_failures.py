@@ -267,3 +267,86 @@ async def test_collective_from_a_task_outside_the_replica_raises() -> None:
     await s.run(step)
     with pytest.raises(ar.ReplicaContextError, match=r"whose Strategy\.run has finished"):
         await holder[0].all_reduce("sum", 1.0)
+
+
+async def test_never_awaited_collective_is_reported_with_its_call_site() -> None:
+    s = strategy(2)
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 0:
+            ctx.all_reduce("sum", 1.0)  # forgot await
+        else:
+            await ctx.all_reduce("sum", 1.0)
+
+    with pytest.raises(ar.CollectiveError) as info:
+        await s.run(step)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "Replica 0 created 1 collective that it never awaited:"
+    assert lines[2].startswith("  * all_reduce(SUM) on float64[] at runtime/test_failures.py:")
+    assert "Write `await ctx.all_reduce(...)`" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        pytest.param(bool, id="bool"),
+        pytest.param(float, id="float"),
+        pytest.param(int, id="int"),
+        pytest.param(np.asarray, id="numpy"),
+        pytest.param(lambda c: c + 1, id="add"),
+        pytest.param(lambda c: c > 0, id="compare"),
+    ],
+)
+async def test_a_collective_refuses_to_be_used_as_a_value(use: object) -> None:
+    s = strategy(1)
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        pending = ctx.all_reduce("sum", 1.0)
+        with pytest.raises(TypeError, match=r"Did you forget `await`\?"):
+            use(pending)  # type: ignore[operator]
+        await pending
+
+    await s.run(step)
+
+
+async def test_cancelling_one_replicas_collective_fails_the_run() -> None:
+    s = strategy(2)
+    never = anyio.Event()
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 0:
+            with anyio.move_on_after(0.01):
+                await ctx.all_reduce("sum", 1.0)
+            await ctx.all_reduce("sum", 2.0)
+        else:
+            await never.wait()
+
+    with pytest.raises(
+        ar.CollectiveError, match=r"^Replica 0 was cancelled while waiting at its 1st collective"
+    ):
+        await s.run(step)
+
+
+async def test_a_helper_task_that_ends_without_its_collective_completes_the_deadlock() -> None:
+    s = strategy(2)
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 0:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(anyio.lowlevel.checkpoint)  # a helper that issues nothing
+                await ctx.all_reduce("sum", 1.0, name="x")
+        else:
+            await ctx.all_reduce("sum", 1.0, name="y")
+            await ctx.all_reduce("sum", 1.0, name="x")
+
+    with pytest.raises(ar.CollectiveDeadlockError) as info:
+        await s.run(step)
+    assert info.value.cycle == ((0, "x"), (1, "y"))
