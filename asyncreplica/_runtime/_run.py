@@ -39,6 +39,7 @@ from ._mode import MODE, Mode
 if TYPE_CHECKING:
     from ..abc import Backend
     from ._strategy import Strategy
+    from ._trace import Tracer
 
 __all__ = ["Collective", "Run", "logger"]
 
@@ -174,6 +175,7 @@ class Run:
         backend: Its backend.
         check_call_sites: Whether call paths must agree.
         stall_warning_seconds: Log a stall warning after this wait; None disables it.
+        tracer: Receives the run's events for a timeline; None when tracing is off.
     """
 
     def __init__(
@@ -183,8 +185,10 @@ class Run:
         *,
         check_call_sites: bool,
         stall_warning_seconds: float | None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.strategy = strategy
+        self.tracer = tracer
         self.backend = backend
         self.num_replicas = strategy.num_replicas_in_sync
         self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
@@ -229,6 +233,8 @@ class Run:
         # replica is -1 when no replica raised it (found by a callback).
         if not self._recorded(error):
             self._errors.append((replica, error))
+            if self.tracer is not None:
+                self.tracer.failed(error, getattr(error, "report", None))
         if self._cancel_scope is not None:
             self._cancel_scope.cancel()
 
@@ -264,13 +270,21 @@ class Run:
         except CollectiveError as exc:
             self._fail(replica, exc)
             raise
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.arrive(replica, key, signature)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = _Slot(self.num_replicas, anyio.current_time())
         slot.payloads[replica] = payload
         if complete:
             del self._slots[key]
+            if tracer is not None:
+                tracer.dispatch_begin(key, replica, signature)
             slot.results = await dispatch(slot.payloads)
+            if tracer is not None:
+                tracer.dispatch_end(key)
+                tracer.resume(replica, key)
             slot.event.set()
             if slot.warned:
                 waited = anyio.current_time() - slot.since
@@ -289,6 +303,8 @@ class Run:
             raise
         finally:
             self._parked.pop(id(task), None)
+        if tracer is not None:
+            tracer.resume(replica, key)
         return slot.results[replica]
 
     async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
@@ -445,6 +461,8 @@ class Run:
         else:
             _tasks.install_trio_watch(self.task_done)
         stall = self.stall_warning_seconds
+        if self.tracer is not None:
+            self.tracer.run_begin(self.num_replicas, self.strategy.extended.worker_devices)
         try:
             async with anyio.create_task_group() as outer:
                 if stall and self.num_replicas > 1:
@@ -464,6 +482,8 @@ class Run:
                 outer.cancel_scope.cancel()
         finally:
             self.closed = True
+            if self.tracer is not None:
+                self.tracer.run_end()
             if loop is not None:
                 _tasks.uninstall_factory(loop)
             else:

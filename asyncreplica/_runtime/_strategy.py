@@ -31,6 +31,7 @@ from ._values import component
 
 if TYPE_CHECKING:
     from ..abc import Backend
+    from ._trace import Tracer
 
 __all__ = [
     "DefaultStrategy",
@@ -95,6 +96,8 @@ class Strategy:
     ) -> None:
         self._devices = tuple(devices)
         self._stall_warning_seconds = stall_warning_seconds
+        # The tracer of the runs to come (set by strategy.trace()); None when off.
+        self._tracer: Tracer | None = None
         self._backend = backend
         self._communication_options = communication_options
         self._check_call_sites = check_call_sites
@@ -237,6 +240,7 @@ class Strategy:
             self._backend,
             check_call_sites=self._check_call_sites,
             stall_warning_seconds=self._stall_warning_seconds,
+            tracer=self._tracer,
         )
         modes = [Mode(self, False, ReplicaContext(self, i, run=run)) for i in range(n)]
         results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
