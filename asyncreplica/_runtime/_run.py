@@ -23,6 +23,7 @@ import collections.abc
 import contextlib
 import inspect
 import logging
+import random
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -176,6 +177,8 @@ class Run:
         check_call_sites: Whether call paths must agree.
         stall_warning_seconds: Log a stall warning after this wait; None disables it.
         tracer: Receives the run's events for a timeline; None when tracing is off.
+        shuffle: For ``schedule="random"``: varies the order in which replicas start
+            and resume after collectives, reproducibly from its seed.
     """
 
     def __init__(
@@ -186,9 +189,11 @@ class Run:
         check_call_sites: bool,
         stall_warning_seconds: float | None,
         tracer: Tracer | None = None,
+        shuffle: random.Random | None = None,
     ) -> None:
         self.strategy = strategy
         self.tracer = tracer
+        self.shuffle = shuffle
         self.backend = backend
         self.num_replicas = strategy.num_replicas_in_sync
         self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
@@ -289,6 +294,8 @@ class Run:
             if slot.warned:
                 waited = anyio.current_time() - slot.since
                 logger.warning(resumed_message(key_text(key), waited))
+            if self.shuffle is not None:
+                await self._jitter()
             return slot.results[replica]
         task = _tasks.current_task()
         self._parked[id(task)] = key
@@ -305,7 +312,15 @@ class Run:
             self._parked.pop(id(task), None)
         if tracer is not None:
             tracer.resume(replica, key)
+        if self.shuffle is not None:
+            await self._jitter()
         return slot.results[replica]
+
+    async def _jitter(self) -> None:
+        """Yield to the loop a seeded random number of times (``schedule="random"``)."""
+        assert self.shuffle is not None
+        for _ in range(self.shuffle.randrange(4)):
+            await anyio.lowlevel.checkpoint()
 
     async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
         if not wait_limit:
@@ -406,6 +421,8 @@ class Run:
         MODE.set(mode)
         self.watch.main[replica] = _tasks.current_task()
         try:
+            if self.shuffle is not None:
+                await self._jitter()
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
@@ -469,7 +486,10 @@ class Run:
                     outer.start_soon(self._watch_stalls, stall, name="asyncreplica stall watch")
                 async with anyio.create_task_group() as tg:
                     self._cancel_scope = tg.cancel_scope
-                    for i in range(self.num_replicas):
+                    order = list(range(self.num_replicas))
+                    if self.shuffle is not None:
+                        self.shuffle.shuffle(order)
+                    for i in order:
                         tg.start_soon(
                             self._replica_main,
                             i,

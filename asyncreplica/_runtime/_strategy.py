@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import random
 import threading
 from collections.abc import (
     AsyncIterable,
@@ -93,8 +94,13 @@ class Strategy:
         communication_options: CommunicationOptions,
         check_call_sites: bool,
         stall_warning_seconds: float | None = 30.0,
+        schedule: str = "fifo",
+        seed: int | None = None,
     ) -> None:
         self._devices = tuple(devices)
+        self._schedule = schedule
+        self._seed = seed
+        self._runs = 0  # runs started, so that each run of a seeded strategy differs
         self._stall_warning_seconds = stall_warning_seconds
         # The tracer of the runs to come (set by strategy.trace()); None when off.
         self._tracer: Tracer | None = None
@@ -241,10 +247,22 @@ class Strategy:
             check_call_sites=self._check_call_sites,
             stall_warning_seconds=self._stall_warning_seconds,
             tracer=self._tracer,
+            shuffle=self._next_shuffle(),
         )
         modes = [Mode(self, False, ReplicaContext(self, i, run=run)) for i in range(n)]
         results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
         return regroup(results, PerReplica)
+
+    def _next_shuffle(self) -> random.Random | None:
+        self._runs += 1
+        if self._schedule != "random":
+            return None
+        return random.Random(f"{self._seed}:{self._runs}")
+
+    @property
+    def schedule(self) -> tuple[str, int | None]:
+        """``(schedule, seed)``: how replicas are interleaved between collectives."""
+        return self._schedule, self._seed
 
     def _component(self, replica_id: int, leaf: object) -> object:
         return component(replica_id, leaf, num_replicas=self.num_replicas_in_sync)
@@ -623,6 +641,12 @@ class MirroredStrategy(Strategy):
             replicas, log a warning on the ``asyncreplica`` logger saying where each
             missing replica is awaiting (and log again if it completes after all).
             None disables it. It never fails the run; ``timeout_seconds`` does.
+        schedule: ``"fifo"`` (the default) runs replicas in a fixed order.
+            ``"random"`` varies, reproducibly from ``seed``, the order in which
+            replicas start and resume after each collective, so that tests find
+            order-dependent bugs in user code and replay them from the seed.
+        seed: The seed of ``schedule="random"`` (default: a fresh random seed,
+            readable from :attr:`schedule`).
 
     Raises:
         TypeError: An argument has the wrong type.
@@ -640,6 +664,8 @@ class MirroredStrategy(Strategy):
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
         stall_warning_seconds: float | None = 30.0,
+        schedule: str = "fifo",
+        seed: int | None = None,
     ) -> None:
         from ..abc import Backend
 
@@ -676,8 +702,20 @@ class MirroredStrategy(Strategy):
             if backend is None:
                 backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
             instance = _load_backend(backend, parsed)
+        if schedule not in ("fifo", "random"):
+            raise ValueError(f"schedule must be 'fifo' or 'random', got {schedule!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {seed!r}")
+        if schedule == "random" and seed is None:
+            seed = random.SystemRandom().randrange(2**32)
         super().__init__(
-            parsed, instance, communication_options, check_call_sites, stall_warning_seconds
+            parsed,
+            instance,
+            communication_options,
+            check_call_sites,
+            stall_warning_seconds,
+            schedule,
+            seed,
         )
 
 
