@@ -644,7 +644,8 @@ class MirroredStrategy(Strategy):
         schedule: ``"fifo"`` (the default) runs replicas in a fixed order.
             ``"random"`` varies, reproducibly from ``seed``, the order in which
             replicas start and resume after each collective, so that tests find
-            order-dependent bugs in user code and replay them from the seed.
+            order-dependent bugs in user code and replay them from the seed (exactly
+            on asyncio and uvloop; trio also shuffles its run queue on its own).
         seed: The seed of ``schedule="random"`` (default: a fresh random seed,
             readable from :attr:`schedule`).
 

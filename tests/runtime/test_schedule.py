@@ -28,7 +28,9 @@ async def _order(seed: int) -> list[tuple[str, int]]:
     return order
 
 
-async def test_the_same_seed_replays_the_same_interleaving() -> None:
+async def test_the_same_seed_replays_the_same_interleaving(anyio_backend: object) -> None:
+    if anyio_backend == "trio":
+        pytest.skip("trio randomizes its own scheduling on purpose: replay is exact on asyncio")
     assert await _order(7) == await _order(7)
 
 
