@@ -175,7 +175,7 @@ def _run_ours(loop: str, strategy: ar.MirroredStrategy, step: Any, value: Any) -
     if loop == "uvloop":
         import uvloop
 
-        return uvloop.run(go())  # type: ignore[no-any-return]
+        return uvloop.run(go())
     import trio
 
     return trio.run(go)

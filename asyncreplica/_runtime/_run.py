@@ -50,16 +50,31 @@ Dispatch = Callable[[list[Any]], Awaitable[Sequence[Any]]]
 
 
 class _Slot:
-    """The payloads of one collective and, once dispatched, the results."""
+    """The payloads of one collective and, once dispatched, the results.
 
-    __slots__ = ("event", "payloads", "results", "since", "warned")
+    Waiters park on one native waiter each (an asyncio future, or a trio event per
+    collective), chosen once per run: no polling, no anyio.Event per collective.
+    """
+
+    __slots__ = ("done", "payloads", "results", "since", "waiters", "warned")
 
     def __init__(self, num_replicas: int, since: float) -> None:
         self.payloads: list[Any] = [None] * num_replicas
-        self.event = anyio.Event()
         self.results: Sequence[Any] = ()
+        self.done = False  # results are set
+        self.waiters: list[Any] = []  # asyncio futures, or one trio event
         self.since = since  # when the first replica arrived
         self.warned = False  # whether a stall warning was logged for it
+
+    def release(self) -> None:
+        """Wake every waiter (the results are set)."""
+        self.done = True
+        for waiter in self.waiters:
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                waiter.set()
 
 
 def _on_task_created(task: asyncio.Task[Any]) -> None:
@@ -202,6 +217,7 @@ class Run:
         self.watch = _tasks.TaskWatch()
         self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
         self._slots: dict[Key, _Slot] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None  # set when the run starts
         self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
         self._results: list[object] = [None] * self.num_replicas
@@ -290,7 +306,7 @@ class Run:
             if tracer is not None:
                 tracer.dispatch_end(key)
                 tracer.resume(replica, key)
-            slot.event.set()
+            slot.release()
             if slot.warned:
                 waited = anyio.current_time() - slot.since
                 logger.warning(resumed_message(key_text(key), waited))
@@ -303,7 +319,7 @@ class Run:
             self._check_deadlock(replica, current=task)
             await self._wait(slot, key, replica, wait_limit)
         except anyio.get_cancelled_exc_class():
-            if not self.failed and not slot.event.is_set():
+            if not self.failed and not slot.done:
                 error = self.ledger.abandon(replica, key)
                 if error is not None:
                     self._fail(replica, error)
@@ -322,13 +338,26 @@ class Run:
         for _ in range(self.shuffle.randrange(4)):
             await anyio.lowlevel.checkpoint()
 
+    async def _park(self, slot: _Slot) -> None:
+        loop = self._loop
+        if loop is not None:
+            future = loop.create_future()
+            slot.waiters.append(future)
+            await future
+            return
+        if not slot.waiters:
+            import trio
+
+            slot.waiters.append(trio.Event())
+        await slot.waiters[0].wait()
+
     async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
         if not wait_limit:
-            await slot.event.wait()
+            await self._park(slot)
             return
         with anyio.move_on_after(wait_limit):
-            await slot.event.wait()
-        if slot.event.is_set():
+            await self._park(slot)
+        if slot.done:
             return
         if self.failed:
             await anyio.lowlevel.checkpoint()
@@ -348,7 +377,7 @@ class Run:
             await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
             now = anyio.current_time()
             for key, slot in list(self._slots.items()):
-                if not slot.warned and now - slot.since >= stall and not slot.event.is_set():
+                if not slot.warned and now - slot.since >= stall and not slot.done:
                     slot.warned = True
                     message = self.ledger.stall_message(
                         key, now - slot.since, self._whereabouts(key)
@@ -473,6 +502,7 @@ class Run:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
+        self._loop = loop
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
