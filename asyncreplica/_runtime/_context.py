@@ -30,6 +30,19 @@ __all__ = [
 ]
 
 
+# Types seen to be leaves: a value of one of these skips flattening (a cache, not a rule).
+_LEAF_TYPES: set[type] = set()
+
+
+def _flatten(value: object) -> tuple[list[object], TreeDef]:
+    if type(value) in _LEAF_TYPES:
+        return [value], None
+    leaves, treedef = flatten(value)
+    if treedef is None:
+        _LEAF_TYPES.add(type(value))
+    return leaves, treedef
+
+
 class _NoTree:
     """Marks a collective whose result is not rebuilt into a structure."""
 
@@ -169,7 +182,9 @@ class ReplicaContext:
 
     def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
         describe = self._strategy.backend.describe
-        return tuple(describe(leaf) for leaf in leaves)
+        if len(leaves) == 1:
+            return (describe(leaves[0]),)
+        return tuple([describe(leaf) for leaf in leaves])
 
     @staticmethod
     def _check_name(name: object) -> str | None:
@@ -229,7 +244,7 @@ class ReplicaContext:
         run = self._require_current("all_reduce")
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(options)
-        leaves, treedef = flatten(value)
+        leaves, treedef = _flatten(value)
         signature = Signature(
             CollectiveKind.ALL_REDUCE,
             op=op,
@@ -278,7 +293,7 @@ class ReplicaContext:
         """
         run = self._require_current("all_gather")
         timeout = self._options(options)
-        leaves, treedef = flatten(value)
+        leaves, treedef = _flatten(value)
         specs = self._describe(leaves)
         axis = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         signature = Signature(
@@ -323,7 +338,7 @@ class ReplicaContext:
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {source!r}")
         timeout = self._options(None)
-        leaves, treedef = flatten(value)
+        leaves, treedef = _flatten(value)
         signature = Signature(
             CollectiveKind.BROADCAST,
             source=source,
@@ -366,7 +381,7 @@ class ReplicaContext:
         run = self._require_current("reduce_scatter")
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
-        leaves, treedef = flatten(value)
+        leaves, treedef = _flatten(value)
         specs = self._describe(leaves)
         axis = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         n = self.num_replicas_in_sync

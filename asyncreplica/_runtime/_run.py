@@ -24,6 +24,7 @@ import contextlib
 import inspect
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -218,6 +219,7 @@ class Run:
         self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
         self._slots: dict[Key, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the run starts
+        self._current_task: Callable[[], object] = _tasks.current_task
         self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
         self._results: list[object] = [None] * self.num_replicas
@@ -296,7 +298,7 @@ class Run:
             tracer.arrive(replica, key, signature)
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = _Slot(self.num_replicas, anyio.current_time())
+            slot = self._slots[key] = _Slot(self.num_replicas, time.monotonic())
         slot.payloads[replica] = payload
         if complete:
             del self._slots[key]
@@ -308,16 +310,24 @@ class Run:
                 tracer.resume(replica, key)
             slot.release()
             if slot.warned:
-                waited = anyio.current_time() - slot.since
+                waited = time.monotonic() - slot.since
                 logger.warning(resumed_message(key_text(key), waited))
             if self.shuffle is not None:
                 await self._jitter()
             return slot.results[replica]
-        task = _tasks.current_task()
+        task = self._current_task()
         self._parked[id(task)] = key
         try:
-            self._check_deadlock(replica, current=task)
-            await self._wait(slot, key, replica, wait_limit)
+            if self.ledger.all_waiting():
+                self._check_deadlock(replica, current=task)
+            if wait_limit:
+                await self._wait(slot, key, replica, wait_limit)
+            elif self._loop is not None:
+                future = self._loop.create_future()
+                slot.waiters.append(future)
+                await future
+            else:
+                await self._park(slot)
         except anyio.get_cancelled_exc_class():
             if not self.failed and not slot.done:
                 error = self.ledger.abandon(replica, key)
@@ -372,10 +382,10 @@ class Run:
         so it costs nothing per collective.
         """
         while True:
-            now = anyio.current_time()
+            now = time.monotonic()
             due = [s.since + stall for s in self._slots.values() if not s.warned]
             await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
-            now = anyio.current_time()
+            now = time.monotonic()
             for key, slot in list(self._slots.items()):
                 if not slot.warned and now - slot.since >= stall and not slot.done:
                     slot.warned = True
@@ -448,7 +458,7 @@ class Run:
             self.ledger.cancel(replica)
             return
         MODE.set(mode)
-        self.watch.main[replica] = _tasks.current_task()
+        self.watch.main[replica] = self._current_task()
         try:
             if self.shuffle is not None:
                 await self._jitter()
@@ -503,6 +513,7 @@ class Run:
         except RuntimeError:
             loop = None
         self._loop = loop
+        self._current_task = asyncio.current_task if loop is not None else _tasks.current_task
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
