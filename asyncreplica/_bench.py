@@ -338,8 +338,8 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
         ctx = ar.get_replica_context()
         assert ctx is not None
         for _ in range(rounds):
-            for x in xs:
-                await ctx.all_reduce(ar.ReduceOp.SUM, x)
+            for x in xs:  # every replica gets a list of the same length
+                await ctx.all_reduce(ar.ReduceOp.SUM, x)  # asyncreplica: ignore
 
     batched = [
         _run_ours("asyncio", strategy, _step("all_reduce", rounds), batch)

@@ -22,7 +22,9 @@ Unlike the library runtime, this module imports numpy: it is a program that uses
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -35,8 +37,11 @@ from numpy.typing import NDArray
 import asyncreplica as ar
 
 __all__ = [
+    "BUGS",
+    "BugName",
     "DemoConfig",
     "TrainResult",
+    "format_error",
     "make_dataset",
     "reference_train",
     "run_demo",
@@ -50,6 +55,25 @@ Batch = tuple[FloatArray, FloatArray]
 """One batch: features of shape ``(n, features)`` and 0/1 labels of shape ``(n,)``."""
 
 LoopName = Literal["asyncio", "trio", "uvloop"]
+BugName = Literal["skip", "swap", "shape", "stall"]
+
+BUGGY_REPLICA = 1
+"""The replica that misbehaves when the demo runs with a bug."""
+STALL_TIMEOUT_SECONDS = 0.5
+"""``timeout_seconds`` of the collectives when the demo runs with the ``"stall"`` bug."""
+BUGS: dict[BugName, str] = {
+    "skip": f"replica {BUGGY_REPLICA} skips the all_reduce of the weight gradient",
+    "swap": (
+        f"replica {BUGGY_REPLICA} reduces the loss before the bias gradient"
+        " (two collectives of the same shape, swapped)"
+    ),
+    "shape": f"replica {BUGGY_REPLICA}'s bias gradient has shape (1,) instead of ()",
+    "stall": (
+        f"replica {BUGGY_REPLICA} awaits an event that is never set"
+        f" (timeout_seconds={STALL_TIMEOUT_SECONDS:g})"
+    ),
+}
+"""Each bug the demo can show, and what it does."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +91,9 @@ class DemoConfig:
         backend: Backend name passed to :class:`~asyncreplica.MirroredStrategy`.
         tolerance: Largest absolute difference from the single-replica weights that still
             counts as equal.
+        bug: ``None`` for the correct training step, or the name of a bug (a key of
+            :data:`BUGS`) that replica :data:`BUGGY_REPLICA` makes in its step, so that the
+            run fails with the error asyncreplica raises for it. Needs at least 2 replicas.
     """
 
     replicas: int = 4
@@ -78,6 +105,15 @@ class DemoConfig:
     learning_rate: float = 0.1
     backend: str = "numpy"
     tolerance: float = 1e-9
+    bug: BugName | None = None
+
+    def __post_init__(self) -> None:
+        if self.bug is not None and self.bug not in BUGS:
+            raise ValueError(f"unknown bug {self.bug!r}; choose one of {', '.join(BUGS)}")
+        if self.bug is not None and self.replicas <= BUGGY_REPLICA:
+            raise ValueError(
+                f"a bug needs at least {BUGGY_REPLICA + 1} replicas, got {self.replicas}"
+            )
 
     @property
     def devices(self) -> list[str]:
@@ -214,6 +250,60 @@ async def train_step(
     return new_params, np.float64(np.sum(loss) * scale)
 
 
+async def _never() -> None:
+    """Wait for an event that nobody sets: the stalled replica of the ``"stall"`` bug."""
+    await anyio.Event().wait()
+
+
+async def buggy_train_step(
+    batch: Batch, params: Params, global_batch_size: int, learning_rate: float, bug: BugName
+) -> tuple[Params, np.float64]:
+    """A training step in which replica :data:`BUGGY_REPLICA` makes the mistake ``bug``.
+
+    The correct replicas reduce the weight gradient, the bias gradient and the loss with
+    three ``all_reduce`` calls, in that order. The faulty replica differs as :data:`BUGS`
+    says, and the run fails with the error that asyncreplica raises for that class of bug
+    (instead of hanging or silently mixing values).
+
+    Args:
+        batch: This replica's shard of the global batch (possibly empty).
+        params: This replica's copy of the weights.
+        global_batch_size: Number of samples in the global batch, over all replicas.
+        learning_rate: Step size.
+        bug: Which mistake the faulty replica makes (a key of :data:`BUGS`).
+
+    Returns:
+        The updated weights and the mean loss of the global batch (never, with a bug).
+    """
+    x, y = batch
+    loss, dlogits = _losses(x, y, params)
+    scale = 1.0 / global_batch_size
+    grads = _gradients(x, dlogits, scale)
+    share = np.float64(np.sum(loss) * scale)
+    ctx = ar.get_replica_context()
+    if ctx is None:
+        raise RuntimeError("buggy_train_step must run inside strategy.run (a replica context)")
+    faulty = ctx.replica_id_in_sync_group == BUGGY_REPLICA
+    if faulty and bug == "shape":
+        grads["b"] = grads["b"].reshape(1)  # as if summed with keepdims=True
+    if faulty and bug == "stall":
+        await _never()
+    summed: Params = {}
+    # The branches below are the deliberate bugs; `asyncreplica lint` flags them without
+    # the ignore comments.
+    if faulty and bug == "skip":  # asyncreplica: ignore
+        summed["w"] = grads["w"]  # uses its own gradient: the replicas drift apart
+    else:
+        summed["w"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["w"])
+    if faulty and bug == "swap":  # asyncreplica: ignore
+        total = await ctx.all_reduce(ar.ReduceOp.SUM, share)
+        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"])
+    else:
+        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"])
+        total = await ctx.all_reduce(ar.ReduceOp.SUM, share)
+    return _apply(params, summed, learning_rate), np.float64(total / ctx.num_replicas_in_sync)
+
+
 async def eval_step(batch: Batch, params: Params) -> np.int64:
     """Count the samples of this replica's shard that the model classifies correctly.
 
@@ -242,7 +332,11 @@ def _replica_params(strategy: ar.MirroredStrategy, params: object) -> tuple[Para
 
 
 async def train(
-    config: DemoConfig, *, out: TextIO | None = None, loop: str | None = None
+    config: DemoConfig,
+    *,
+    out: TextIO | None = None,
+    loop: str | None = None,
+    trace: str | os.PathLike[str] | None = None,
 ) -> TrainResult:
     """Train the model data-parallel on ``config.replicas`` replicas.
 
@@ -252,17 +346,35 @@ async def train(
         config: The settings of the run.
         out: Where to print; ``sys.stdout`` when ``None``.
         loop: Name of the running event loop, for the summary; left out when ``None``.
+        trace: When given, record every run in a Chrome trace written to this path
+            (``strategy.trace(path)``), also when a run fails.
 
     Returns:
         The trained weights of every replica, the loss of each epoch and the final accuracy.
 
     Raises:
         asyncreplica.BackendNotFoundError: ``config.backend`` names no installed backend.
+        asyncreplica.CollectiveError: ``config.bug`` is set (the error it provokes).
     """
     stream = sys.stdout if out is None else out
-    strategy = ar.MirroredStrategy(config.devices, backend=config.backend)
+    options = (
+        ar.CommunicationOptions(timeout_seconds=STALL_TIMEOUT_SECONDS)
+        if config.bug == "stall"
+        else None
+    )
+    strategy = ar.MirroredStrategy(
+        config.devices, backend=config.backend, communication_options=options
+    )
     for line in _summary(config, loop):
         print(line, file=stream)
+    with contextlib.ExitStack() as stack:
+        if trace is not None:
+            stack.enter_context(strategy.trace(trace))
+        return await _train(strategy, config, stream)
+
+
+async def _train(strategy: ar.MirroredStrategy, config: DemoConfig, stream: TextIO) -> TrainResult:
+    """The training and evaluation loops of :func:`train`."""
     data = make_dataset(config.samples, config.features, config.seed)
     # Every replica starts from its own copy of the same weights, like a MirroredVariable.
     params: object = initial_params(config.features)
@@ -275,9 +387,15 @@ async def train(
             batches, strategy.experimental_distribute_dataset(batches), strict=True
         ):
             global_batch_size = len(global_batch[1])
-            params, loss = await strategy.run(
-                train_step, args=(shards, params, global_batch_size, config.learning_rate)
-            )
+            if config.bug is None:
+                params, loss = await strategy.run(
+                    train_step, args=(shards, params, global_batch_size, config.learning_rate)
+                )
+            else:
+                params, loss = await strategy.run(
+                    buggy_train_step,
+                    args=(shards, params, global_batch_size, config.learning_rate, config.bug),
+                )
             batch_loss = await strategy.reduce(ar.ReduceOp.SUM, loss, axis=None)
             loss_sum += float(batch_loss) * global_batch_size
         epoch_losses.append(loss_sum / config.samples)
@@ -331,9 +449,11 @@ def max_abs_difference(a: Params, b: Params) -> float:
     return max(float(np.max(np.abs(a[key] - b[key]), initial=0.0)) for key in a)
 
 
-def _run_on_loop(config: DemoConfig, loop: LoopName, out: TextIO) -> TrainResult:
+def _run_on_loop(
+    config: DemoConfig, loop: LoopName, out: TextIO, trace: str | os.PathLike[str] | None
+) -> TrainResult:
     async def main() -> TrainResult:
-        return await train(config, out=out, loop=loop)
+        return await train(config, out=out, loop=loop, trace=trace)
 
     if loop == "uvloop":
         return anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
@@ -355,25 +475,66 @@ def _summary(config: DemoConfig, loop: str | None) -> Iterator[str]:
         f"{_plural(config.replicas, 'replica')} on {', '.join(config.devices)},"
         f" backend {config.backend}{on_loop}"
     )
+    if config.bug is not None:
+        yield f"bug: {BUGS[config.bug]}"
 
 
-def run_demo(config: DemoConfig, *, loop: LoopName = "asyncio", out: TextIO | None = None) -> int:
+def format_error(error: BaseException) -> str:
+    """Return ``error`` as the last lines of its traceback show it, without the module.
+
+    Args:
+        error: An exception.
+
+    Returns:
+        ``"TypeName: message"``, followed by the exception's notes, one per line.
+    """
+    lines = [f"{type(error).__name__}: {error}"]
+    lines.extend(str(note) for note in getattr(error, "__notes__", ()))
+    return "\n".join(lines)
+
+
+def run_demo(
+    config: DemoConfig,
+    *,
+    loop: LoopName = "asyncio",
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+    trace: str | os.PathLike[str] | None = None,
+) -> int:
     """Run the demo from synchronous code and print its report.
+
+    With ``config.bug`` set, the run is expected to fail: the error asyncreplica raises is
+    printed to ``err`` as a user sees it (type name, message, notes) and the status is 1.
 
     Args:
         config: The settings of the run.
         loop: The event loop to run on: ``"asyncio"``, ``"trio"`` or ``"uvloop"``.
         out: Where to print; ``sys.stdout`` when ``None``.
+        err: Where to print the error of a run with a bug; ``sys.stderr`` when ``None``.
+        trace: When given, write a Chrome trace of the runs to this path.
 
     Returns:
         0 when the data-parallel weights equal the single-replica weights (within
-        ``config.tolerance``) and all replicas hold the same weights, else 1.
+        ``config.tolerance``) and all replicas hold the same weights, else 1. Always 1
+        when ``config.bug`` is set.
 
     Raises:
         asyncreplica.BackendNotFoundError: ``config.backend`` names no installed backend.
     """
     stream = sys.stdout if out is None else out
-    result = _run_on_loop(config, loop, stream)
+    if config.bug is not None:
+        errors = sys.stderr if err is None else err
+        try:
+            _run_on_loop(config, loop, stream, trace)
+        except ar.CollectiveError as exc:
+            print(format_error(exc), file=errors)
+        else:
+            print(
+                f"the bug {config.bug!r} went unnoticed: the run completed without an error",
+                file=errors,
+            )
+        return 1
+    result = _run_on_loop(config, loop, stream, trace)
     reference = reference_train(config)
     difference = max_abs_difference(result.params, reference)
     matches = difference <= config.tolerance

@@ -7,6 +7,7 @@ import pathlib
 
 import asyncreplica as ar
 import asyncreplica.abc
+import asyncreplica.lint
 import asyncreplica.testing
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ DESIGN_NAMES = {
 def test_all_is_sorted_and_complete() -> None:
     assert ar.__all__ == sorted(ar.__all__)
     public = {
-        n for n in dir(ar) if not n.startswith("_") and n not in {"abc", "testing", "annotations"}
+        n for n in dir(ar) if not n.startswith("_") and n not in {"abc", "lint", "testing", "annotations"}
     }
     assert public - {"__version__"} <= set(ar.__all__)
     assert set(ar.__all__) - {"__version__"} <= public
@@ -49,7 +50,7 @@ def test_design_names_are_exported() -> None:
 
 
 def test_every_public_name_has_a_docstring() -> None:
-    for module in (ar, asyncreplica.abc, asyncreplica.testing):
+    for module in (ar, asyncreplica.abc, asyncreplica.lint, asyncreplica.testing):
         for name in getattr(module, "__all__", ()):
             obj = getattr(module, name)
             if inspect.isclass(obj) or inspect.isfunction(obj):

@@ -31,6 +31,9 @@ from ._run import Run
 from ._values import component
 
 if TYPE_CHECKING:
+    from os import PathLike
+
+    from .._tracing import ChromeTracer
     from ..abc import Backend
     from ._trace import Tracer
 
@@ -163,6 +166,38 @@ class Strategy:
             yield self
         finally:
             MODE.reset(token)
+
+    @contextlib.contextmanager
+    def trace(
+        self, path: str | PathLike[str], *, max_events: int = 1_000_000
+    ) -> Iterator[ChromeTracer]:
+        """Record the runs in the block as a timeline that opens in ui.perfetto.dev.
+
+        Writes Chrome trace-event JSON to ``path`` when the block exits, also when it
+        raises: one track per replica with one slice per collective (arrival to
+        resumption; kind, op, position, bytes, dtype, call site and time waited in its
+        args), a backend track with each reduction and an arrow from the replica that
+        arrived last, and, for a failed run, every replica's recent collectives.
+        ``asyncreplica trace summarize FILE`` and ``asyncreplica trace plot FILE``
+        read it. The environment variable ``ASYNCREPLICA_TRACE=FILE`` does the same
+        for every run of a program.
+
+        Args:
+            path: The trace file; a name ending in ``.gz`` is gzip-compressed.
+            max_events: How many events to keep: older collectives are dropped and
+                the trace says how many.
+
+        Yields:
+            The tracer.
+
+        Raises:
+            FileNotFoundError: ``path``'s folder does not exist.
+            ValueError: ``max_events`` is not a positive integer.
+        """
+        from .._tracing import traced
+
+        with traced(self, path, max_events=max_events) as tracer:
+            yield tracer
 
     def _require_cross_replica(self, api: str, instead: str) -> None:
         mode = current_mode()
@@ -718,6 +753,9 @@ class MirroredStrategy(Strategy):
             schedule,
             seed,
         )
+        from .._tracing import trace_from_environment  # ASYNCREPLICA_TRACE=FILE
+
+        trace_from_environment(self)
 
 
 def _parse_devices(devices: object) -> list[str]:

@@ -237,6 +237,10 @@ async def test_unnamed_collectives_in_flight_together_raise() -> None:
     async def step() -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
+        if ctx.replica_id_in_sync_group == 1:
+            # Keep replica 0's first collective pending while it issues the second
+            # (otherwise the two need not overlap, whatever the loop's order).
+            await anyio.wait_all_tasks_blocked()
         async with anyio.create_task_group() as tg:
             tg.start_soon(ctx.all_reduce, "sum", 1.0)
             tg.start_soon(ctx.all_reduce, "sum", 2.0)
