@@ -5,6 +5,9 @@ Compares, per all_reduce of 8 bytes (2 x float32) across N replicas on asyncio:
 * ``bare``: a bare futures rendezvous doing the same numpy sum (the floor: the last
   arrival sums in replica order and sets one future per waiter);
 * ``no call sites``: asyncreplica with ``check_call_sites=False``;
+* ``no checks``: asyncreplica with the checking machinery stubbed out for the
+  measurement only (no call-path capture, no leaf descriptions beyond a fixed one, no
+  signature comparison): what a collective would cost if nothing were checked;
 * ``full checks``: asyncreplica with every check on (the default).
 
 Run: ``python benchmarks/bench_checks.py [--replicas 8] [--rounds 2000] [--repeat 5]``.
@@ -21,6 +24,7 @@ import time
 import numpy as np
 
 import asyncreplica as ar
+import asyncreplica.abc
 
 
 async def bare(n: int, rounds: int, value: np.ndarray) -> float:
@@ -69,6 +73,28 @@ async def ours(strategy: ar.MirroredStrategy, rounds: int, value: np.ndarray) ->
     return time.perf_counter() - start
 
 
+def _without_checks() -> list[tuple[object, str, object]]:
+    """Stub out the checks (for this measurement only); return what to restore."""
+    from asyncreplica._core import _ledger
+    from asyncreplica._runtime import _context
+
+    saved = [
+        (_context, "call_path", _context.call_path),
+        (_ledger, "differing_fields", _ledger.differing_fields),
+        (_context.ReplicaContext, "_describe", _context.ReplicaContext._describe),
+    ]
+    spec = (ar.abc.LeafSpec((2,), "float32"),)
+    _context.call_path = lambda: ()  # type: ignore[assignment]
+    _ledger.differing_fields = lambda *a, **k: ()  # type: ignore[assignment]
+    _context.ReplicaContext._describe = lambda self, leaves: spec  # type: ignore[assignment,method-assign]
+    return saved
+
+
+def _restore(saved: list[tuple[object, str, object]]) -> None:
+    for owner, name, value in saved:
+        setattr(owner, name, value)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=8)
@@ -80,18 +106,27 @@ def main() -> None:
     devices = [f"CPU:{i}" for i in range(n)]
     full = ar.MirroredStrategy(devices)
     relaxed = ar.MirroredStrategy(devices, check_call_sites=False)
-    times: dict[str, list[float]] = {"bare": [], "no call sites": [], "full checks": []}
+    times: dict[str, list[float]] = {
+        "bare": [],
+        "no checks": [],
+        "no call sites": [],
+        "full checks": [],
+    }
     for _ in range(args.repeat):  # interleaved, so drift hits every system alike
         times["bare"].append(asyncio.run(bare(n, rounds, value)))
+        saved = _without_checks()
+        try:
+            times["no checks"].append(asyncio.run(ours(relaxed, rounds, value)))
+        finally:
+            _restore(saved)
         times["no call sites"].append(asyncio.run(ours(relaxed, rounds, value)))
         times["full checks"].append(asyncio.run(ours(full, rounds, value)))
     medians = {k: statistics.median(v) / rounds * 1e6 for k, v in times.items()}
     print(f"small all_reduce (8 B), {n} replicas, asyncio, {rounds} rounds x {args.repeat}")
-    print(f"{'system':<16}{'us/collective':>14}{'vs bare':>10}{'vs no call sites':>18}")
+    print(f"{'system':<16}{'us/collective':>14}{'vs bare':>10}{'vs no checks':>14}")
     for name, us in medians.items():
         print(
-            f"{name:<16}{us:>14.1f}{us / medians['bare']:>9.2f}x"
-            f"{us / medians['no call sites']:>17.2f}x"
+            f"{name:<16}{us:>14.1f}{us / medians['bare']:>9.2f}x{us / medians['no checks']:>13.2f}x"
         )
 
 
