@@ -5,26 +5,25 @@ Compares, per all_reduce of 8 bytes (2 x float32) across N replicas on asyncio:
 * ``bare``: a bare futures rendezvous doing the same numpy sum (the floor: the last
   arrival sums in replica order and sets one future per waiter);
 * ``no call sites``: asyncreplica with ``check_call_sites=False``;
-* ``no checks``: asyncreplica with the checking machinery stubbed out for the
-  measurement only (no call-path capture, no leaf descriptions beyond a fixed one, no
-  signature comparison): what a collective would cost if nothing were checked;
+* ``no checks``: asyncreplica with the ordering checks stubbed out for the
+  measurement only (no call-path capture, no signature comparison); leaves are still
+  described, since that also validates them and the backend needs it: what a
+  collective would cost if replicas' collectives were not checked against each other;
 * ``full checks``: asyncreplica with every check on (the default).
 
 Run: ``python benchmarks/bench_checks.py [--replicas 8] [--rounds 2000] [--repeat 5]``.
-Prints medians in microseconds per collective and the ratios.
+Prints the best of the repeats in microseconds per collective, and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 
 import numpy as np
 
 import asyncreplica as ar
-import asyncreplica.abc
 
 
 async def bare(n: int, rounds: int, value: np.ndarray) -> float:
@@ -81,12 +80,9 @@ def _without_checks() -> list[tuple[object, str, object]]:
     saved = [
         (_context, "call_path", _context.call_path),
         (_ledger, "differing_fields", _ledger.differing_fields),
-        (_context.ReplicaContext, "_describe", _context.ReplicaContext._describe),
     ]
-    spec = (ar.abc.LeafSpec((2,), "float32"),)
     _context.call_path = lambda: ()  # type: ignore[assignment]
     _ledger.differing_fields = lambda *a, **k: ()  # type: ignore[assignment]
-    _context.ReplicaContext._describe = lambda self, leaves: spec  # type: ignore[assignment,method-assign]
     return saved
 
 
@@ -121,7 +117,8 @@ def main() -> None:
             _restore(saved)
         times["no call sites"].append(asyncio.run(ours(relaxed, rounds, value)))
         times["full checks"].append(asyncio.run(ours(full, rounds, value)))
-    medians = {k: statistics.median(v) / rounds * 1e6 for k, v in times.items()}
+    # The minimum: on a shared machine, noise only ever adds time.
+    medians = {k: min(v) / rounds * 1e6 for k, v in times.items()}
     print(f"small all_reduce (8 B), {n} replicas, asyncio, {rounds} rounds x {args.repeat}")
     print(f"{'system':<16}{'us/collective':>14}{'vs bare':>10}{'vs no checks':>14}")
     for name, us in medians.items():

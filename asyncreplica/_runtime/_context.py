@@ -43,6 +43,9 @@ def _flatten(value: object) -> tuple[list[object], TreeDef]:
     return leaves, treedef
 
 
+_new_signature = tuple.__new__
+
+
 class _NoTree:
     """Marks a collective whose result is not rebuilt into a structure."""
 
@@ -245,13 +248,22 @@ class ReplicaContext:
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(options)
         leaves, treedef = _flatten(value)
-        signature = Signature(
-            CollectiveKind.ALL_REDUCE,
-            op=op,
-            name=self._check_name(name),
-            structure=treedef,
-            leaves=self._describe(leaves),
-            call_path=call_path(),
+        # A plain tuple build: the named tuple's keyword constructor costs more than
+        # everything else the checks do on this path.
+        signature = _new_signature(
+            Signature,
+            (
+                CollectiveKind.ALL_REDUCE,
+                op,
+                None,
+                None,
+                None,
+                None,
+                self._check_name(name),
+                treedef,
+                self._describe(leaves),
+                call_path(),
+            ),
         )
         backend = self._strategy.backend
 

@@ -49,16 +49,19 @@ def call_path() -> tuple[CallSite, ...]:
     is on this chain. Event-loop frames are skipped.
     """
     frame = sys._getframe(1)
-    while frame is not None and _kind(frame.f_code) == _STOP:
-        frame = frame.f_back  # type: ignore[assignment]
+    kinds = _kinds
     key: list[tuple[CodeType, int]] = []
-    while frame is not None and len(key) < MAX_DEPTH:
+    while frame is not None:
         code = frame.f_code
-        kind = _kind(code)
-        if kind == _STOP:
-            break
+        kind = kinds.get(code)
+        if kind is None:
+            kind = _kind(code)
         if kind == _USER:
             key.append((code, frame.f_lineno))
+            if len(key) == MAX_DEPTH:
+                break
+        elif kind == _STOP and key:
+            break  # the replica driver, below the user's frames
         frame = frame.f_back  # type: ignore[assignment]
     frozen = tuple(key)
     path = _paths.get(frozen)

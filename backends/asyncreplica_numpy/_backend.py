@@ -44,6 +44,8 @@ _LOCAL: dict[ReduceOp, Callable[..., Any]] = {
 
 
 _dtype_names: dict[np.dtype[Any], str] = {}
+# Leaf specs by (shape, dtype): the same spec object for the same kind of leaf.
+_specs: dict[tuple[tuple[int, ...], np.dtype[Any]], LeafSpec] = {}
 
 
 def _dtype_name(dtype: np.dtype[Any]) -> str:
@@ -152,7 +154,13 @@ class NumpyBackend(Backend):
             self._checked(value.indices, "IndexedSlices.indices")
             return LeafSpec(value.dense_shape, _dtype_name(values.dtype), sparse=True)
         array = self._checked(value, "a collective's value")
-        return LeafSpec(array.shape, _dtype_name(array.dtype))
+        key = (array.shape, array.dtype)
+        spec = _specs.get(key)
+        if spec is None:
+            if len(_specs) > 4096:
+                _specs.clear()
+            spec = _specs[key] = LeafSpec(array.shape, _dtype_name(array.dtype))
+        return spec
 
     @staticmethod
     def _checked(value: object, what: str) -> Array:
