@@ -395,13 +395,7 @@ class Ledger:
         Returns:
             The error, with the report attached (the caller raises it).
         """
-        round_ = self._rounds.get(key)
-        arrived = dict(round_.signatures) if round_ is not None else {}
-        missing = {
-            rid: whereabouts.get(rid, self._describe_state(rid))
-            for rid in range(self.num_replicas)
-            if rid not in arrived
-        }
+        arrived, missing = self._roll_call(key, whereabouts)
         return CollectiveTimeoutError(
             key_index(key),
             timeout,
@@ -413,6 +407,13 @@ class Ledger:
 
     def stall_message(self, key: Key, waited: float, whereabouts: dict[int, str]) -> str:
         """The text of a stall warning for the rendezvous at ``key`` (see timeout_error)."""
+        arrived, missing = self._roll_call(key, whereabouts)
+        return _report.stall_message(_report.key_text(key), waited, arrived, missing)
+
+    def _roll_call(
+        self, key: Key, whereabouts: dict[int, str]
+    ) -> tuple[dict[int, Signature], dict[int, str]]:
+        """Who arrived at ``key`` (their signatures) and where the others are."""
         round_ = self._rounds.get(key)
         arrived = dict(round_.signatures) if round_ is not None else {}
         missing = {
@@ -420,7 +421,7 @@ class Ledger:
             for rid in range(self.num_replicas)
             if rid not in arrived
         }
-        return _report.stall_message(_report.key_text(key), waited, arrived, missing)
+        return arrived, missing
 
     def pending(self, key: Key) -> bool:
         """Whether the collective at ``key`` is still waiting for replicas."""
