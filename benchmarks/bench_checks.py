@@ -9,7 +9,8 @@ Compares, per all_reduce of 8 bytes (2 x float32) across N replicas on asyncio:
   measurement only (no call-path capture, no signature comparison); leaves are still
   described, since that also validates them and the backend needs it: what a
   collective would cost if replicas' collectives were not checked against each other;
-* ``full checks``: asyncreplica with every check on (the default).
+* ``full checks``: asyncreplica with every check on (the default);
+* ``full + tracing``: the same inside ``strategy.trace(...)`` (the Perfetto recorder).
 
 Run: ``python benchmarks/bench_checks.py [--replicas 8] [--rounds 2000] [--repeat 5]``.
 Prints the best of the repeats in microseconds per collective, and the ratios.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import tempfile
 import time
 
 import numpy as np
@@ -107,6 +109,7 @@ def main() -> None:
         "no checks": [],
         "no call sites": [],
         "full checks": [],
+        "full + tracing": [],
     }
     for _ in range(args.repeat):  # interleaved, so drift hits every system alike
         times["bare"].append(asyncio.run(bare(n, rounds, value)))
@@ -117,6 +120,8 @@ def main() -> None:
             _restore(saved)
         times["no call sites"].append(asyncio.run(ours(relaxed, rounds, value)))
         times["full checks"].append(asyncio.run(ours(full, rounds, value)))
+        with tempfile.TemporaryDirectory() as tmp, full.trace(f"{tmp}/trace.json"):
+            times["full + tracing"].append(asyncio.run(ours(full, rounds, value)))
     # The minimum: on a shared machine, noise only ever adds time.
     medians = {k: min(v) / rounds * 1e6 for k, v in times.items()}
     print(f"small all_reduce (8 B), {n} replicas, asyncio, {rounds} rounds x {args.repeat}")
