@@ -86,11 +86,27 @@ class Backend(abc.ABC):
         """
 
     @abc.abstractmethod
-    async def all_reduce(self, op: ReduceOp, values: Leaves) -> list[list[object]]:
+    async def all_reduce(
+        self, op: ReduceOp, values: Leaves, *, bytes_per_pack: int = 0
+    ) -> list[list[object]]:
         """Combine each leaf across replicas with ``op``; every replica gets the result.
 
         ``MEAN`` divides by ``len(values)``; the mean of integers is float64.
         ``IndexedSlices`` leaves are concatenated (``MEAN`` also scales their values).
+
+        Args:
+            op: How to combine.
+            values: ``values[r][j]``: leaf ``j`` of replica ``r``.
+            bytes_per_pack: A hint from ``CommunicationOptions.bytes_per_pack`` (the
+                merged per-call and strategy options): a backend may reduce several
+                leaves together in packs of about this many bytes (TensorFlow's
+                ``group_by_size`` rule; 0 means one pack). Results must not depend on
+                it. The keyword is optional for backends: the runtime passes it only
+                when the method accepts it (decided once per backend class), so a
+                backend written without it keeps working.
+
+        Returns:
+            ``results[r][j]``: replica ``r``'s result for leaf ``j``.
         """
 
     @abc.abstractmethod

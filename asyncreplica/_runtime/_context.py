@@ -7,14 +7,14 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .._core._nest import TreeDef, flatten, regroup, select_replica, unflatten
+from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
 from ._mode import MODE, Mode, current_mode
-from ._run import Collective, Dispatch
+from ._run import Collective
 from ._values import component
 
 if TYPE_CHECKING:
@@ -34,23 +34,102 @@ __all__ = [
 _LEAF_TYPES: set[type] = set()
 
 
+# Treedefs of flat lists and tuples of leaves, by (container type, length): the same
+# object for the same structure, so replicas' structures compare by identity.
+_FLAT_TREEDEFS: dict[tuple[type, int], TreeDef] = {}
+
+
 def _flatten(value: object) -> tuple[list[object], TreeDef]:
-    if type(value) in _LEAF_TYPES:
+    kind = type(value)
+    if kind in _LEAF_TYPES:
         return [value], None
+    if (kind is list or kind is tuple) and _LEAF_TYPES.issuperset(map(type, value)):  # type: ignore[call-overload]
+        # A flat batch of known leaf types (the common batched case): no recursion.
+        size = len(value)  # type: ignore[arg-type]
+        treedef = _FLAT_TREEDEFS.get((kind, size))
+        if treedef is None:
+            if len(_FLAT_TREEDEFS) > 1024:
+                _FLAT_TREEDEFS.clear()
+            treedef = _FLAT_TREEDEFS[(kind, size)] = flatten(value)[1]
+        return list(value), treedef  # type: ignore[call-overload]
     leaves, treedef = flatten(value)
     if treedef is None:
-        _LEAF_TYPES.add(type(value))
+        _LEAF_TYPES.add(kind)
+    elif len(_LEAF_TYPES) < 256:
+        _LEAF_TYPES.update(map(type, leaves))
     return leaves, treedef
 
 
 _new_signature = tuple.__new__
 
 
-class _NoTree:
-    """Marks a collective whose result is not rebuilt into a structure."""
+# Dispatch functions: called once per collective, by the last replica to arrive, with
+# every replica's payload in replica order. Module-level (no closure per call): what
+# they need is in the run, the collective's signature and its ``extra`` field.
 
 
-_NO_TREE = _NoTree()
+async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
+    if not payloads[0]:
+        return [[] for _ in payloads]
+    op = call._signature.op
+    bytes_per_pack = call.extra
+    assert op is not None
+    assert isinstance(bytes_per_pack, int)
+    results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
+    return results
+
+
+async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
+    if not payloads[0]:
+        return [[] for _ in payloads]
+    axis = call._signature.axis
+    assert axis is not None
+    return await run.backend.all_gather(payloads, axis)
+
+
+async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
+    source = call._signature.source
+    assert source is not None
+    return await run.backend.broadcast(payloads[source], len(payloads))
+
+
+async def _dispatch_reduce_scatter(
+    run: Run, call: Collective, payloads: list[Any]
+) -> Sequence[Any]:
+    if not payloads[0]:
+        return [[] for _ in payloads]
+    op, axis = call._signature.op, call._signature.axis
+    assert op is not None
+    assert axis is not None
+    return await run.backend.reduce_scatter(op, payloads, axis)
+
+
+async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
+    strategy = run.strategy
+    num = len(payloads)
+    merge_args = regroup([p[1] for p in payloads], PerReplica)
+    merge_kwargs = regroup([p[2] for p in payloads], PerReplica)
+    assert isinstance(merge_args, tuple | list)
+    assert isinstance(merge_kwargs, Mapping)
+    token = MODE.set(Mode(strategy, True, None))
+    try:
+        result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+    except Exception as exc:
+        run.note(
+            exc,
+            f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all {num} "
+            f"replicas of {type(strategy).__name__}.run)",
+        )
+        raise
+    finally:
+        MODE.reset(token)
+    return [select_replica(i, result, _component(num)) for i in range(num)]
+
+
+async def _dispatch_barrier(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
+    return [None] * len(payloads)
 
 
 def get_replica_context() -> ReplicaContext | None:
@@ -179,38 +258,24 @@ class ReplicaContext:
         defaults = self._strategy.communication_options
         if options is None:
             return defaults.timeout_seconds
+        return self._merged(options).timeout_seconds
+
+    def _merged(self, options: CommunicationOptions) -> CommunicationOptions:
         if not isinstance(options, CommunicationOptions):
             raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
-        return defaults.merge(options).timeout_seconds
+        return self._strategy.communication_options.merge(options)
 
     def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
         describe = self._strategy.backend.describe
         if len(leaves) == 1:
             return (describe(leaves[0]),)
-        return tuple([describe(leaf) for leaf in leaves])
+        return tuple(map(describe, leaves))
 
     @staticmethod
     def _check_name(name: object) -> str | None:
         if name is not None and not isinstance(name, str):
             raise TypeError(f"name must be a string or None, got {name!r}")
         return name
-
-    def _issue(
-        self,
-        run: Run,
-        signature: Signature,
-        payload: object,
-        dispatch: Dispatch,
-        timeout: float | None,
-        treedef: TreeDef | _NoTree = _NO_TREE,
-    ) -> Collective:
-        replica = self._replica_id
-
-        async def meet() -> Any:
-            result = await run.collective(replica, signature, payload, dispatch, timeout)
-            return result if isinstance(treedef, _NoTree) else unflatten(treedef, result)
-
-        return Collective(meet(), run, replica, signature)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -244,10 +309,26 @@ class ReplicaContext:
             CollectiveTimeoutError: ``timeout_seconds`` passed with replicas missing.
             ReplicaContextError: Called outside this replica.
         """
-        run = self._require_current("all_reduce")
-        op = ReduceOp.parse(reduce_op)
-        timeout = self._options(options)
-        leaves, treedef = _flatten(value)
+        run = self._run
+        mode = MODE.get()
+        if mode is None or mode.replica is not self or run is None or run.closed:
+            run = self._require_current("all_reduce")
+        op = reduce_op if type(reduce_op) is ReduceOp else ReduceOp.parse(reduce_op)
+        if options is None:
+            defaults = self._strategy._communication_options
+            timeout = defaults.timeout_seconds
+            bytes_per_pack = defaults.bytes_per_pack
+        else:
+            merged = self._merged(options)
+            timeout = merged.timeout_seconds
+            bytes_per_pack = merged.bytes_per_pack
+        if type(value) in _LEAF_TYPES:
+            leaves: list[object] = [value]
+            treedef: TreeDef = None
+            specs: tuple[LeafSpec, ...] = (run.describe(value),)
+        else:
+            leaves, treedef = _flatten(value)
+            specs = self._describe(leaves)
         # A plain tuple build: the named tuple's keyword constructor costs more than
         # everything else the checks do on this path.
         signature = _new_signature(
@@ -259,20 +340,22 @@ class ReplicaContext:
                 None,
                 None,
                 None,
-                self._check_name(name),
+                None if name is None else self._check_name(name),
                 treedef,
-                self._describe(leaves),
+                specs,
                 call_path(),
             ),
         )
-        backend = self._strategy.backend
-
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            if not leaves:
-                return [[] for _ in payloads]
-            return await backend.all_reduce(op, payloads)
-
-        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
+        return Collective(
+            run,
+            self._replica_id,
+            signature,
+            leaves,
+            _dispatch_all_reduce,
+            bytes_per_pack,
+            timeout,
+            treedef,
+        )
 
     def all_gather(
         self,
@@ -316,14 +399,9 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
-        backend = self._strategy.backend
-
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            if not leaves:
-                return [[] for _ in payloads]
-            return await backend.all_gather(payloads, axis)
-
-        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
+        return Collective(
+            run, self._replica_id, signature, leaves, _dispatch_all_gather, None, timeout, treedef
+        )
 
     def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Awaitable[Any]:
         """Give every replica a copy of replica ``source``'s ``value``.
@@ -359,12 +437,9 @@ class ReplicaContext:
             leaves=self._describe(leaves),
             call_path=call_path(),
         )
-        backend = self._strategy.backend
-
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            return await backend.broadcast(payloads[source], len(payloads))
-
-        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
+        return Collective(
+            run, self._replica_id, signature, leaves, _dispatch_broadcast, None, timeout, treedef
+        )
 
     def reduce_scatter(
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
@@ -413,14 +488,16 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
-        backend = self._strategy.backend
-
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            if not leaves:
-                return [[] for _ in payloads]
-            return await backend.reduce_scatter(op, payloads, axis)
-
-        return self._issue(run, signature, leaves, dispatch, timeout, treedef)
+        return Collective(
+            run,
+            self._replica_id,
+            signature,
+            leaves,
+            _dispatch_reduce_scatter,
+            None,
+            timeout,
+            treedef,
+        )
 
     def barrier(self, *, name: str | None = None) -> Awaitable[None]:
         """Wait until every replica reaches this barrier.
@@ -436,10 +513,7 @@ class ReplicaContext:
             CollectiveKind.BARRIER, name=self._check_name(name), call_path=call_path()
         )
 
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            return [None] * len(payloads)
-
-        return self._issue(run, signature, None, dispatch, timeout)
+        return Collective(run, self._replica_id, signature, None, _dispatch_barrier, None, timeout)
 
     def merge_call(
         self,
@@ -488,32 +562,10 @@ class ReplicaContext:
             merge_fn_name=getattr(merge_fn, "__qualname__", type(merge_fn).__qualname__),
             call_path=call_path(),
         )
-        strategy = self._strategy
-        num = self.num_replicas_in_sync
-
-        async def dispatch(payloads: list[Any]) -> Sequence[Any]:
-            merge_args = regroup([p[1] for p in payloads], PerReplica)
-            merge_kwargs = regroup([p[2] for p in payloads], PerReplica)
-            assert isinstance(merge_args, tuple | list)
-            assert isinstance(merge_kwargs, Mapping)
-            token = MODE.set(Mode(strategy, True, None))
-            try:
-                result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
-                if inspect.isawaitable(result):
-                    result = await result
-            except Exception as exc:
-                run.note(
-                    exc,
-                    f"(raised in merge_fn {signature.merge_fn_name}, called once for all {num} "
-                    f"replicas of {type(strategy).__name__}.run)",
-                )
-                raise
-            finally:
-                MODE.reset(token)
-            return [select_replica(i, result, _component(num)) for i in range(num)]
-
         payload = (merge_fn, tuple(args), dict(kwargs))
-        return self._issue(run, signature, payload, dispatch, timeout)
+        return Collective(
+            run, self._replica_id, signature, payload, _dispatch_merge_call, None, timeout
+        )
 
 
 def _component(num_replicas: int) -> Callable[[int, object], object]:

@@ -32,8 +32,9 @@ import anyio
 import anyio.lowlevel
 
 from .._core._ledger import Key, Ledger
+from .._core._nest import unflatten
 from .._core._report import DOCS, key_text, resumed_message
-from .._core._signature import Signature
+from .._core._signature import ReduceOp, Signature
 from .._exceptions import CollectiveError
 from . import _tasks
 from ._mode import MODE, Mode
@@ -43,11 +44,11 @@ if TYPE_CHECKING:
     from ._strategy import Strategy
     from ._trace import Tracer
 
-__all__ = ["Collective", "Run", "logger"]
+__all__ = ["NO_TREE", "Collective", "Dispatch", "Run", "logger"]
 
 logger = logging.getLogger("asyncreplica")
 
-Dispatch = Callable[[list[Any]], Awaitable[Sequence[Any]]]
+Dispatch = Callable[["Run", "Collective", list[Any]], Awaitable[Sequence[Any]]]
 
 
 class _Slot:
@@ -78,6 +79,36 @@ class _Slot:
                 waiter.set()
 
 
+# Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
+_ACCEPTS_PACK: dict[type, bool] = {}
+
+
+def accepts_bytes_per_pack(backend: Backend) -> bool:
+    """Whether ``backend.all_reduce`` accepts the ``bytes_per_pack`` keyword argument.
+
+    Backends written before the keyword existed are still called correctly, without
+    it. The answer is computed once per backend class.
+    """
+    cls = type(backend)
+    found = _ACCEPTS_PACK.get(cls)
+    if found is None:
+        try:
+            params = inspect.signature(backend.all_reduce).parameters
+        except (TypeError, ValueError):
+            found = False
+        else:
+            found = "bytes_per_pack" in params or any(
+                p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+            )
+        _ACCEPTS_PACK[cls] = found
+    return found
+
+
+def _all_leaves(children: tuple[Any, ...]) -> bool:
+    """Whether every child of a treedef node is a leaf (None)."""
+    return not any(children)
+
+
 def _on_task_created(task: asyncio.Task[Any]) -> None:
     """Task factory hook: record tasks created inside a replica (asyncio)."""
     mode = MODE.get()
@@ -90,46 +121,105 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
         task.add_done_callback(run.task_done)
 
 
+class _NoTree:
+    """Marks a collective whose result is not rebuilt into a structure."""
+
+
+NO_TREE: Any = _NoTree()
+
+
 class Collective(collections.abc.Coroutine[Any, Any, Any]):
     """An issued collective: await it to take part in the rendezvous.
 
     It is a coroutine (so ``asyncio.create_task``, ``asyncio.gather`` and task groups
     accept it) that refuses to be used as a value, so that a forgotten ``await`` fails
     where it happens rather than as a silently skipped collective.
+
+    It carries everything the rendezvous needs as plain fields (no closure, no
+    coroutine per call): the run creates the one coroutine, :meth:`Run.collective`,
+    when the collective is first awaited or sent into.
+
+    Args:
+        run: The run the replica belongs to.
+        replica: The issuing replica.
+        signature: The collective's signature.
+        payload: What the replica contributes (its leaves, or merge_call's arguments).
+        dispatch: Called once, by the last arrival, as ``dispatch(run, collective,
+            payloads)`` with every replica's payload in replica order; returns one
+            result per replica.
+        extra: Data for ``dispatch`` (e.g. ``bytes_per_pack``).
+        timeout: Seconds to wait before ``CollectiveTimeoutError``; None or 0 waits
+            for ever.
+        treedef: The structure to rebuild the result into, or :data:`NO_TREE`.
     """
 
-    __slots__ = ("_coro", "_pending", "_signature", "awaited")
+    __slots__ = (
+        "_coro",
+        "_pending",
+        "_run",
+        "_signature",
+        "awaited",
+        "dispatch",
+        "extra",
+        "payload",
+        "replica",
+        "timeout",
+        "treedef",
+    )
 
-    def __init__(self, coro: Any, run: Run, replica: int, signature: Signature) -> None:
-        self._coro = coro
+    def __init__(
+        self,
+        run: Run,
+        replica: int,
+        signature: Signature,
+        payload: object,
+        dispatch: Dispatch,
+        extra: object = None,
+        timeout: float | None = None,
+        treedef: Any = NO_TREE,
+    ) -> None:
+        self._run = run
+        self.replica = replica
         self._signature = signature
+        self.payload = payload
+        self.dispatch = dispatch
+        self.extra = extra
+        self.timeout = timeout
+        self.treedef = treedef
+        self._coro: Any = None
         self.awaited = False
         # Registered until awaited, so that the replica's end can report it.
-        self._pending = run.unawaited[replica]
-        self._pending[id(self)] = self
+        pending = self._pending = run.unawaited[replica]
+        pending[id(self)] = self
 
-    def _start(self) -> None:
-        if not self.awaited:
+    @property
+    def signature(self) -> Signature:
+        """The collective's signature."""
+        return self._signature
+
+    def _started(self) -> Any:
+        coro = self._coro
+        if coro is None:
             self.awaited = True
             self._pending.pop(id(self), None)
+            coro = self._coro = self._run.collective(self)
+        return coro
 
     def __await__(self) -> Generator[Any, None, Any]:
-        self._start()
-        return self._coro.__await__()  # type: ignore[no-any-return]
+        return self._started().__await__()  # type: ignore[no-any-return]
 
     def send(self, value: Any) -> Any:
         """Run the collective to its next suspension (coroutine protocol)."""
-        self._start()
-        return self._coro.send(value)
+        return self._started().send(value)
 
     def throw(self, *args: Any) -> Any:
         """Raise an exception inside the collective (coroutine protocol)."""
-        self._start()
-        return self._coro.throw(*args)
+        return self._started().throw(*args)
 
     def close(self) -> None:
         """Discard the collective without running it."""
-        self._coro.close()
+        if self._coro is not None:
+            self._coro.close()
 
     def describe(self) -> str:
         """``all_reduce(SUM) on float32[4] at train.py:12``."""
@@ -211,6 +301,8 @@ class Run:
         self.tracer = tracer
         self.shuffle = shuffle
         self.backend = backend
+        self._packs = accepts_bytes_per_pack(backend)
+        self.describe = backend.describe
         self.num_replicas = strategy.num_replicas_in_sync
         self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
         self.closed = False
@@ -263,31 +355,29 @@ class Run:
 
     # -- collectives ----------------------------------------------------------------
 
-    async def collective(
-        self,
-        replica: int,
-        signature: Signature,
-        payload: object,
-        dispatch: Dispatch,
-        wait_limit: float | None,
-    ) -> Any:
+    def all_reduce(
+        self, op: ReduceOp, payloads: list[Any], bytes_per_pack: int
+    ) -> Awaitable[list[list[object]]]:
+        """Call the backend's ``all_reduce``, with ``bytes_per_pack`` if it accepts it."""
+        if self._packs:
+            return self.backend.all_reduce(op, payloads, bytes_per_pack=bytes_per_pack)
+        return self.backend.all_reduce(op, payloads)
+
+    async def collective(self, call: Collective) -> Any:
         """Meet the other replicas at this replica's next collective.
 
         Args:
-            replica: The arriving replica.
-            signature: Its collective's signature.
-            payload: What it contributes (its leaves, or merge_call's arguments).
-            dispatch: Called once, by the last arrival, with every replica's
-                payload in replica order; returns one result per replica.
-            wait_limit: Seconds to wait before ``CollectiveTimeoutError``; None or 0
-                waits for ever.
+            call: The issued collective: its replica, signature, payload, dispatch
+                function, timeout and result structure.
 
         Returns:
-            This replica's result.
+            This replica's result, rebuilt into ``call.treedef``'s structure.
         """
-        if self.failed:
+        if self._errors:
             # The run is being torn down; this raises the cancellation.
             await anyio.lowlevel.checkpoint()
+        replica = call.replica
+        signature = call._signature
         try:
             key, complete = self.ledger.arrive(replica, signature)
         except CollectiveError as exc:
@@ -296,15 +386,16 @@ class Run:
         tracer = self.tracer
         if tracer is not None:
             tracer.arrive(replica, key, signature)
-        slot = self._slots.get(key)
+        slots = self._slots
+        slot = slots.get(key)
         if slot is None:
-            slot = self._slots[key] = _Slot(self.num_replicas, time.monotonic())
-        slot.payloads[replica] = payload
+            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
+        slot.payloads[replica] = call.payload
         if complete:
-            del self._slots[key]
+            del slots[key]
             if tracer is not None:
                 tracer.dispatch_begin(key, replica, signature)
-            slot.results = await dispatch(slot.payloads)
+            slot.results = await call.dispatch(self, call, slot.payloads)
             if tracer is not None:
                 tracer.dispatch_end(key)
                 tracer.resume(replica, key)
@@ -312,35 +403,43 @@ class Run:
             if slot.warned:
                 waited = time.monotonic() - slot.since
                 logger.warning(resumed_message(key_text(key), waited))
-            if self.shuffle is not None:
-                await self._jitter()
-            return slot.results[replica]
-        task = self._current_task()
-        self._parked[id(task)] = key
-        try:
-            if self.ledger.all_waiting():
-                self._check_deadlock(replica, current=task)
-            if wait_limit:
-                await self._wait(slot, key, replica, wait_limit)
-            elif self._loop is not None:
-                future = self._loop.create_future()
-                slot.waiters.append(future)
-                await future
-            else:
-                await self._park(slot)
-        except anyio.get_cancelled_exc_class():
-            if not self.failed and not slot.done:
-                error = self.ledger.abandon(replica, key)
-                if error is not None:
-                    self._fail(replica, error)
-            raise
-        finally:
-            self._parked.pop(id(task), None)
-        if tracer is not None:
-            tracer.resume(replica, key)
+        else:
+            task = self._current_task()
+            parked = self._parked
+            parked[id(task)] = key
+            try:
+                if self.ledger.all_waiting():
+                    self._check_deadlock(replica, current=task)
+                loop = self._loop
+                if call.timeout:
+                    await self._wait(slot, key, replica, call.timeout)
+                elif loop is not None:
+                    future = loop.create_future()
+                    slot.waiters.append(future)
+                    await future
+                else:
+                    await self._park(slot)
+            except anyio.get_cancelled_exc_class():
+                if not self._errors and not slot.done:
+                    error = self.ledger.abandon(replica, key)
+                    if error is not None:
+                        self._fail(replica, error)
+                raise
+            finally:
+                del parked[id(task)]
+            if tracer is not None:
+                tracer.resume(replica, key)
         if self.shuffle is not None:
             await self._jitter()
-        return slot.results[replica]
+        result = slot.results[replica]
+        treedef = call.treedef
+        if treedef is None:
+            return result[0]
+        if treedef is NO_TREE:
+            return result
+        if treedef[0] is list and treedef[1] is None and _all_leaves(treedef[2]):
+            return list(result)  # a flat list of leaves
+        return unflatten(treedef, result)
 
     async def _jitter(self) -> None:
         """Yield to the loop a seeded random number of times (``schedule="random"``)."""

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio.to_thread
 import numpy as np
@@ -15,7 +16,7 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-__all__ = ["NumpyBackend"]
+__all__ = ["NumpyBackend", "group_by_size"]
 
 Leaves = Sequence[Sequence[object]]
 Array = npt.NDArray[Any]
@@ -111,6 +112,39 @@ def _blocked(
             block[...] = first[start:stop]
 
 
+_T = TypeVar("_T")
+
+
+def group_by_size(items: Sequence[_T], sizes: Sequence[int], bytes_per_pack: int) -> list[list[_T]]:
+    """Split ``items`` into packs by TensorFlow's ``group_by_size`` rule.
+
+    ``bytes_per_pack == 0`` gives one pack. Otherwise items are added in order and a
+    pack is closed only once it *exceeds* ``bytes_per_pack`` bytes, so every pack but
+    the last holds more than ``bytes_per_pack`` bytes ("prefer larger packs").
+
+    Args:
+        items: The items to pack, in order.
+        sizes: Each item's size in bytes.
+        bytes_per_pack: The pack size; 0 for one pack.
+
+    Returns:
+        The packs, in order; ``[]`` for no items.
+    """
+    if not items:
+        return []
+    if bytes_per_pack == 0:
+        return [list(items)]
+    packs: list[list[_T]] = []
+    last = 0
+    for item, size in zip(items, sizes, strict=True):
+        if not packs or last > bytes_per_pack:
+            packs.append([])
+            last = 0
+        packs[-1].append(item)
+        last += size
+    return packs
+
+
 def _divide(out: Array, n: int) -> Array:
     if out.dtype.kind in "fc":
         np.true_divide(out, n, out=out)
@@ -149,6 +183,10 @@ class NumpyBackend(Backend):
 
     def describe(self, value: object) -> LeafSpec:
         """Describe a numpy array, numpy scalar, Python number or ``IndexedSlices``."""
+        if type(value) is np.ndarray:
+            spec = _specs.get((value.shape, value.dtype))
+            if spec is not None:
+                return spec
         if isinstance(value, IndexedSlices):
             values = self._checked(value.values, "IndexedSlices.values")
             self._checked(value.indices, "IndexedSlices.indices")
@@ -185,23 +223,113 @@ class NumpyBackend(Backend):
             )
         return array
 
-    async def all_reduce(self, op: ReduceOp, values: Leaves) -> list[list[object]]:
-        """Combine each leaf across replicas; see :meth:`Backend.all_reduce`."""
+    async def all_reduce(
+        self, op: ReduceOp, values: Leaves, *, bytes_per_pack: int = 0
+    ) -> list[list[object]]:
+        """Combine each leaf across replicas; see :meth:`Backend.all_reduce`.
+
+        Small dense leaves of one dtype are packed (TensorFlow's ``group_by_size`` rule,
+        see :func:`group_by_size`): each replica's leaves of a pack are concatenated
+        into one flat buffer, the buffers are combined once in replica order, and each
+        leaf's result is a read-only view of its slice. Reductions are element-wise,
+        so the results are bitwise identical for every ``bytes_per_pack``.
+        """
         n = len(values)
-        out: list[list[object]] = [[] for _ in range(n)]
-        for j in range(len(values[0])):
-            first = values[0][j]
-            if isinstance(first, IndexedSlices):
-                views: Sequence[object] = self._reduce_slices(op, [v[j] for v in values])
-            else:
-                arrays = [self._reducible(_as_array(v[j])) for v in values]
-                if arrays[0].nbytes >= POOL_BYTES:
-                    views = _shared(await self._combine_large(op, arrays), n)
-                else:
-                    views = _shared(_combine(op, arrays), n)
+        first_values = values[0]
+        m = len(first_values)
+        if m == 1:
+            return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+        out: list[list[object]] = [[None] * m for _ in range(n)]
+        # Packable leaves per dtype: (leaf index, shape, element count).
+        groups: dict[np.dtype[Any], list[tuple[int, tuple[int, ...], int]]] = {}
+        ndarray = np.ndarray
+        for j in range(m):
+            first = first_values[j]
+            if type(first) is ndarray or not isinstance(first, IndexedSlices):
+                array = first if type(first) is ndarray else _as_array(first)
+                if array.dtype.kind not in _NUMERIC_KINDS:
+                    self._reducible(array)
+                if array.nbytes < POOL_BYTES:
+                    # The ledger checked that every replica's leaf j has this dtype and shape.
+                    groups.setdefault(array.dtype, []).append((j, array.shape, array.size))
+                    continue
+            views = await self._reduce_leaf(op, [v[j] for v in values])
             for r in range(n):
-                out[r].append(views[r])
+                out[r][j] = views[r]
+        for dtype, leaves in groups.items():
+            # As TensorFlow: the last leaves go first into packs (results are the same).
+            leaves.reverse()
+            for pack in group_by_size(
+                leaves, [size * dtype.itemsize for _, _, size in leaves], bytes_per_pack
+            ):
+                if len(pack) == 1:
+                    j = pack[0][0]
+                    views = await self._reduce_leaf(op, [v[j] for v in values])
+                    for r in range(n):
+                        out[r][j] = views[r]
+                else:
+                    self._reduce_pack(op, values, dtype, pack, out)
         return out
+
+    async def _reduce_leaf(self, op: ReduceOp, leaf: Sequence[object]) -> Sequence[object]:
+        """Every replica's view of one leaf combined across replicas."""
+        n = len(leaf)
+        if isinstance(leaf[0], IndexedSlices):
+            return self._reduce_slices(op, leaf)
+        arrays = [self._reducible(_as_array(v)) for v in leaf]
+        if arrays[0].nbytes >= POOL_BYTES:
+            return _shared(await self._combine_large(op, arrays), n)
+        return _shared(_combine(op, arrays), n)
+
+    @staticmethod
+    def _reduce_pack(
+        op: ReduceOp,
+        values: Leaves,
+        dtype: np.dtype[Any],
+        pack: Sequence[tuple[int, tuple[int, ...], int]],
+        out: list[list[object]],
+    ) -> None:
+        """Combine one pack of leaves of ``dtype`` in one pass; write views into ``out``.
+
+        Replica ``r``'s leaves are concatenated into one flat buffer; the buffers are
+        combined in replica order exactly as :func:`_combine` combines one leaf, so
+        every element sees the same operations in the same order.
+        """
+        n = len(values)
+        total = sum(size for _, _, size in pack)
+        indices = [j for j, _, _ in pack]
+        pick = operator.itemgetter(*indices)  # a pack holds two leaves or more
+        flat = np.concatenate(pick(values[0]), axis=None, dtype=dtype)
+        if n > 1:
+            ufunc = _BINARY[op]
+            scratch = np.empty(total, dtype)
+            for r in range(1, n):
+                np.concatenate(pick(values[r]), axis=None, out=scratch)
+                ufunc(flat, scratch, out=flat)
+        if op is ReduceOp.MEAN:
+            flat = _divide(flat, n)
+        flat.flags.writeable = False
+        slices = []
+        shaped = False
+        offset = 0
+        for _, shape, size in pack:
+            slices.append(slice(offset, offset + size))
+            offset += size
+            shaped = shaped or len(shape) != 1
+        if not shaped and len(pack) == len(out[0]) and indices[0] == len(indices) - 1:
+            # Every leaf is 1-d and in this one pack (in reverse order): each replica's
+            # views in one C-level pass over its own view of the buffer.
+            slices.reverse()
+            for r in range(n):
+                out[r] = list(map(flat.view().__getitem__, slices))
+            return
+        for (j, shape, _), where in zip(pack, slices, strict=True):
+            base = flat[where]
+            if len(shape) != 1:
+                base = base.reshape(shape)
+            out[0][j] = base
+            for r in range(1, n):
+                out[r][j] = base.view()
 
     def _buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
         """An output buffer: a pooled one no replica still views, or a new one."""

@@ -5,6 +5,9 @@ Every code example in ``docs/*.md`` lives in ``docs/examples/`` (or a subfolder 
 them with the pymdownx.snippets line ``--8<-- "docs/examples/NAME.py"``. This module runs
 each script in a fresh interpreter and checks the includes in both directions.
 
+The one other include is ``docs/changelog.md``, which pulls in the repository's
+``CHANGELOG.md`` as markdown (outside any fence); ``MARKDOWN_INCLUDES`` lists it.
+
 It also checks the anchors of ``docs/errors.md``: every error message ends with "See
 docs/errors.md#<exception name, lowercase>", so each of those anchors must exist, and
 each section has a broken and a fixed example.
@@ -26,10 +29,22 @@ EXAMPLE_IDS = [p.relative_to(DOCS / "examples").as_posix() for p in EXAMPLES]
 PAGES = sorted(DOCS.glob("*.md"))
 INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$', re.MULTILINE)
 TIMEOUT_S = 60
+# Markdown files a page may include as markdown, outside a fence: page -> target.
+MARKDOWN_INCLUDES = {"changelog.md": "CHANGELOG.md"}
 
 
 def _includes(page: Path) -> list[str]:
-    return INCLUDE.findall(page.read_text(encoding="utf-8"))
+    """The examples ``page`` includes (not its allowed markdown include)."""
+    allowed = MARKDOWN_INCLUDES.get(page.name)
+    return [t for t in INCLUDE.findall(page.read_text(encoding="utf-8")) if t != allowed]
+
+
+def test_markdown_includes_exist() -> None:
+    for page, target in MARKDOWN_INCLUDES.items():
+        assert (ROOT / target).is_file(), f"{target} does not exist"
+        text = (DOCS / page).read_text(encoding="utf-8")
+        assert f'--8<-- "{target}"' in text, f"docs/{page} does not include {target}"
+        assert "```" not in text, f"docs/{page} includes {target} as markdown, outside a fence"
 
 
 def test_there_are_examples_and_pages() -> None:
@@ -81,7 +96,7 @@ def test_includes_are_inside_python_fences(page: Path) -> None:
         stripped = line.strip()
         if stripped.startswith("```"):
             fence = None if fence is not None else stripped[3:].strip()
-        elif INCLUDE.match(line):
+        elif (match := INCLUDE.match(line)) and match[1] != MARKDOWN_INCLUDES.get(page.name):
             assert fence == "python", (
                 f"{page.name}:{number}: the include must sit in a ```python fenced block"
             )

@@ -1,0 +1,81 @@
+"""Batched all_reduce: 1000 leaves x 1 KiB at 4 replicas, against its two references.
+
+Compares, per round (best of repeats, asyncio, every check on):
+
+* ``batched``: one ``all_reduce`` of a list of 1000 float32 arrays of 1 KiB (packed);
+* ``one 1000 KiB``: one ``all_reduce`` of a single 1000 KiB array (the target: <= 5x);
+* ``1000 separate``: 1000 ``all_reduce`` calls of 1 KiB each (the target: >= 10x slower).
+
+Run: ``python benchmarks/bench_packing.py [--replicas 4] [--rounds 20] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+import asyncreplica as ar
+
+LEAVES = 1000
+LEAF = 256  # float32 elements: 1 KiB
+
+
+def _time(strategy: ar.MirroredStrategy, step: Callable[[], Awaitable[None]]) -> float:
+    start = time.perf_counter()
+    asyncio.run(strategy.run(step))
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--bytes-per-pack", type=int, default=0)
+    args = parser.parse_args()
+    rounds = args.rounds
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)])
+    options = ar.CommunicationOptions(bytes_per_pack=args.bytes_per_pack)
+    leaves = [np.ones(LEAF, np.float32) for _ in range(LEAVES)]
+    whole = np.ones(LEAF * LEAVES, np.float32)
+
+    async def batched() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for _ in range(rounds):
+            await ctx.all_reduce("sum", leaves, options)
+
+    async def one() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for _ in range(rounds):
+            await ctx.all_reduce("sum", whole)
+
+    async def separate() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for _ in range(rounds):
+            for leaf in leaves:
+                await ctx.all_reduce("sum", leaf)
+
+    systems = {"batched": batched, "one 1000 KiB": one, "1000 separate": separate}
+    times: dict[str, list[float]] = {k: [] for k in systems}
+    for _ in range(args.repeat):  # interleaved
+        for name, step in systems.items():
+            times[name].append(_time(strategy, step))
+    best = {k: min(v) / rounds * 1e3 for k, v in times.items()}
+    print(
+        f"batched all_reduce, {LEAVES} x 1 KiB float32, {args.replicas} replicas, asyncio, "
+        f"bytes_per_pack={args.bytes_per_pack}, {rounds} rounds x {args.repeat}"
+    )
+    print(f"{'system':<16}{'ms/round':>10}{'vs batched':>12}")
+    for name, ms in best.items():
+        print(f"{name:<16}{ms:>10.3f}{ms / best['batched']:>11.2f}x")
+
+
+if __name__ == "__main__":
+    main()
