@@ -38,6 +38,7 @@ from ._runtime._context import has_strategy as has_strategy
 from ._runtime._context import in_cross_replica_context as in_cross_replica_context
 from ._runtime._strategy import DistributedDataset as DistributedDataset
 from ._runtime._strategy import MirroredStrategy as MirroredStrategy
+from ._runtime._strategy import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 from ._runtime._strategy import Strategy as Strategy
 from ._runtime._strategy import StrategyExtended as StrategyExtended
 from ._values import DistributedValues as DistributedValues
@@ -62,6 +63,7 @@ __all__ = [
     "IndexedSlices",
     "Mirrored",
     "MirroredStrategy",
+    "MultiWorkerMirroredStrategy",
     "PerReplica",
     "ReduceOp",
     "ReplicaContext",

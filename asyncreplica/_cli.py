@@ -50,6 +50,7 @@ __all__ = ["main"]
 PROG = "asyncreplica"
 _LOOP_PACKAGES = {"asyncio": None, "trio": "trio", "uvloop": "uvloop"}
 _BUGS = ("skip", "swap", "shape", "stall")  # asyncreplica._demo.BugName, without numpy
+_ARGUMENTS: list[str] = []  # the command line being run
 _BENCH_MODULE = "asyncreplica._bench"
 
 EXIT_OK = 0
@@ -163,6 +164,22 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
             "write a Chrome trace of the runs to FILE (gzip if it ends in .gz); open it in"
             " ui.perfetto.dev or read it with 'asyncreplica trace summarize FILE'"
         ),
+    )
+    demo.add_argument(
+        "--mpi",
+        action="store_true",
+        help=(
+            "train across MPI processes with MultiWorkerMirroredStrategy (needs the [mpi]"
+            " extra): relaunches itself under 'mpiexec -n P'; under mpiexec this is the"
+            " default. --replicas is then the global count, split over the processes"
+        ),
+    )
+    demo.add_argument(
+        "--processes",
+        type=_positive_int,
+        default=2,
+        metavar="P",
+        help="MPI processes for --mpi (default: %(default)s)",
     )
     demo.set_defaults(handler=_run_demo)
 
@@ -299,6 +316,16 @@ def _run_demo(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(trace))
         if not os.path.isdir(folder):
             return _error("demo", f"--trace {trace}: the folder {folder} does not exist")
+    launched = _launched_by_mpiexec()
+    mpi = bool(args.mpi) or launched
+    if mpi and importlib.util.find_spec("mpi4py") is None:
+        return _error(
+            "demo", "--mpi needs mpi4py and an MPI library: pip install 'asyncreplica[mpi]'"
+        )
+    if mpi and not launched:
+        return _relaunch_under_mpiexec(args.processes)
+    if mpi and trace is not None:
+        return _error("demo", "--trace is not supported with --mpi yet")
 
     # Imported here: numpy and the strategy are only needed once a demo actually runs.
     import asyncreplica as ar
@@ -313,6 +340,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         backend=args.backend,
         bug=bug,
+        mpi=mpi,
     )
     try:
         status = run_demo(config, loop=loop, trace=trace)
@@ -326,6 +354,24 @@ def _run_demo(args: argparse.Namespace) -> int:
     if trace is not None:
         print(f"trace: wrote {trace} (open it in ui.perfetto.dev)")
     return status
+
+
+def _launched_by_mpiexec() -> bool:
+    return any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def _relaunch_under_mpiexec(processes: int) -> int:
+    """Run this same ``demo`` command on ``processes`` processes; return mpiexec's status."""
+    import shutil
+    import subprocess
+
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    mpiexec = shutil.which("mpiexec", path=path)
+    if mpiexec is None:
+        return _error("demo", "--mpi needs mpiexec: pip install 'asyncreplica[mpi]' brings MPICH's")
+    command = [mpiexec, "-n", str(processes), sys.executable, "-m", "asyncreplica", *_ARGUMENTS]
+    sys.stdout.flush()
+    return subprocess.run(command, check=False).returncode
 
 
 # -- doctor ---------------------------------------------------------------------------------
@@ -445,6 +491,8 @@ def _run_lint(args: argparse.Namespace) -> int:
 
 def _run_bench(argv: list[str]) -> int:
     """Hand ``asyncreplica bench ARGS`` to the benchmark module, if this build has it."""
+    if "--mpi" in argv:
+        return _run_bench_mpi([a for a in argv if a != "--mpi"])
     if importlib.util.find_spec(_BENCH_MODULE) is None:
         return _error("bench", "bench is not available in this build")
     try:
@@ -453,6 +501,31 @@ def _run_bench(argv: list[str]) -> int:
         return _error("bench", f"bench failed to load: {_describe(exc)}")
     bench_main: Callable[[list[str]], int] = bench.main
     return bench_main(argv)
+
+
+def _run_bench_mpi(argv: list[str]) -> int:
+    """``asyncreplica bench --mpi``: relaunch under mpiexec, or run as one of its processes."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return _error(
+            "bench", "--mpi needs mpi4py and an MPI library: pip install 'asyncreplica[mpi]'"
+        )
+    if not _launched_by_mpiexec():
+        if any(a in ("-h", "--help") for a in argv):
+            from asyncreplica._bench_mpi import main as bench_mpi
+
+            return bench_mpi(argv)
+        processes = 2
+        for i, a in enumerate(argv):
+            if a == "--processes" and i + 1 < len(argv) and argv[i + 1].isdigit():
+                processes = int(argv[i + 1])
+            elif a.startswith("--processes=") and a.partition("=")[2].isdigit():
+                processes = int(a.partition("=")[2])
+        if processes < 1:
+            return _error("bench", "--processes must be at least 1")
+        return _relaunch_under_mpiexec(processes)
+    from asyncreplica._bench_mpi import main as bench_mpi
+
+    return bench_mpi(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             ``--version``.
     """
     arguments = sys.argv[1:] if argv is None else list(argv)
+    _ARGUMENTS[:] = arguments  # for a relaunch under mpiexec (demo --mpi)
     if arguments[:1] == ["bench"]:
         return _run_bench(arguments[1:])
     args = _build_parser().parse_args(arguments)

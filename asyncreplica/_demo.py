@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import os
 import sys
 import time
@@ -94,6 +95,10 @@ class DemoConfig:
         bug: ``None`` for the correct training step, or the name of a bug (a key of
             :data:`BUGS`) that replica :data:`BUGGY_REPLICA` makes in its step, so that the
             run fails with the error asyncreplica raises for it. Needs at least 2 replicas.
+        mpi: Run across the processes of an ``mpiexec`` launch with
+            :class:`~asyncreplica.MultiWorkerMirroredStrategy`: ``replicas`` is the global
+            count, split as evenly as possible over the processes (rank order). Only
+            rank 0 prints.
     """
 
     replicas: int = 4
@@ -106,6 +111,7 @@ class DemoConfig:
     backend: str = "numpy"
     tolerance: float = 1e-9
     bug: BugName | None = None
+    mpi: bool = False
 
     def __post_init__(self) -> None:
         if self.bug is not None and self.bug not in BUGS:
@@ -119,6 +125,11 @@ class DemoConfig:
     def devices(self) -> list[str]:
         """The device of each replica, in replica order."""
         return [f"CPU:{i}" for i in range(self.replicas)]
+
+    def local_devices(self, rank: int, size: int) -> list[str]:
+        """The devices of process ``rank`` of ``size`` under MPI (replicas split evenly)."""
+        count = self.replicas // size + (1 if rank < self.replicas % size else 0)
+        return [f"CPU:{i}" for i in range(count)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,12 +149,13 @@ class TrainResult:
     epoch_losses: tuple[float, ...]
     accuracy: float
     elapsed: float
+    identical: bool = True
 
     @property
     def replicas_identical(self) -> bool:
-        """Whether every replica ended with bitwise the same weights as replica 0."""
+        """Whether every replica (of every process, under MPI) ended with the same bits."""
         first = self.params
-        return all(
+        return self.identical and all(
             all(np.array_equal(first[key], other[key]) for key in first)
             for other in self.replica_params
         )
@@ -319,7 +331,7 @@ async def eval_step(batch: Batch, params: Params) -> np.int64:
     return np.int64(np.count_nonzero(predicted == (y > 0.5)))
 
 
-def _replica_params(strategy: ar.MirroredStrategy, params: object) -> tuple[Params, ...]:
+def _replica_params(strategy: ar.Strategy, params: object) -> tuple[Params, ...]:
     """Split the regrouped weights (a dict of PerReplica values) into one dict per replica."""
     if not isinstance(params, dict):
         raise TypeError(f"expected a dict of weights, got {type(params).__name__}")
@@ -327,7 +339,7 @@ def _replica_params(strategy: ar.MirroredStrategy, params: object) -> tuple[Para
     columns = [strategy.experimental_local_results(params[key]) for key in keys]
     return tuple(
         {key: np.asarray(column[i]) for key, column in zip(keys, columns, strict=True)}
-        for i in range(strategy.num_replicas_in_sync)
+        for i in range(len(columns[0]))
     )
 
 
@@ -362,10 +374,26 @@ async def train(
         if config.bug == "stall"
         else None
     )
-    strategy = ar.MirroredStrategy(
-        config.devices, backend=config.backend, communication_options=options
-    )
-    for line in _summary(config, loop):
+    strategy: ar.MirroredStrategy | ar.MultiWorkerMirroredStrategy
+    if config.mpi:
+        from mpi4py import MPI
+
+        rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+        if config.replicas < size:
+            raise ValueError(
+                f"--replicas {config.replicas} is fewer than the {size} MPI processes: "
+                "every process needs at least one replica"
+            )
+        strategy = ar.MultiWorkerMirroredStrategy(
+            config.local_devices(rank, size), backend=config.backend, communication_options=options
+        )
+        if rank != 0:
+            stream = io.StringIO()  # only rank 0 prints
+    else:
+        strategy = ar.MirroredStrategy(
+            config.devices, backend=config.backend, communication_options=options
+        )
+    for line in _summary(config, loop, strategy):
         print(line, file=stream)
     with contextlib.ExitStack() as stack:
         if trace is not None:
@@ -373,7 +401,11 @@ async def train(
         return await _train(strategy, config, stream)
 
 
-async def _train(strategy: ar.MirroredStrategy, config: DemoConfig, stream: TextIO) -> TrainResult:
+async def _train(
+    strategy: ar.MirroredStrategy | ar.MultiWorkerMirroredStrategy,
+    config: DemoConfig,
+    stream: TextIO,
+) -> TrainResult:
     """The training and evaluation loops of :func:`train`."""
     data = make_dataset(config.samples, config.features, config.seed)
     # Every replica starts from its own copy of the same weights, like a MirroredVariable.
@@ -413,7 +445,26 @@ async def _train(strategy: ar.MirroredStrategy, config: DemoConfig, stream: Text
     elapsed = time.perf_counter() - start
 
     replica_params = _replica_params(strategy, params)
+    identical = all(
+        all(np.array_equal(replica_params[0][key], other[key]) for key in other)
+        for other in replica_params
+    )
+    if isinstance(strategy, ar.MultiWorkerMirroredStrategy):
+        # Every process's replicas must hold the same bits: compare the extremes of
+        # every weight over all replicas of all processes.
+        async def extremes(p: Params) -> tuple[object, object]:
+            ctx = ar.get_replica_context()
+            assert ctx is not None
+            return await ctx.all_reduce("MAX", p), await ctx.all_reduce("MIN", p)
+
+        high, low = await strategy.run(extremes, args=(params,))
+        high_0 = strategy.experimental_local_results(high)[0]
+        low_0 = strategy.experimental_local_results(low)[0]
+        identical = identical and all(
+            np.array_equal(np.asarray(high_0[key]), np.asarray(low_0[key])) for key in high_0
+        )
     return TrainResult(
+        identical=identical,
         params=replica_params[0],
         replica_params=replica_params,
         epoch_losses=tuple(epoch_losses),
@@ -464,17 +515,23 @@ def _plural(count: int, noun: str) -> str:
     return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
-def _summary(config: DemoConfig, loop: str | None) -> Iterator[str]:
+def _summary(
+    config: DemoConfig,
+    loop: str | None,
+    strategy: ar.MirroredStrategy | ar.MultiWorkerMirroredStrategy | None = None,
+) -> Iterator[str]:
     yield (
         f"asyncreplica demo: logistic regression on {_plural(config.samples, 'sample')} x"
         f" {_plural(config.features, 'feature')}, global batch {config.batch_size},"
         f" {_plural(config.epochs, 'epoch')}"
     )
     on_loop = "" if loop is None else f", loop {loop}"
-    yield (
-        f"{_plural(config.replicas, 'replica')} on {', '.join(config.devices)},"
-        f" backend {config.backend}{on_loop}"
-    )
+    if isinstance(strategy, ar.MultiWorkerMirroredStrategy):
+        count = strategy.process_count
+        where = f"{count} MPI process{'' if count == 1 else 'es'} (MultiWorkerMirroredStrategy)"
+    else:
+        where = ", ".join(config.devices)
+    yield f"{_plural(config.replicas, 'replica')} on {where}, backend {config.backend}{on_loop}"
     if config.bug is not None:
         yield f"bug: {BUGS[config.bug]}"
 
@@ -522,6 +579,12 @@ def run_demo(
         asyncreplica.BackendNotFoundError: ``config.backend`` names no installed backend.
     """
     stream = sys.stdout if out is None else out
+    if config.mpi:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() != 0:
+            # Only rank 0 reports; every process raises the same error.
+            stream = err = open(os.devnull, "w")  # noqa: SIM115 - closed at exit
     if config.bug is not None:
         errors = sys.stderr if err is None else err
         try:

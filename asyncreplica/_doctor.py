@@ -17,6 +17,7 @@ import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import platform
 import sys
 from typing import Any
@@ -89,6 +90,11 @@ class MpiInfo:
             be read.
         error: Why mpi4py or the MPI library could not be used, if it could not.
         hint: How to install it, when it is not installed.
+        world_size: The number of processes, when launched by ``mpiexec`` (MPI is then
+            initialised to ask); 1 otherwise.
+        thread_level: The thread support MPI provides (when launched by ``mpiexec``) or
+            that mpi4py will request (otherwise), e.g. ``"multiple"``.
+        launched: Whether this process was started by ``mpiexec``.
     """
 
     installed: bool
@@ -96,6 +102,13 @@ class MpiInfo:
     library_version: str | None
     error: str | None
     hint: str | None
+    world_size: int | None = None
+    thread_level: str | None = None
+    launched: bool = False
+
+
+# Environment variables that MPI launchers set in every process they start.
+_LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,10 +229,36 @@ def _mpi() -> MpiInfo:
         mpi4py.rc.finalize = False
         from mpi4py import MPI
 
-        library = str(MPI.Get_library_version()).strip().splitlines()
+        library = [
+            " ".join(line.split()) for line in str(MPI.Get_library_version()).strip().splitlines()
+        ]
+        launched = any(v in os.environ for v in _LAUNCHER_VARIABLES)
+        if launched:
+            # Under mpiexec, initialising is what the program would do anyway.
+            if not MPI.Is_initialized():
+                MPI.Init_thread(MPI.THREAD_MULTIPLE)
+            levels = {
+                MPI.THREAD_SINGLE: "single",
+                MPI.THREAD_FUNNELED: "funneled",
+                MPI.THREAD_SERIALIZED: "serialized",
+                MPI.THREAD_MULTIPLE: "multiple",
+            }
+            world = MPI.COMM_WORLD.Get_size()
+            level = levels.get(MPI.Query_thread(), str(MPI.Query_thread()))
+        else:
+            world, level = 1, f"{mpi4py.rc.thread_level} (requested)"
     except Exception as exc:
         return MpiInfo(False, None, None, _describe(exc), MPI_INSTALL_HINT)
-    return MpiInfo(True, version, library[0].strip() if library else None, None, None)
+    return MpiInfo(
+        True,
+        version,
+        library[0].strip() if library else None,
+        None,
+        None,
+        world_size=world,
+        thread_level=level,
+        launched=launched,
+    )
 
 
 def diagnose() -> Diagnosis:
@@ -286,6 +325,11 @@ def render_text(diagnosis: Diagnosis) -> str:
     if mpi.installed:
         library = mpi.library_version or "library version unknown"
         lines.append(f"MPI: mpi4py {mpi.mpi4py_version}; {library}")
+        how = "launched by mpiexec" if mpi.launched else "not launched by mpiexec"
+        lines.append(
+            f"MPI world: {mpi.world_size} process{'' if mpi.world_size == 1 else 'es'} "
+            f"({how}); thread level {mpi.thread_level}"
+        )
     elif mpi.error is not None:
         lines.append(f"MPI: unavailable: {mpi.error} ({mpi.hint})")
     else:

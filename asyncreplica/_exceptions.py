@@ -90,13 +90,15 @@ class CollectiveMismatchError(CollectiveError):
         num_replicas: int,
         name: str | None = None,
         report: Report | None = None,
+        message: str | None = None,
     ) -> None:
         self.position = position
         self.name = name
         self.signatures = dict(signatures)
         self.fields = tuple(fields)
         super().__init__(
-            _report.mismatch_message(position, signatures, self.fields, num_replicas, name),
+            message
+            or _report.mismatch_message(position, signatures, self.fields, num_replicas, name),
             report=report,
         )
 
@@ -120,13 +122,17 @@ class ReplicaExitedError(CollectiveError):
         exited_last: Signature | None,
         name: str | None = None,
         report: Report | None = None,
+        message: str | None = None,
     ) -> None:
         self.replica_id = replica_id
         self.position = position
         self.name = name
         self.waiting = frozenset(waiting)
         super().__init__(
-            _report.exited_message(replica_id, exited_count, exited_last, position, waiting, name),
+            message
+            or _report.exited_message(
+                replica_id, exited_count, exited_last, position, waiting, name
+            ),
             report=report,
         )
 
@@ -176,13 +182,15 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         *,
         where: str | None = None,
         report: Report | None = None,
+        message: str | None = None,
     ) -> None:
         self.position = position
         self.timeout = timeout
         self.arrived = frozenset(arrived)
         self.missing = frozenset(missing)
         super().__init__(
-            _report.timeout_message(position, timeout, arrived, missing, where), report=report
+            message or _report.timeout_message(position, timeout, arrived, missing, where),
+            report=report,
         )
 
 

@@ -355,25 +355,30 @@ class ChromeTracer:
         Raises:
             OSError: The file cannot be written.
         """
-        path = os.fspath(path)
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode("utf-8")
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                if path.endswith(".gz"):
-                    with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
-                        gz.write(data)
-                else:
-                    f.write(data)
-            os.replace(tmp, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(tmp)
+        write_json(path, self.to_json())
         self._dirty = False
 
     def to_json(self) -> dict[str, Any]:
         """The trace as a JSON-ready object in Chrome's trace-event object format."""
         return _Builder(self).build()
+
+
+def write_json(path: PathLike, trace: dict[str, Any]) -> None:
+    """Write a trace object to ``path`` atomically (gzip-compressed if it ends in ``.gz``)."""
+    path = os.fspath(path)
+    data = json.dumps(trace, separators=(",", ":")).encode("utf-8")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            if path.endswith(".gz"):
+                with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
+                    gz.write(data)
+            else:
+                f.write(data)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
 
 
 class _Tee:
@@ -451,12 +456,20 @@ def traced(
     """
     target = _check_path(path)
     tracer = ChromeTracer(max_events=max_events)
+    # Under MPI, every process records its own runs and rank 0 writes one merged file.
+    session = getattr(strategy._group, "trace_session", None)
+    merger = session() if session is not None else None
     previous = _attach(strategy, tracer)
     try:
         yield tracer
     finally:
         strategy._tracer = previous
-        tracer.write(target)
+        if merger is None:
+            tracer.write(target)
+        else:
+            merged = merger.merge(tracer.to_json(), tracer._origin)
+            if merged is not None:
+                write_json(target, merged)
 
 
 _ENV_TRACERS: dict[str, ChromeTracer] = {}

@@ -29,13 +29,25 @@ Results come back in the same layout. Rules every backend follows:
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from typing import ClassVar
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import ClassVar, TypeVar
 
-from ._core._signature import LeafSpec, ReduceOp
+from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
 
-__all__ = ["Backend", "LeafSpec", "ReduceOp", "available_backends", "register_backend"]
+__all__ = [
+    "Backend",
+    "CallSite",
+    "CollectiveKind",
+    "LeafSpec",
+    "ProcessGroup",
+    "ReduceOp",
+    "Signature",
+    "available_backends",
+    "register_backend",
+]
+
+_T = TypeVar("_T")
 
 Leaves = Sequence[Sequence[object]]
 
@@ -148,3 +160,53 @@ class Backend(abc.ABC):
     async def aclose(self) -> None:
         """Release what the backend holds. The default does nothing."""
         return
+
+
+class ProcessGroup(abc.ABC):
+    """The processes one strategy spans, for strategies that scale out (MPI).
+
+    Within one process the ledger decides agreement; across processes a group does.
+    The runtime calls :meth:`collective` once per collective position, from the
+    process's last replica to arrive, after the local replicas agreed. The group makes
+    the processes agree on the position (a mismatch, a finished or a failed process
+    raises a ``CollectiveError`` on every process), then runs ``local``: the backend
+    operation, which moves the data between processes itself.
+    """
+
+    #: This process's rank and the number of processes.
+    rank: int
+    size: int
+    #: The global id of this process's first replica, and the global replica count.
+    offset: int
+    num_replicas: int
+
+    @abc.abstractmethod
+    def begin_run(self) -> None:
+        """A ``Strategy.run`` starts on this process."""
+
+    @abc.abstractmethod
+    async def end_run(self, error: BaseException | None) -> None:
+        """This process's run ended, with ``error`` or without: tell the other processes.
+
+        Raises:
+            CollectiveError: This process finished, but another failed or issued more
+                collectives.
+        """
+
+    @abc.abstractmethod
+    async def collective(
+        self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """Agree with the other processes on ``signature`` at ``position``, then run ``local``.
+
+        Args:
+            signature: What the local replicas called (they agreed on it).
+            position: The ledger's key of the position: an index, or ``(name, k)``.
+            local: The backend operation, awaited once the processes agreed.
+
+        Returns:
+            What ``local`` returned.
+
+        Raises:
+            CollectiveError: The processes disagree, or one of them finished or failed.
+        """

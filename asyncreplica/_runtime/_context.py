@@ -90,7 +90,12 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
 async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     source = call._signature.source
     assert source is not None
-    return await run.backend.broadcast(payloads[source], len(payloads))
+    # ``source`` is a global id; under MPI another process may hold it, and this one
+    # passes its own replica's leaves (of the agreed shapes) to receive into.
+    local = source - run.strategy._replica_offset
+    return await run.backend.broadcast(
+        payloads[local if 0 <= local < len(payloads) else 0], len(payloads)
+    )
 
 
 async def _dispatch_reduce_scatter(
@@ -203,8 +208,12 @@ class ReplicaContext:
 
     @property
     def replica_id_in_sync_group(self) -> int:
-        """This replica's id, ``0 .. num_replicas_in_sync - 1`` (a Python int)."""
-        return self._replica_id
+        """This replica's id, ``0 .. num_replicas_in_sync - 1`` (a Python int).
+
+        Under ``MultiWorkerMirroredStrategy`` it is the global id: processes' replicas
+        are numbered in rank order.
+        """
+        return self._replica_id + self._strategy._replica_offset
 
     @property
     def num_replicas_in_sync(self) -> int:

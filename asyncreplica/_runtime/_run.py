@@ -40,7 +40,7 @@ from . import _tasks
 from ._mode import MODE, Mode
 
 if TYPE_CHECKING:
-    from ..abc import Backend
+    from ..abc import Backend, ProcessGroup
     from ._strategy import Strategy
     from ._trace import Tracer
 
@@ -298,12 +298,14 @@ class Run:
         shuffle: random.Random | None = None,
     ) -> None:
         self.strategy = strategy
+        # The processes this run spans (MultiWorkerMirroredStrategy); None within one.
+        self.group: ProcessGroup | None = strategy._group
         self.tracer = tracer
         self.shuffle = shuffle
         self.backend = backend
         self._packs = accepts_bytes_per_pack(backend)
         self.describe = backend.describe
-        self.num_replicas = strategy.num_replicas_in_sync
+        self.num_replicas = strategy._num_local
         self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
@@ -395,7 +397,15 @@ class Run:
             del slots[key]
             if tracer is not None:
                 tracer.dispatch_begin(key, replica, signature)
-            slot.results = await call.dispatch(self, call, slot.payloads)
+            group = self.group
+            if group is None:
+                slot.results = await call.dispatch(self, call, slot.payloads)
+            else:
+                # Scale-out: the processes agree on this position first (MPI).
+                payloads = slot.payloads
+                slot.results = await group.collective(
+                    signature, key, lambda: call.dispatch(self, call, payloads)
+                )
             if tracer is not None:
                 tracer.dispatch_end(key)
                 tracer.resume(replica, key)

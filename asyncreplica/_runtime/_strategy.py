@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import math
 import random
@@ -23,7 +24,7 @@ from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._signature import ReduceOp
 from .._exceptions import BackendError, BackendNotFoundError, ReplicaContextError
 from .._options import CommunicationOptions
-from .._registry import load_backend_class
+from .._registry import available_backends, load_backend_class
 from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._mode import MODE, Mode, current_mode
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from os import PathLike
 
     from .._tracing import ChromeTracer
-    from ..abc import Backend
+    from ..abc import Backend, ProcessGroup
     from ._trace import Tracer
 
 __all__ = [
@@ -111,12 +112,21 @@ class Strategy:
         self._communication_options = communication_options
         self._check_call_sites = check_call_sites
         self._extended = StrategyExtended(self)
+        # The processes the strategy spans (MultiWorkerMirroredStrategy), else None.
+        self._group: ProcessGroup | None = None
+        # The global id of this process's first replica (MultiWorkerMirroredStrategy).
+        self._replica_offset = 0
 
     # -- look-ups ---------------------------------------------------------------------
 
     @property
     def num_replicas_in_sync(self) -> int:
         """How many replicas run in sync."""
+        return len(self._devices)
+
+    @property
+    def _num_local(self) -> int:
+        """How many replicas this process runs (all of them, but under MPI)."""
         return len(self._devices)
 
     @property
@@ -272,7 +282,7 @@ class Strategy:
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
     ) -> Any:
-        n = self.num_replicas_in_sync
+        n = self._num_local
         pick = self._component
         per_args = [select_replica(i, tuple(args), pick) for i in range(n)]
         per_kwargs = [select_replica(i, dict(kwargs), pick) for i in range(n)]
@@ -285,7 +295,18 @@ class Strategy:
             shuffle=self._next_shuffle(),
         )
         modes = [Mode(self, False, ReplicaContext(self, i, run=run)) for i in range(n)]
-        results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
+        group = self._group
+        if group is None:
+            results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
+            return regroup(results, PerReplica)
+        group.begin_run()
+        try:
+            results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
+        except BaseException as exc:
+            # Tell the other processes, so that none of them waits for this one.
+            await group.end_run(exc)
+            raise
+        await group.end_run(None)
         return regroup(results, PerReplica)
 
     def _next_shuffle(self) -> random.Random | None:
@@ -300,7 +321,7 @@ class Strategy:
         return self._schedule, self._seed
 
     def _component(self, replica_id: int, leaf: object) -> object:
-        return component(replica_id, leaf, num_replicas=self.num_replicas_in_sync)
+        return component(replica_id, leaf, num_replicas=self._num_local)
 
     # -- cross-replica APIs -------------------------------------------------------------
 
@@ -336,7 +357,7 @@ class Strategy:
         self, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
     ) -> object:
         describe = self._backend.describe
-        n = self.num_replicas_in_sync
+        n = self._num_local
         if isinstance(leaf, DistributedValues):
             components = [self._component(i, leaf) for i in range(n)]
             specs = [describe(c) for c in components]
@@ -354,6 +375,12 @@ class Strategy:
                 raise ValueError(f"`axis` {axes} means different axes for values of different rank")
             return await self._backend.reduce(op, components, norm.pop())
         spec = describe(leaf)
+        if self._group is not None and n == 1:
+            # Under MPI a process with one replica holds plain values (run unwraps
+            # them, as TensorFlow's multi-worker strategy does): this process's value.
+            return await self._backend.reduce(
+                op, [leaf], None if axes is None else _normalize_axes(axes, spec.shape)
+            )
         if n > 1 and op in (ReduceOp.SUM, ReduceOp.PROD):
             raise ValueError(
                 f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
@@ -397,7 +424,7 @@ class Strategy:
             if not isinstance(leaf, DistributedValues):
                 out.append(leaf)
                 continue
-            components = [self._component(i, leaf) for i in range(self.num_replicas_in_sync)]
+            components = [self._component(i, leaf) for i in range(self._num_local)]
             axes = set()
             for c in components:
                 shape = self._backend.describe(c).shape
@@ -423,8 +450,7 @@ class Strategy:
             leaves, _ = flatten(value)
             if any(isinstance(leaf, DistributedValues) for leaf in leaves):
                 return tuple(
-                    select_replica(i, value, self._component)
-                    for i in range(self.num_replicas_in_sync)
+                    select_replica(i, value, self._component) for i in range(self._num_local)
                 )
         return (value,)
 
@@ -439,8 +465,9 @@ class Strategy:
         if not callable(value_fn):
             raise TypeError(f"value_fn must be callable, got {value_fn!r}")
         n = self.num_replicas_in_sync
+        first = self._replica_offset
         values = []
-        for i in range(n):
+        for i in range(first, first + self._num_local):
             value = value_fn(ValueContext(i, n))
             if inspect.isawaitable(value):
                 if inspect.iscoroutine(value):
@@ -471,7 +498,11 @@ class Strategy:
             raise ValueError("experimental_distribute_dataset takes no options here; pass None")
         if not isinstance(dataset, Iterable | AsyncIterable):
             raise TypeError(f"dataset must be an iterable of batches, got {type(dataset).__name__}")
-        return DistributedDataset(dataset, self.num_replicas_in_sync)
+        return DistributedDataset(
+            dataset,
+            self.num_replicas_in_sync,
+            range(self._replica_offset, self._replica_offset + self._num_local),
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self.num_replicas_in_sync} replicas on {list(self._devices)}>"
@@ -487,9 +518,16 @@ class Strategy:
 class DistributedDataset:
     """Global batches split across replicas (see ``experimental_distribute_dataset``)."""
 
-    def __init__(self, dataset: Iterable[Any] | AsyncIterable[Any], num_replicas: int) -> None:
+    def __init__(
+        self,
+        dataset: Iterable[Any] | AsyncIterable[Any],
+        num_replicas: int,
+        local: range | None = None,
+    ) -> None:
         self._dataset = dataset
         self._num_replicas = num_replicas
+        # The global ids of this process's replicas: it keeps only their slices.
+        self._local = range(num_replicas) if local is None else local
 
     def _split(self, batch: Any) -> Any:
         leaves, treedef = flatten(batch)
@@ -510,7 +548,7 @@ class DistributedDataset:
         n = self._num_replicas
         size = lengths.pop() if lengths else 0
         per = math.ceil(size / n)
-        bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in range(n)]
+        bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
         split = [
             PerReplica([leaf[a:b] for a, b in bounds])  # type: ignore[index]
             for leaf in leaves
@@ -703,41 +741,9 @@ class MirroredStrategy(Strategy):
         schedule: str = "fifo",
         seed: int | None = None,
     ) -> None:
-        from ..abc import Backend
-
-        if communication_options is None:
-            communication_options = CommunicationOptions()
-        if not isinstance(communication_options, CommunicationOptions):
-            raise TypeError(
-                f"communication_options must be CommunicationOptions or None, got "
-                f"{communication_options!r}"
-            )
-        if not isinstance(check_call_sites, bool):
-            raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
-        if stall_warning_seconds is not None and (
-            isinstance(stall_warning_seconds, bool)
-            or not isinstance(stall_warning_seconds, int | float)
-            or stall_warning_seconds <= 0
-        ):
-            raise ValueError(
-                f"stall_warning_seconds must be a positive number of seconds or None, got "
-                f"{stall_warning_seconds!r}"
-            )
-        if backend is not None and not isinstance(backend, str | Backend):
-            raise TypeError(
-                f"backend must be a backend name or a Backend instance, got {backend!r}"
-            )
-        parsed = _parse_devices(devices) if devices is not None else None
-        if isinstance(backend, Backend):
-            instance = backend
-            if parsed is None:
-                parsed = list(instance.devices) or ["CPU:0"]
-        else:
-            if parsed is None:
-                parsed = _default_devices(backend)
-            if backend is None:
-                backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
-            instance = _load_backend(backend, parsed)
+        parsed, instance, communication_options = _setup(
+            devices, backend, communication_options, check_call_sites, stall_warning_seconds
+        )
         if schedule not in ("fifo", "random"):
             raise ValueError(f"schedule must be 'fifo' or 'random', got {schedule!r}")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -758,6 +764,166 @@ class MirroredStrategy(Strategy):
         trace_from_environment(self)
 
 
+@final
+class MultiWorkerMirroredStrategy(Strategy):
+    """The same program in several processes (MPI): every replica of every process in sync.
+
+    Launch the program with ``mpiexec -n P python train.py``; each process creates
+    the strategy with its own local ``devices`` (processes may run different
+    numbers of replicas). Replicas are numbered globally in rank order:
+    ``replica_id_in_sync_group`` and ``num_replicas_in_sync`` are global, while
+    ``run`` returns, and ``experimental_local_results`` gives, this process's
+    replicas' values only (as in TensorFlow's multi-worker strategy).
+
+    Every collective is hierarchical: the local replicas meet and reduce, then one
+    non-blocking MPI collective per process combines the processes' partial results
+    (polled from the event loop, which stays responsive), then each local replica
+    gets a read-only view. Before data moves, the processes agree on the collective
+    (a fingerprint of its signature and call site), so a skipped, extra or
+    mismatched collective on one process raises on every process instead of hanging;
+    a process whose run ended (returned or raised) tells the others at once.
+    ``merge_call`` runs ``merge_fn`` once per process over its local replicas; its
+    ``strategy.reduce`` reduces across every process.
+
+    Creating the strategy is collective: every process of ``communicator`` must
+    create it, in the same order.
+
+    Args:
+        devices: This process's replicas' devices (default ``["CPU:0"]``).
+        communicator: An mpi4py intracommunicator; default ``MPI.COMM_WORLD``. It is
+            duplicated: the strategy never sends on the communicator it is given.
+        backend: The local backend (default ``"numpy"``).
+        communication_options: Default options; ``timeout_seconds`` also bounds the
+            wait for the other processes (after which the job cannot continue).
+        check_call_sites: Whether call sites must agree, across processes too.
+        stall_warning_seconds: As for :class:`MirroredStrategy`.
+
+    Raises:
+        BackendNotFoundError: mpi4py (the ``[mpi]`` extra) is not installed.
+        TypeError, ValueError: As for :class:`MirroredStrategy`.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[str] | None = None,
+        *,
+        communicator: object = None,
+        backend: str | Backend | None = None,
+        communication_options: CommunicationOptions | None = None,
+        check_call_sites: bool = True,
+        stall_warning_seconds: float | None = 30.0,
+    ) -> None:
+        if devices is None and backend is None:
+            devices = ["CPU:0"]
+        parsed, local, communication_options = _setup(
+            devices, backend, communication_options, check_call_sites, stall_warning_seconds
+        )
+        try:
+            mpi = importlib.import_module("asyncreplica_mpi")
+            group_cls = mpi.MPIProcessGroup
+            backend_cls = mpi.MPIBackend
+        except ImportError as exc:
+            raise BackendNotFoundError("mpi", available_backends(), exc) from exc
+        group = group_cls(
+            communicator,
+            len(parsed),
+            check_call_sites=check_call_sites,
+            timeout=communication_options.timeout_seconds,
+        )
+        super().__init__(
+            parsed,
+            backend_cls(local, group),
+            communication_options,
+            check_call_sites,
+            stall_warning_seconds,
+        )
+        self._group = group
+        self._replica_offset = group.offset
+        self._num_global = int(group.num_replicas)
+        self.cluster_resolver = _ClusterResolver(group.rank, group.size)
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """How many replicas run in sync, over all processes."""
+        return self._num_global
+
+    @property
+    def process_rank(self) -> int:
+        """This process's rank in the communicator (0 .. ``process_count - 1``)."""
+        return self.cluster_resolver.task_id
+
+    @property
+    def process_count(self) -> int:
+        """The number of processes."""
+        return self.cluster_resolver.num_tasks
+
+    def __repr__(self) -> str:
+        return (
+            f"<MultiWorkerMirroredStrategy process {self.process_rank} of "
+            f"{self.process_count}: replicas {self._replica_offset}-"
+            f"{self._replica_offset + self._num_local - 1} of {self._num_global} on "
+            f"{list(self._devices)}>"
+        )
+
+
+@final
+class _ClusterResolver:
+    """TensorFlow's ``strategy.cluster_resolver``: this task's id and the task count."""
+
+    task_type = "worker"
+
+    def __init__(self, task_id: int, num_tasks: int) -> None:
+        self.task_id = task_id
+        self.num_tasks = num_tasks
+
+    def __repr__(self) -> str:
+        return f"<cluster_resolver worker {self.task_id} of {self.num_tasks}>"
+
+
+def _setup(
+    devices: Sequence[str] | None,
+    backend: str | Backend | None,
+    communication_options: CommunicationOptions | None,
+    check_call_sites: object,
+    stall_warning_seconds: object,
+) -> tuple[list[str], Backend, CommunicationOptions]:
+    """Validate a mirrored strategy's arguments; load its backend."""
+    from ..abc import Backend
+
+    if communication_options is None:
+        communication_options = CommunicationOptions()
+    if not isinstance(communication_options, CommunicationOptions):
+        raise TypeError(
+            f"communication_options must be CommunicationOptions or None, got "
+            f"{communication_options!r}"
+        )
+    if not isinstance(check_call_sites, bool):
+        raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
+    if stall_warning_seconds is not None and (
+        isinstance(stall_warning_seconds, bool)
+        or not isinstance(stall_warning_seconds, int | float)
+        or stall_warning_seconds <= 0
+    ):
+        raise ValueError(
+            f"stall_warning_seconds must be a positive number of seconds or None, got "
+            f"{stall_warning_seconds!r}"
+        )
+    if backend is not None and not isinstance(backend, str | Backend):
+        raise TypeError(f"backend must be a backend name or a Backend instance, got {backend!r}")
+    parsed = _parse_devices(devices) if devices is not None else None
+    if isinstance(backend, Backend):
+        instance = backend
+        if parsed is None:
+            parsed = list(instance.devices) or ["CPU:0"]
+    else:
+        if parsed is None:
+            parsed = _default_devices(backend)
+        if backend is None:
+            backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
+        instance = _load_backend(backend, parsed)
+    return parsed, instance, communication_options
+
+
 def _parse_devices(devices: object) -> list[str]:
     if isinstance(devices, str) or not isinstance(devices, Sequence):
         raise TypeError(
@@ -768,7 +934,9 @@ def _parse_devices(devices: object) -> list[str]:
         raise ValueError("devices must name at least one device, e.g. ['CPU:0']")
     seen: set[str] = set()
     for spec, d in zip(devices, parsed, strict=True):
-        if d in seen:
+        # Several replicas may share one GPU (they are reduced on its stream); CPU
+        # replicas are virtual, so each needs its own name, as in TensorFlow.
+        if d in seen and device_type(d) != "GPU":
             raise ValueError(
                 f"device {spec!r} ({d}) is listed twice: each replica needs its own device "
                 "name (for N CPU replicas use 'CPU:0' .. 'CPU:N-1')"

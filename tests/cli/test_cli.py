@@ -411,6 +411,9 @@ def test_doctor_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mon
         "library_version": None,
         "error": None,
         "hint": "pip install 'asyncreplica[mpi]'",
+        "world_size": None,
+        "thread_level": None,
+        "launched": False,
     }
 
 
@@ -622,3 +625,11 @@ def test_bench_receives_the_arguments_after_bench(
 
     assert main(["bench", "--quick", "--json", "out.json"]) == 0
     assert received == [["--quick", "--json", "out.json"]]
+
+
+def test_doctor_reports_mpi_world_and_thread_level(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("mpi4py")
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "MPI: mpi4py " in out
+    assert "MPI world: 1 process (not launched by mpiexec); thread level" in out

@@ -1,0 +1,289 @@
+"""The MPI backend: a local backend's results combined across processes.
+
+Every collective is hierarchical: the local backend (numpy) combines this process's
+replicas, one non-blocking MPI collective per process combines the processes' partial
+results on the group's data communicator (polled from the event loop), and each local
+replica gets a read-only view of the result.
+
+Determinism: partial results of up to :data:`INLINE_BYTES` (and of dtypes MPI cannot
+reduce) are gathered and combined in rank order here, so every process computes the
+same bits in the same order. Larger ones use MPI's ``Iallreduce``, whose result MPICH
+makes identical on every process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from asyncreplica import IndexedSlices
+from asyncreplica.abc import Backend, LeafSpec, ReduceOp
+
+from ._group import MPIProcessGroup, wait_request
+from ._protocol import cross_fields
+
+__all__ = ["INLINE_BYTES", "MPIBackend"]
+
+#: Partial results up to this size are gathered and combined in rank order.
+INLINE_BYTES = 64 * 1024
+
+_UFUNCS = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MEAN: np.add,
+    ReduceOp.PROD: np.multiply,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+}
+
+
+def _readonly(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class MPIBackend(Backend):
+    """Combine the replicas of every process: a local backend plus MPI.
+
+    Args:
+        inner: The backend that holds this process's replicas' values (numpy).
+        group: The process group.
+    """
+
+    name = "mpi"
+
+    def __init__(self, inner: Backend, group: MPIProcessGroup) -> None:
+        super().__init__(inner.devices)
+        self.inner = inner
+        self.group = group
+        self._MPI = group._MPI
+        self._ops = {
+            ReduceOp.SUM: self._MPI.SUM,
+            ReduceOp.MEAN: self._MPI.SUM,
+            ReduceOp.PROD: self._MPI.PROD,
+            ReduceOp.MIN: self._MPI.MIN,
+            ReduceOp.MAX: self._MPI.MAX,
+        }
+
+    def describe(self, value: object) -> LeafSpec:
+        """Describe a leaf (the local backend decides what it holds)."""
+        return self.inner.describe(value)
+
+    # -- moving bytes between processes ------------------------------------------------
+
+    async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Every process's equal-sized ``flat`` buffer, stacked in rank order."""
+        out = np.empty((self.group.size, flat.size), flat.dtype)
+        send = np.ascontiguousarray(flat).view(np.uint8)
+        request = self.group.data_comm.Iallgather(send, out.view(np.uint8))
+        await wait_request(request)
+        return out
+
+    async def _allgatherv(
+        self, payload: np.ndarray[Any, Any], lengths: Sequence[int]
+    ) -> list[np.ndarray[Any, Any]]:
+        """Every process's byte payload (of the given lengths), in rank order."""
+        displs = [sum(lengths[:r]) for r in range(len(lengths))]
+        buf = np.empty(sum(lengths), np.uint8)
+        request = self.group.data_comm.Iallgatherv(
+            payload, [buf, list(lengths), displs, self._MPI.BYTE]
+        )
+        await wait_request(request)
+        return [buf[d : d + n] for d, n in zip(displs, lengths, strict=True)]
+
+    async def _lengths(self, mine: Sequence[int]) -> np.ndarray[Any, Any]:
+        """Every process's list of ``len(mine)`` integers, as rows in rank order."""
+        return await self._allgather(np.asarray(mine, np.int64))
+
+    async def _combine(self, op: ReduceOp, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Combine one contiguous 1-D buffer per process with ``op`` (MEAN as SUM)."""
+        if self.group.size == 1:
+            return flat.copy()
+        dtype = flat.dtype
+        native = dtype.kind in "iuf" or (dtype.kind == "c" and op in (ReduceOp.SUM, ReduceOp.MEAN))
+        if native and flat.nbytes > INLINE_BYTES:
+            out = np.empty_like(flat)
+            request = self.group.data_comm.Iallreduce(flat, out, op=self._ops[op])
+            await wait_request(request)
+            return out
+        parts = await self._allgather(flat)
+        ufunc = _UFUNCS[op]
+        acc: np.ndarray[Any, Any] = parts[0].copy()
+        for part in parts[1:]:
+            ufunc(acc, part, out=acc)
+        return acc
+
+    async def _combine_leaves(
+        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
+    ) -> list[np.ndarray[Any, Any]]:
+        """Combine each leaf across processes; one MPI collective per dtype."""
+        by_dtype: dict[np.dtype[Any], list[int]] = {}
+        for j, leaf in enumerate(leaves):
+            by_dtype.setdefault(leaf.dtype, []).append(j)
+        out: list[Any] = [None] * len(leaves)
+        for dtype, indices in by_dtype.items():
+            flat = np.concatenate([np.ravel(leaves[j]) for j in indices]).astype(dtype, copy=False)
+            combined = await self._combine(op, flat)
+            if op is ReduceOp.MEAN:
+                combined = np.true_divide(combined, self.group.num_replicas)
+            start = 0
+            for j in indices:
+                size = leaves[j].size
+                out[j] = combined[start : start + size].reshape(leaves[j].shape)
+                start += size
+        return out
+
+    async def _gather_leaves(
+        self, leaves: Sequence[np.ndarray[Any, Any]], axis: int
+    ) -> list[np.ndarray[Any, Any]]:
+        """Concatenate each process's leaves along ``axis``, in rank order."""
+        moved = [np.ascontiguousarray(np.moveaxis(leaf, axis, 0)) for leaf in leaves]
+        sizes = await self._lengths([m.shape[0] for m in moved])
+        payload = np.concatenate(
+            [m.reshape(-1).view(np.uint8) for m in moved] or [np.empty(0, np.uint8)]
+        )
+        byte_lengths = []
+        for row in sizes:
+            total = 0
+            for j, m in enumerate(moved):
+                row_bytes = m.dtype.itemsize * int(np.prod(m.shape[1:], dtype=np.int64))
+                total += int(row[j]) * row_bytes
+            byte_lengths.append(total)
+        parts = await self._allgatherv(payload, byte_lengths)
+        out = []
+        for j, m in enumerate(moved):
+            pieces = []
+            for rank, part in enumerate(parts):
+                row_bytes = m.dtype.itemsize * int(np.prod(m.shape[1:], dtype=np.int64))
+                before = sum(
+                    int(sizes[rank][k])
+                    * moved[k].dtype.itemsize
+                    * int(np.prod(moved[k].shape[1:], dtype=np.int64))
+                    for k in range(j)
+                )
+                count = int(sizes[rank][j])
+                chunk = part[before : before + count * row_bytes].view(m.dtype)
+                pieces.append(chunk.reshape((count, *m.shape[1:])))
+            out.append(np.moveaxis(np.concatenate(pieces, axis=0), 0, axis))
+        return out
+
+    # -- replica collectives (agreed by the group before they are called) ---------------
+
+    async def all_reduce(
+        self, op: ReduceOp, values: Sequence[Sequence[object]], *, bytes_per_pack: int = 0
+    ) -> list[list[object]]:
+        """Combine every replica's leaves across all processes (see the module docstring)."""
+        _no_sparse(values, "all_reduce")
+        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
+        leaves = [np.asarray(leaf) for leaf in local[0]]
+        combined = await self._combine_leaves(op, leaves)
+        return [[_readonly(c) for c in combined] for _ in values]
+
+    async def all_gather(self, values: Sequence[Sequence[object]], axis: int) -> list[list[object]]:
+        """Concatenate every replica's leaves along ``axis`` in global replica order."""
+        _no_sparse(values, "all_gather")
+        local = await self.inner.all_gather(values, axis)
+        gathered = await self._gather_leaves([np.asarray(leaf) for leaf in local[0]], axis)
+        return [[_readonly(g) for g in gathered] for _ in values]
+
+    async def reduce_scatter(
+        self, op: ReduceOp, values: Sequence[Sequence[object]], axis: int
+    ) -> list[list[object]]:
+        """All-reduce, then give global replica ``g`` the ``g``-th chunk along ``axis``."""
+        reduced = await self.all_reduce(op, values)
+        total = self.group.num_replicas
+        first = self.group.offset
+        out: list[list[object]] = []
+        for r in range(len(values)):
+            mine: list[object] = []
+            for leaf in reduced[0]:
+                array = np.asarray(leaf)
+                chunk = array.shape[axis] // total
+                index = [slice(None)] * array.ndim
+                index[axis] = slice((first + r) * chunk, (first + r + 1) * chunk)
+                mine.append(_readonly(array[tuple(index)]))
+            out.append(mine)
+        return out
+
+    async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
+        """Copy the source replica's leaves to every replica of every process.
+
+        Outside an agreed collective (``extended.broadcast_to``), the copy is local.
+        """
+        signature = self.group.current
+        if signature is None or signature.source is None or self.group.size == 1:
+            return await self.inner.broadcast(values, num_replicas)
+        root = self.group.process_of(signature.source)
+        arrays = [np.ascontiguousarray(np.asarray(v)) for v in values]
+        payload = np.concatenate(
+            [a.reshape(-1).view(np.uint8) for a in arrays] or [np.empty(0, np.uint8)]
+        )
+        if self.group.rank != root:
+            payload = np.empty_like(payload)
+        request = self.group.data_comm.Ibcast(payload, root=root)
+        await wait_request(request)
+        out: list[np.ndarray[Any, Any]] = []
+        start = 0
+        for a in arrays:
+            piece = payload[start : start + a.nbytes].view(a.dtype).reshape(a.shape)
+            start += a.nbytes
+            piece.flags.writeable = False
+            out.append(piece)
+        return [[_readonly(o) for o in out] for _ in range(num_replicas)]
+
+    # -- cross-replica operations (agreed here) ---------------------------------------
+
+    async def reduce(
+        self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
+    ) -> object:
+        """Reduce the local components, then across processes (``Strategy.reduce``)."""
+        specs = [self.describe(c) for c in components]
+        if any(s.sparse for s in specs):
+            raise NotImplementedError(
+                "Strategy.reduce of IndexedSlices across processes is not supported; "
+                "convert them to dense arrays first"
+            )
+        fields = cross_fields("reduce", op, axis, specs[:1])
+
+        async def work() -> object:
+            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+            partial = np.asarray(await self.inner.reduce(local_op, components, axis))
+            result = (await self._combine_leaves(local_op, [partial]))[0]
+            if op is ReduceOp.MEAN:
+                if axis is None:
+                    count = len(components)
+                else:
+                    count = sum(
+                        int(np.prod([s.shape[a] for a in axis], dtype=np.int64)) for s in specs
+                    )
+                total = await self._combine(ReduceOp.SUM, np.array([count], np.int64))
+                result = np.true_divide(result, int(total[0]))
+            return np.array(result)
+
+        return await self.group.cross(fields, work)
+
+    async def gather(self, components: Sequence[object], axis: int) -> object:
+        """Concatenate the local components, then every process's, along ``axis``."""
+        specs = [self.describe(c) for c in components]
+        fields = cross_fields("gather", None, axis, specs[:1])
+
+        async def work() -> object:
+            local = np.asarray(await self.inner.gather(components, axis))
+            return np.array((await self._gather_leaves([local], axis))[0])
+
+        return await self.group.cross(fields, work)
+
+    async def aclose(self) -> None:
+        """Close the local backend."""
+        await self.inner.aclose()
+
+
+def _no_sparse(values: Sequence[Sequence[object]], what: str) -> None:
+    if values and any(isinstance(leaf, IndexedSlices) for leaf in values[0]):
+        raise NotImplementedError(
+            f"{what} of IndexedSlices across processes is not supported by the MPI "
+            "backend; convert them to dense arrays first"
+        )

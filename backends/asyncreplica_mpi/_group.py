@@ -1,0 +1,521 @@
+"""The MPI process group: agreement between processes, polled from the event loop.
+
+See :mod:`._protocol` for the exchange itself. This module owns the communicators
+(two duplicates of the user's: one for agreement, one for data, so that neither
+ever shares traffic with the user's own), the polling of non-blocking requests from
+the event loop, and the goodbye exchange at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import sys
+import weakref
+from collections.abc import Awaitable, Callable, Generator, Hashable
+from typing import Any, NoReturn, TypeVar
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from asyncreplica import (
+    BackendError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ReplicaExitedError,
+)
+from asyncreplica.abc import CollectiveKind, ProcessGroup, Signature
+
+from ._protocol import (
+    HEADER_WORDS,
+    MAGIC,
+    Status,
+    describe_exception,
+    differing_fields,
+    fingerprint,
+    header,
+    key_text,
+    outcome_message,
+    rebuild_signature,
+    signature_fields,
+    unanimous,
+)
+
+__all__ = ["MPIProcessGroup", "wait_request"]
+
+_T = TypeVar("_T")
+
+# Polling: this many checks that yield to the loop at once, then sleeps that grow to
+# _MAX_SLEEP. MPICH progresses only inside MPI calls, so Test() drives it.
+_SPINS = 200
+_MAX_SLEEP = 0.001
+
+# The last uncaught exception (from sys.excepthook), told to peers at exit.
+_uncaught: list[str] = []
+_groups: weakref.WeakSet[MPIProcessGroup] = weakref.WeakSet()
+_hooked = False
+
+
+def _install_hooks() -> None:
+    global _hooked
+    if _hooked:
+        return
+    _hooked = True
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        _uncaught.append(describe_exception(value))
+        previous(kind, value, tb)
+
+    sys.excepthook = hook
+    atexit.register(_goodbye_all)
+
+
+def _goodbye_all() -> None:
+    for group in sorted(_groups, key=lambda g: -g._serial):
+        group.goodbye()
+
+
+async def wait_request(request: Any) -> None:
+    """Wait for an MPI request without blocking the event loop."""
+    if request.Test():
+        return
+    spins = 0
+    delay = 1e-5
+    while not request.Test():
+        if spins < _SPINS:
+            spins += 1
+            await anyio.lowlevel.checkpoint()
+        else:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
+
+
+_serials = iter(range(1 << 62))
+
+
+class MPIProcessGroup(ProcessGroup):
+    """The processes of one ``MultiWorkerMirroredStrategy``.
+
+    Creating it is collective: every process of ``communicator`` must create one, in
+    the same order.
+
+    Args:
+        communicator: An ``mpi4py`` communicator (default ``MPI.COMM_WORLD``); it is
+            duplicated, never used directly.
+        local_replicas: How many replicas this process runs.
+        check_call_sites: Whether call sites must agree across processes.
+        timeout: Seconds to wait for the other processes at one exchange; None
+            waits for ever.
+    """
+
+    def __init__(
+        self,
+        communicator: Any = None,
+        local_replicas: int = 1,
+        *,
+        check_call_sites: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        base = MPI.COMM_WORLD if communicator is None else communicator
+        if not isinstance(base, MPI.Intracomm):
+            raise TypeError(f"communicator must be an mpi4py Intracomm, got {base!r}")
+        self._ctl = base.Dup()
+        self._data = base.Dup()
+        self.rank = self._ctl.Get_rank()
+        self.size = self._ctl.Get_size()
+        counts = np.zeros(self.size, np.int64)
+        self._ctl.Allgather(np.array([local_replicas], np.int64), counts)
+        self.replica_counts: tuple[int, ...] = tuple(int(c) for c in counts)
+        self.offsets: tuple[int, ...] = tuple(
+            int(sum(self.replica_counts[:r])) for r in range(self.size)
+        )
+        self.num_replicas = int(sum(self.replica_counts))
+        self.offset = self.offsets[self.rank]
+        self.check_call_sites = check_call_sites
+        self.timeout = timeout
+        self.current: Signature | None = None  # the agreed collective being dispatched
+        self._lock = anyio.Lock()
+        self._number = 0  # exchanges so far
+        self._run_ended = True  # no run in progress
+        self._broken: str | None = None
+        self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
+        self._closed = False
+        self._serial = next(_serials)
+        self._fields_cache: dict[Signature, tuple[dict[str, Any], int]] = {}
+        _groups.add(self)
+        _install_hooks()
+
+    # -- look-ups -----------------------------------------------------------------------
+
+    @property
+    def data_comm(self) -> Any:
+        """The communicator that carries collectives' data."""
+        return self._data
+
+    def process_of(self, replica: int) -> int:
+        """The rank of the process that runs global replica ``replica``."""
+        for rank in range(self.size - 1, -1, -1):
+            if replica >= self.offsets[rank] and self.replica_counts[rank]:
+                return rank
+        raise ValueError(f"no process runs replica {replica}")
+
+    # -- the exchange -------------------------------------------------------------------
+
+    def _exchange(
+        self, status: Status, fields: dict[str, Any] | None, detail: dict[str, Any], fp: int = 0
+    ) -> Generator[Any, None, list[dict[str, Any]] | None]:
+        MPI = self._MPI
+        if fields is not None and not fp:
+            fp = fingerprint(fields)
+        send = np.array(header(status, fp, self._number), np.int64)
+        self._number += 1
+        recv = np.empty((self.size, HEADER_WORDS), np.int64)
+        yield self._ctl.Iallgather(send, recv)
+        if (recv[:, 0] != MAGIC).any():
+            self._broken = "a peer sent a malformed header"
+            raise BackendError(
+                "asyncreplica received a malformed message from another process: the "
+                "processes' communicators are out of step. Restart the job."
+            )
+        if unanimous(recv.tolist()):
+            return None
+        detail = {
+            **detail,
+            "rank": self.rank,
+            "replicas": [self.offset, self.replica_counts[self.rank]],
+            "status": int(status),
+            "fields": fields or {},
+        }
+        payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
+        lengths = np.empty(self.size, np.int64)
+        yield self._ctl.Iallgather(np.array([payload.size], np.int64), lengths)
+        counts = [int(n) for n in lengths]
+        displs = [sum(counts[:r]) for r in range(self.size)]
+        buf = np.empty(sum(counts), np.uint8)
+        yield self._ctl.Iallgatherv(payload, [buf, counts, displs, MPI.BYTE])
+        return [
+            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
+        ]
+
+    async def _drive(self, steps: Generator[Any, None, _T]) -> _T:
+        request = next(steps)
+        while True:
+            await wait_request(request)
+            try:
+                request = steps.send(None)
+            except StopIteration as stop:
+                result: _T = stop.value
+                return result
+
+    def _drive_blocking(self, steps: Generator[Any, None, _T]) -> _T:
+        request = next(steps)
+        while True:
+            request.Wait()
+            try:
+                request = steps.send(None)
+            except StopIteration as stop:
+                result: _T = stop.value
+                return result
+
+    def _check_usable(self) -> None:
+        if self._departed:
+            ranks = ", ".join(map(str, self._departed))
+            raise ReplicaExitedError(
+                self.offsets[self._departed[0]],
+                0,
+                {},
+                exited_count=0,
+                exited_last=None,
+                message=(
+                    f"Process {ranks} of this MultiWorkerMirroredStrategy has exited, so no "
+                    "collective can complete any more (this is process "
+                    f"{self.rank} of {self.size}).\n\nEvery process must run the same "
+                    "collectives; see the earlier error for where they diverged.\n"
+                    "See docs/errors.md#replicaexitederror in the asyncreplica documentation."
+                ),
+            )
+        if self._broken is not None:
+            raise BackendError(
+                f"The processes of this MultiWorkerMirroredStrategy are out of step "
+                f"({self._broken}); no further collective can be matched. Restart the job."
+            )
+
+    async def _agree(
+        self,
+        status: Status,
+        fields: dict[str, Any] | None,
+        detail: dict[str, Any],
+        fp: int = 0,
+    ) -> list[dict[str, Any]] | None:
+        """One exchange, shielded from cancellation and bounded by the timeout."""
+        self._check_usable()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(self.timeout) as scope:
+                details = await self._drive(self._exchange(status, fields, detail, fp))
+            if scope.cancelled_caught:
+                self._broken = "a cross-process exchange timed out"
+                what = "" if fields is None else f" at their {fields['position']}"
+                raise CollectiveTimeoutError(
+                    0,
+                    float(self.timeout or 0),
+                    {},
+                    {},
+                    message=(
+                        f"The other processes did not all reach the same point{what} within "
+                        f"{self.timeout} s (this is process {self.rank} of {self.size}).\n\n"
+                        "A process that is alive but busy (I/O, a long computation) or stuck "
+                        "delays every other one. The processes are now out of step: the job "
+                        "cannot continue.\nSee docs/errors.md#collectivetimeouterror in the "
+                        "asyncreplica documentation."
+                    ),
+                )
+        if details is not None:
+            # Every process sees the same details and raises: the run ends everywhere.
+            self._run_ended = True
+            gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
+            if gone:
+                self._departed = gone
+        return details
+
+    def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
+        kind, message = outcome_message(details)
+        signatures = {
+            d["replicas"][0]: rebuild_signature(d["fields"], d.get("site"))
+            for d in details
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]
+        }
+        if kind == "mismatch":
+            raise CollectiveMismatchError(
+                0,
+                signatures,
+                differing_fields(details),
+                num_replicas=self.num_replicas,
+                message=message,
+            )
+        gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
+        first = gone[0]["replicas"][0] if gone else 0
+        raise ReplicaExitedError(
+            first,
+            0,
+            signatures,
+            exited_count=0,
+            exited_last=None,
+            message=message,
+        )
+
+    def _fields(self, signature: Signature, position: Hashable) -> tuple[dict[str, Any], int]:
+        """The fields to agree on, and their fingerprint (cached per signature)."""
+        cached = self._fields_cache.get(signature)
+        if cached is None:
+            if len(self._fields_cache) > 4096:
+                self._fields_cache.clear()
+            fields = signature_fields(signature, 0, check_call_sites=self.check_call_sites)
+            cached = self._fields_cache[signature] = (fields, fingerprint(fields))
+        fields, base = cached
+        if position == 0:
+            return fields, base
+        fields = {**fields, "position": key_text(position)}
+        return fields, fingerprint({"base": base, "position": fields["position"]})
+
+    # -- what the runtime calls ----------------------------------------------------------
+
+    def begin_run(self) -> None:
+        """A run starts: it will end with one final exchange (or an earlier one)."""
+        self._check_usable()
+        self._run_ended = False
+
+    async def collective(
+        self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        """Agree on ``signature`` at ``position`` with every process, then run ``local``."""
+        fields, fp = self._fields(signature, position)
+        site = signature.call_site
+        detail = {
+            "describe": signature.describe(),
+            "site": None if site is None else f"{site.filename}:{site.lineno} in {site.function}",
+        }
+        if signature.kind is CollectiveKind.MERGE_CALL:
+            async with self._lock:
+                details = await self._agree(Status.COLLECTIVE, fields, detail, fp)
+            if details is not None:
+                self._raise_for(details)
+            return await local()
+        async with self._lock:
+            details = await self._agree(Status.COLLECTIVE, fields, detail, fp)
+            if details is not None:
+                self._raise_for(details)
+            self.current = signature
+            try:
+                with anyio.CancelScope(shield=True):
+                    result = await local()
+            finally:
+                self.current = None
+        return result
+
+    async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
+        """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
+        detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
+        async with self._lock:
+            details = await self._agree(Status.COLLECTIVE, fields, detail)
+            if details is not None:
+                self._raise_for(details)
+            with anyio.CancelScope(shield=True):
+                result = await local()
+        return result
+
+    async def end_run(self, error: BaseException | None) -> None:
+        """The local run ended: tell the other processes (the run's last exchange).
+
+        Raises:
+            ReplicaExitedError: This process finished, but another failed or issued
+                more collectives.
+        """
+        if self._run_ended or self._broken is not None or self._departed:
+            self._run_ended = True
+            return
+        status = Status.FINISHED if error is None else Status.FAILED
+        detail = {"error": None if error is None else describe_exception(error)}
+        async with self._lock:
+            details = await self._agree(status, None, detail)
+        self._run_ended = True
+        if details is not None and error is None:
+            self._raise_for(details)
+
+    def trace_session(self) -> TraceMerger:
+        """Start a merged trace (collective: every process calls it)."""
+        return TraceMerger(self)
+
+    def goodbye(self) -> None:
+        """At interpreter exit: one last exchange, so that no peer waits for us for ever."""
+        if self._closed:
+            return
+        self._closed = True
+        MPI = self._MPI
+        if MPI.Is_finalized():
+            return
+        if self._departed:
+            return  # a peer has gone: nobody is left to say goodbye to
+        if self._broken is not None:
+            print(
+                f"asyncreplica: process {self.rank}: the processes are out of step "
+                f"({self._broken}); aborting the MPI job.",
+                file=sys.stderr,
+                flush=True,
+            )
+            MPI.COMM_WORLD.Abort(1)
+            return
+        detail = {"error": _uncaught[-1] if _uncaught else None}
+        details = self._drive_blocking(self._exchange(Status.EXITED, None, detail))
+        if details is not None:
+            waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
+            if waiting:
+                _, message = outcome_message(details)
+                print(
+                    f"asyncreplica: process {self.rank} exited while other processes still "
+                    f"wait for it:\n{message}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        for comm in (self._ctl, self._data):
+            with contextlib.suppress(Exception):  # freeing at exit is best effort
+                comm.Free()
+
+
+def describe_group(group: MPIProcessGroup) -> str:
+    """``process 1 of 2 (replicas 4-7 of 8)``."""
+    first = group.offset
+    count = group.replica_counts[group.rank]
+    return (
+        f"process {group.rank} of {group.size} (replicas {first}-{first + count - 1} of "
+        f"{group.num_replicas})"
+    )
+
+
+class TraceMerger:
+    """Gathers every process's trace to rank 0, with clocks aligned at a barrier.
+
+    Created (collectively) when ``strategy.trace(path)`` starts; :meth:`merge` is
+    called (collectively) when it ends. It uses its own duplicate communicator, so it
+    never interleaves with the collectives' agreement.
+    """
+
+    def __init__(self, group: MPIProcessGroup) -> None:
+        self._group = group
+        self._comm = group._ctl.Dup()
+
+    def merge(self, trace: dict[str, Any], origin_ns: int) -> dict[str, Any] | None:
+        """Every process's ``trace`` merged into one (on rank 0; None elsewhere).
+
+        Each process's timestamps are microseconds since its own ``origin_ns``
+        (``perf_counter_ns``); they are shifted so that the instant every process
+        left one barrier coincides. Processes become ``pid`` = rank, replica tracks
+        are renamed with global replica ids, and flow ids are made unique.
+        """
+        import time
+
+        MPI = self._group._MPI
+        comm = self._comm
+        size, rank = comm.Get_size(), comm.Get_rank()
+        comm.Barrier()
+        since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
+        payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
+        sinces = np.empty(size, np.float64) if rank == 0 else None
+        lengths = np.empty(size, np.int64) if rank == 0 else None
+        comm.Gather(since, sinces, root=0)
+        comm.Gather(np.array([payload.size], np.int64), lengths, root=0)
+        if rank != 0:
+            comm.Gatherv(payload, None, root=0)
+            comm.Free()
+            return None
+        assert lengths is not None
+        assert sinces is not None
+        counts = [int(n) for n in lengths]
+        displs = [sum(counts[:r]) for r in range(size)]
+        buf = np.empty(sum(counts), np.uint8)
+        comm.Gatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
+        comm.Free()
+        docs = [
+            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
+        ]
+        events: list[dict[str, Any]] = []
+        for r, doc in enumerate(docs):
+            shift = float(sinces[0] - sinces[r])
+            offset = self._group.offsets[r]
+            for event in doc["traceEvents"]:
+                event["pid"] = r
+                if "ts" in event:
+                    event["ts"] = round(event["ts"] + shift, 3)
+                if "id" in event and isinstance(event["id"], int):
+                    event["id"] = event["id"] * size + r
+                args = event.get("args")
+                if isinstance(args, dict):
+                    for key in ("replica", "dispatched_by"):
+                        if isinstance(args.get(key), int):
+                            args[key] += offset
+                if event.get("ph") == "M" and isinstance(args, dict):
+                    if event.get("name") == "process_name":
+                        args["name"] = f"MPI rank {r}"
+                    elif event.get("name") == "thread_name":
+                        name = str(args.get("name", ""))
+                        if name.startswith("replica "):
+                            index, _, rest = name[len("replica ") :].partition(" ")
+                            if index.isdigit():
+                                args["name"] = f"replica {int(index) + offset}" + (
+                                    f" {rest}" if rest else ""
+                                )
+                events.append(event)
+        merged = dict(docs[0])
+        merged["traceEvents"] = events
+        merged["otherData"] = {
+            **docs[0].get("otherData", {}),
+            "clock": ("microseconds since rank 0's origin; other ranks aligned at an MPI barrier"),
+            "processes": [doc.get("otherData", {}) for doc in docs],
+            "mpi_world_size": size,
+        }
+        return merged

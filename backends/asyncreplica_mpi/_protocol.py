@@ -1,0 +1,305 @@
+"""The cross-process agreement protocol, as pure functions of plain data.
+
+Every process of a group takes part in the same sequence of *exchanges* on its
+control communicator. An exchange is one ``Iallgather`` of a fixed header per process
+(:data:`HEADER_WORDS` int64 words): a status and the fingerprint of what the process
+is about to do. When every header is identical, the processes agree and go on (a
+collective moves its data on a second communicator). When they differ, a second round
+gathers one JSON *detail* per process (what it called, where, or how it failed), and
+every process builds the same error from them. No pickled object is ever received.
+
+Statuses:
+
+* ``COLLECTIVE``: the process's replicas reached a collective (or the process issued a
+  cross-replica reduction); the fingerprint says which.
+* ``FINISHED``: the process's replicas all returned from ``Strategy.run``.
+* ``FAILED``: the process's run raised (the detail names the exception).
+* ``EXITED``: the process is exiting (sent from an ``atexit`` hook).
+
+Any status other than ``COLLECTIVE`` ends the run on every process: such an exchange
+is the run's last.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from asyncreplica.abc import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
+
+__all__ = [
+    "HEADER_WORDS",
+    "MAGIC",
+    "Status",
+    "cross_fields",
+    "describe_exception",
+    "fingerprint",
+    "header",
+    "outcome_message",
+    "signature_fields",
+    "unanimous",
+]
+
+DOCS = "docs/errors.md"
+MAGIC = 0x61724D5049  # "arMPI": a header from something else is caught at once
+HEADER_WORDS = 4  # magic, status, fingerprint, exchange number
+
+
+class Status(enum.IntEnum):
+    """What a process says in an exchange."""
+
+    COLLECTIVE = 1
+    FINISHED = 2
+    FAILED = 3
+    EXITED = 4
+
+
+def header(status: Status, fp: int, number: int) -> list[int]:
+    """The int64 words a process contributes to an exchange."""
+    return [MAGIC, int(status), fp, number]
+
+
+def unanimous(headers: Sequence[Sequence[int]]) -> bool:
+    """Whether every process sent the same header."""
+    first = list(headers[0])
+    return all(list(h) == first for h in headers[1:])
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def key_text(key: object) -> str:
+    """``"3rd collective (position 2)"`` or ``"collective named 'grads' (2nd use)"``."""
+    if isinstance(key, int):
+        return f"{_ordinal(key + 1)} collective (position {key})"
+    if isinstance(key, tuple) and len(key) == 2:
+        return f"collective named {key[0]!r} ({_ordinal(int(key[1]) + 1)} use)"
+    return str(key)
+
+
+def _site_text(site: CallSite | None) -> str | None:
+    return None if site is None else f"{site.filename}:{site.lineno} in {site.function}"
+
+
+def signature_fields(
+    signature: Signature, position: object, *, check_call_sites: bool
+) -> dict[str, Any]:
+    """The plain, JSON-able fields of a collective that every process must agree on.
+
+    Shapes along the gathered axis of ``all_gather`` may differ across processes
+    (uneven batches), so that dimension is left out of the comparison.
+    """
+    gathered = signature.axis if signature.kind is CollectiveKind.ALL_GATHER else None
+    leaves = []
+    for spec in signature.leaves:
+        shape = list(spec.shape)
+        if gathered is not None and gathered < len(shape):
+            shape[gathered] = -1
+        leaves.append([shape, spec.dtype, spec.sparse])
+    merge_fn = signature.merge_fn
+    code = getattr(merge_fn, "co_filename", None)
+    if code is not None:
+        merge_fn = f"{signature.merge_fn_name} ({code}:{getattr(merge_fn, 'co_firstlineno', 0)})"
+    elif merge_fn is not None:
+        merge_fn = signature.merge_fn_name
+    site = signature.call_site
+    return {
+        "kind": signature.kind.value,
+        "op": None if signature.op is None else signature.op.value,
+        "axis": signature.axis,
+        "source": signature.source,
+        "merge_fn": merge_fn,
+        "name": signature.name,
+        "value": signature.value_str() if gathered is None else _masked(signature, leaves),
+        "leaves": leaves,
+        "position": key_text(position),
+        "call site": (_site_text(site) if check_call_sites and signature.name is None else None),
+    }
+
+
+def _masked(signature: Signature, leaves: list[list[Any]]) -> str:
+    specs = [f"{d}[{','.join('*' if s < 0 else str(s) for s in shape)}]" for shape, d, _ in leaves]
+    return specs[0] if len(specs) == 1 else "[" + ", ".join(specs) + "]"
+
+
+def cross_fields(
+    what: str, op: ReduceOp | None, axis: object, specs: Sequence[LeafSpec]
+) -> dict[str, Any]:
+    """The fields of a cross-replica operation (``Strategy.reduce``, ``gather``)."""
+    leaves: list[list[Any]] = [[list(s.shape), s.dtype, s.sparse] for s in specs]
+    # Sizes along the gathered or reduced axes may differ (uneven batches).
+    masked = (axis,) if isinstance(axis, int) else axis if isinstance(axis, tuple) else ()
+    for shape, _, _ in leaves:
+        for a in masked:
+            if isinstance(a, int) and a < len(shape):
+                shape[a] = -1
+    return {
+        "kind": what,
+        "op": None if op is None else op.value,
+        "axis": list(axis) if isinstance(axis, tuple) else axis,
+        "source": None,
+        "merge_fn": None,
+        "name": None,
+        "value": ", ".join(
+            f"{d}[{','.join('*' if n < 0 else str(n) for n in s)}]" for s, d, _ in leaves
+        ),
+        "leaves": leaves,
+        "position": f"cross-replica {what}",
+        "call site": None,
+    }
+
+
+def fingerprint(fields: Mapping[str, Any]) -> int:
+    """A signed 64-bit fingerprint of ``fields`` (stable across processes and runs)."""
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def describe_exception(error: BaseException) -> str:
+    """``ValueError: the first line of its message``."""
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    name = type(error).__name__
+    return f"{name}: {first}" if first else name
+
+
+def _what(detail: Mapping[str, Any], positions: bool) -> str:
+    status = Status(detail["status"])
+    if status is Status.FINISHED:
+        return "finished their step function (no more collectives)"
+    if status is Status.FAILED:
+        return f"failed: {detail.get('error') or 'an exception'}"
+    if status is Status.EXITED:
+        error = detail.get("error")
+        return "exited" + (f" after an uncaught {error}" if error else "")
+    fields = detail["fields"]
+    text = f"called {detail['describe']}"
+    if detail.get("site"):
+        text += f" at {detail['site']}"
+    return f"{text} ({fields['position']})" if positions else text
+
+
+def _replicas(detail: Mapping[str, Any]) -> str:
+    first, count = detail["replicas"]
+    if count <= 2:
+        ids = ", ".join(str(i) for i in range(first, first + count)) or "no"
+    else:
+        ids = f"{first}-{first + count - 1}"
+    ids = f"replica{'' if count == 1 else 's'} {ids}"
+    return f"process {detail['rank']} ({ids})"
+
+
+def differing_fields(details: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The names of the fields on which the processes' collectives differ."""
+    names: list[str] = []
+    fields = [d["fields"] for d in details]
+    for key in fields[0]:
+        if any(f.get(key) != fields[0].get(key) for f in fields[1:]):
+            names.append(key)
+    if "value" in names and "leaves" in names:
+        names.remove("leaves")  # the same difference, as data
+    return names
+
+
+def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
+    """Classify a non-unanimous exchange and build its message.
+
+    Args:
+        details: One detail per process, in rank order.
+
+    Returns:
+        ``(kind, message)`` where kind is ``"mismatch"`` (every process reached a
+        collective, but different ones), ``"exited"`` (some process finished, exited
+        or failed while others wait), or ``"failed"`` (a process failed and nobody
+        waits).
+    """
+    statuses = [Status(d["status"]) for d in details]
+    lines: list[str] = []
+    if all(s is Status.COLLECTIVE for s in statuses):
+        fields = differing_fields(details)
+        position = details[0]["fields"]["position"]
+        lines.append(
+            f"Processes disagree about their {position}: "
+            f"{', '.join(fields)} differ{'s' if len(fields) == 1 else ''}."
+        )
+        kind = "mismatch"
+        rule = (
+            "Every replica of every process must issue the same collectives, with the same "
+            "arguments, in the same order."
+        )
+        fix = (
+            "The usual cause is a collective inside a branch or loop that depends on the "
+            "process (rank, local data): move it out of the branch, or make every process "
+            "take the same path."
+        )
+        anchor = "collectivemismatcherror"
+    else:
+        waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
+        gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
+        failed = [
+            d
+            for d in gone
+            if Status(d["status"]) is Status.FAILED
+            or (Status(d["status"]) is Status.EXITED and d.get("error"))
+        ]
+        if failed:
+            culprit = ", ".join(f"process {d['rank']}" for d in failed)
+            lines.append(
+                f"{culprit[0].upper()}{culprit[1:]} failed, so this run cannot complete "
+                "on any process."
+            )
+        elif waiting:
+            culprit = ", ".join(f"process {d['rank']}" for d in gone)
+            lines.append(
+                f"Replicas of {culprit} stopped issuing collectives while other processes "
+                f"wait at their {waiting[0]['fields']['position']}."
+            )
+        else:
+            lines.append("The processes ended the run differently.")
+        kind = "exited" if waiting or not failed else "failed"
+        rule = (
+            "Every replica of every process must issue the same number of collectives; a "
+            "process that fails ends the run on every process."
+        )
+        fix = (
+            "Look at the failing process's own error (it is raised there), or at the "
+            "condition that makes one process skip or add a collective."
+        )
+        anchor = "replicaexitederror"
+    lines.append("")
+    positions = {d["fields"].get("position") for d in details if d.get("fields")}
+    for d in details:
+        lines.append(f"  * {_replicas(d)} {_what(d, len(positions) > 1)}")
+    lines += ["", rule, fix, f"See {DOCS}#{anchor} in the asyncreplica documentation."]
+    return kind, "\n".join(lines)
+
+
+def rebuild_signature(fields: Mapping[str, Any], site: str | None) -> Signature:
+    """A :class:`Signature` rebuilt from another process's plain fields (for reports)."""
+    try:
+        kind = CollectiveKind(fields["kind"])
+    except ValueError:
+        kind = CollectiveKind.ALL_REDUCE
+    call_path: tuple[CallSite, ...] = ()
+    if site:
+        path, _, function = site.partition(" in ")
+        filename, _, line = path.rpartition(":")
+        if line.isdigit():
+            call_path = (CallSite(filename, int(line), function),)
+    return Signature(
+        kind,
+        op=None if fields.get("op") is None else ReduceOp(fields["op"]),
+        axis=fields.get("axis") if isinstance(fields.get("axis"), int) else None,
+        source=fields.get("source"),
+        merge_fn=fields.get("merge_fn"),
+        merge_fn_name=fields.get("merge_fn"),
+        name=fields.get("name"),
+        leaves=tuple(LeafSpec(tuple(s), d, bool(sp)) for s, d, sp in fields.get("leaves", [])),
+        call_path=call_path,
+    )

@@ -1,0 +1,126 @@
+"""Bad programs across processes: each must raise on every process (run under mpiexec).
+
+Usage: ``mpiexec -n 2 python scenarios.py NAME``. Each rank logs ``raised <Type>`` and
+the message (see ``_report.py``), or ``finished`` when its run returned, and exits
+with status 1 after an error.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+from _report import RANK, report
+from mpi4py import MPI
+
+import asyncreplica as ar
+
+SCENARIO = sys.argv[1]
+LOCAL = 2 if RANK == 0 else 1
+
+
+async def skip() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3))
+    if RANK == 0:  # process 1 skips the second collective
+        await ctx.all_reduce("SUM", np.ones(3))  # marker: skip
+
+
+async def extra() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3))
+    if RANK == 1:  # process 1 issues one more
+        await ctx.all_reduce("SUM", np.ones(3))  # marker: extra
+
+
+async def shape() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3 if RANK == 0 else 4))
+
+
+async def op() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM" if RANK == 0 else "MAX", np.ones(3))
+
+
+async def callsite() -> None:
+    ctx = ar.get_replica_context()
+    if RANK == 0:
+        await ctx.all_reduce("SUM", np.ones(3))  # marker: callsite-0
+    else:
+        await ctx.all_reduce("SUM", np.ones(3))  # marker: callsite-1
+
+
+async def fails() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3))
+    if RANK == 1:
+        raise ValueError("bad batch on process 1")
+    await ctx.all_reduce("SUM", np.ones(3))
+
+
+async def ok() -> float:
+    ctx = ar.get_replica_context()
+    return float(await ctx.all_reduce("SUM", 1.0))
+
+
+STEPS = {
+    "skip": skip,
+    "extra": extra,
+    "shape": shape,
+    "op": op,
+    "callsite": callsite,
+    "raise": fails,
+    "raise_outside": ok,
+    "responsive": ok,
+}
+
+
+async def responsive(strategy: ar.MultiWorkerMirroredStrategy) -> None:
+    """Process 1 joins only after process 0's other coroutine ran during the collective."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while ticks < 100:  # the loop keeps running while the collective waits
+            ticks += 1
+            await anyio.lowlevel.checkpoint()
+        request = MPI.COMM_WORLD.isend(ticks, dest=1, tag=7)
+        while not request.Test():
+            await anyio.lowlevel.checkpoint()
+
+    if RANK == 0:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            result = await strategy.run(STEPS["responsive"])
+        report(f"ticks {ticks}")
+    else:
+        # Blocks this process until process 0's ticker has run 100 times.
+        report(f"got {MPI.COMM_WORLD.recv(source=0, tag=7)}")
+        result = await strategy.run(STEPS["responsive"])
+    report(f"result {strategy.experimental_local_results(result)[0]}")
+
+
+async def main() -> None:
+    strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(LOCAL)])
+    if SCENARIO == "responsive":
+        await responsive(strategy)
+        report("finished")
+        return
+    if SCENARIO == "raise_outside" and RANK == 1:
+        raise ValueError("process 1 crashed before its run")
+    await strategy.run(STEPS[SCENARIO])
+    report("finished")
+
+
+if __name__ == "__main__":
+    try:
+        anyio.run(main)
+    except Exception as exc:
+        report(f"raised {type(exc).__name__}")
+        report(str(exc))
+        if SCENARIO == "raise_outside" and RANK == 1:
+            raise  # uncaught: the goodbye at exit tells the other process
+        sys.exit(1)

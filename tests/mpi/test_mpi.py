@@ -1,0 +1,206 @@
+"""MultiWorkerMirroredStrategy across real processes: ``mpiexec -n 2`` and ``-n 3``.
+
+Each test launches one of the programs in ``programs/`` under mpiexec (the MPICH
+wheel's, installed by the ``[test]`` extra) with a hang guard, and reads one log per
+rank. Bad programs must raise on *every* process, with the error naming processes,
+replicas and call sites.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
+
+PROGRAMS = Path(__file__).parent / "programs"
+HANG_GUARD_S = 90
+
+
+def line(marker: str) -> int:
+    """The line of ``scenarios.py`` that ends with ``# marker: <marker>``."""
+    lines = (PROGRAMS / "scenarios.py").read_text(encoding="utf-8").splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.endswith(f"# marker: {marker}"))
+
+
+def _mpiexec() -> str:
+    # The MPICH wheel puts mpiexec next to the interpreter (a venv's bin/).
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    found = shutil.which("mpiexec", path=path)
+    if found is None:
+        pytest.skip("mpiexec not found (pip install 'asyncreplica[mpi]' brings MPICH's)")
+    return found
+
+
+def launch(n: int, program: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, str], str]:
+    """Run ``program`` on ``n`` processes; return the exit status and each rank's log."""
+    env = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env.pop("ASYNCREPLICA_TRACE", None)
+    proc = subprocess.run(
+        [_mpiexec(), "-n", str(n), sys.executable, str(PROGRAMS / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env=env,
+        check=False,
+    )
+    logs = {}
+    for rank in range(n):
+        log = tmp_path / f"rank{rank}.log"
+        logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
+    return proc.returncode, logs, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_matches_numpy(n: int, tmp_path: Path) -> None:
+    rc, _, output = launch(n, "collectives.py", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        assert f"rank={rank} done" in output, output
+
+
+def test_collectives_on_trio(tmp_path: Path) -> None:
+    rc, _, output = launch(2, "collectives.py", "trio", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "rank=1 done" in output
+
+
+def test_loop_stays_responsive_while_waiting_for_another_process(tmp_path: Path) -> None:
+    # Process 1 joins the collective only after process 0's other coroutine has run
+    # 100 times, which it can only do while process 0's replicas wait.
+    rc, logs, output = launch(2, "scenarios.py", "responsive", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "ticks 100" in logs[0]
+    assert "got 100" in logs[1]
+    assert "result 3.0" in logs[0]
+    assert "result 3.0" in logs[1]
+
+
+# scenario -> (error on every process, words the message must contain)
+SCENARIOS = {
+    "skip": (
+        "ReplicaExitedError",
+        [
+            (
+                "Replicas of process 1 stopped issuing collectives while other processes "
+                "wait at their 2nd collective (position 1)"
+            ),
+            "process 0 (replicas 0, 1) called all_reduce(SUM) on float64[3] at ",
+            f"scenarios.py:{line('skip')} in skip",
+            "process 1 (replica 2) finished their step function",
+        ],
+    ),
+    "extra": (
+        "ReplicaExitedError",
+        [
+            "Replicas of process 0 stopped issuing collectives",
+            "process 1 (replica 2) called all_reduce(SUM) on float64[3]",
+            f"scenarios.py:{line('extra')} in extra",
+        ],
+    ),
+    "shape": (
+        "CollectiveMismatchError",
+        [
+            "Processes disagree about their 1st collective (position 0): value differs",
+            "process 0 (replicas 0, 1) called all_reduce(SUM) on float64[3]",
+            "process 1 (replica 2) called all_reduce(SUM) on float64[4]",
+        ],
+    ),
+    "op": ("CollectiveMismatchError", ["op differs", "all_reduce(MAX)"]),
+    "callsite": (
+        "CollectiveMismatchError",
+        [
+            "call site differs",
+            f"scenarios.py:{line('callsite-0')} in callsite",
+            f"scenarios.py:{line('callsite-1')} in callsite",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_bad_program_raises_on_every_process(scenario: str, tmp_path: Path) -> None:
+    error, words = SCENARIOS[scenario]
+    rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
+    assert rc != 0, output
+    for rank in (0, 1):
+        assert logs[rank].startswith(f"raised {error}\n"), (rank, logs[rank], output)
+        for word in words:
+            assert word in logs[rank], (rank, word, logs[rank])
+        assert "See docs/errors.md#" in logs[rank]
+
+
+def test_exception_in_one_process_raises_on_the_others(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "scenarios.py", "raise", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised ValueError\nbad batch on process 1"), logs[1]
+    assert logs[0].startswith("raised ReplicaExitedError\n"), logs[0]
+    assert "Process 1 failed" in logs[0]
+    assert "process 1 (replica 2) failed: ValueError: bad batch on process 1" in logs[0]
+
+
+def test_uncaught_exception_outside_a_run_reaches_the_others(tmp_path: Path) -> None:
+    # Process 1 dies before its run; its exit hook tells process 0, which would
+    # otherwise wait for ever at its first collective.
+    rc, logs, output = launch(2, "scenarios.py", "raise_outside", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised ValueError"), logs[1]
+    assert logs[0].startswith("raised ReplicaExitedError\n"), logs[0]
+    assert "Process 1 failed" in logs[0]
+    assert "exited after an uncaught ValueError: process 1 crashed before its run" in logs[0]
+
+
+def _demo(*args: str) -> subprocess.CompletedProcess[str]:
+    _mpiexec()  # skips when there is none
+    return subprocess.run(
+        [sys.executable, "-m", "asyncreplica", "demo", "--mpi", *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+
+
+def test_demo_mpi_matches_one_process() -> None:
+    # 3 replicas on 2 processes (2 + 1): the same weights as the single-replica run.
+    proc = _demo("--replicas", "3", "--processes", "2", "--epochs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "3 replicas on 2 MPI processes (MultiWorkerMirroredStrategy)" in out
+    assert "replicas: all 3 hold bitwise identical weights" in out
+    assert "single-replica reference: weights match" in out
+    assert out.count("epoch 1/1") == 1  # only rank 0 prints
+
+
+def test_demo_mpi_bug_is_caught_on_every_process() -> None:
+    proc = _demo("--replicas", "2", "--processes", "2", "--epochs", "1", "--bug", "skip")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.count("CollectiveMismatchError: Processes disagree") == 1
+    assert "process 1 (replica 1) called all_reduce(SUM) on float64[]" in proc.stderr
+
+
+def test_trace_is_merged_by_rank_0_with_global_replica_ids(tmp_path: Path) -> None:
+    from asyncreplica._tracing import load_trace, summarize
+
+    path = tmp_path / "merged.json.gz"
+    rc, logs, output = launch(2, "trace.py", str(path), tmp_path=tmp_path)
+    assert rc == 0, output
+    assert logs[0] == logs[1] == "traced\n"
+    trace = load_trace(path)
+    events = trace["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1}
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert names == {"MPI rank 0", "MPI rank 1"}
+    threads = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    assert {(0, "replica 0"), (1, "replica 1"), (1, "replica 2")} <= threads
+    slices = [e for e in events if e.get("cat") == "collective"]
+    assert sorted({e["args"]["replica"] for e in slices}) == [0, 1, 2]
+    assert len(slices) == 9  # 3 replicas x 3 collectives
+    assert all(e["ts"] >= 0 for e in events if "ts" in e)
+    assert trace["otherData"]["mpi_world_size"] == 2
+    assert "3 replicas, 3 collectives in 1 run" in summarize(path)
