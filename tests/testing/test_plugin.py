@@ -16,6 +16,7 @@ import pytest
 import asyncreplica as ar
 from asyncreplica import _registry
 from asyncreplica.abc import Backend
+from asyncreplica.testing import _plugin
 
 pytest_plugins = ["pytester"]
 
@@ -76,6 +77,19 @@ def test_order(strategy):
 
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     return pytester.runpytest(*PLUGIN, "-s", *args)
+
+
+@pytest.fixture(autouse=True)
+def _numpy_and_registered_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The outcomes below count numpy and the backends these tests register; the cupy
+    # entry point is installed too, but whether it runs depends on the machine's GPUs.
+    from asyncreplica._registry import available_backends
+
+    monkeypatch.setattr(
+        _plugin,
+        "_installed_backends",
+        lambda: tuple(b for b in available_backends() if b != "cupy"),
+    )
 
 
 def printed(result: pytest.RunResult, tag: str) -> list[str]:

@@ -1,0 +1,773 @@
+"""CupyBackend: replicas' values on CUDA GPUs, combined with CuPy kernels and NCCL.
+
+CuPy is imported lazily, inside functions, so this module imports without CuPy and
+without a GPU; :meth:`CupyBackend.check_available` says what is missing.
+
+CuPy's current device and current stream are per thread. Every collective therefore
+enqueues all its device work in plain (non-async) code, inside short
+``with Device(g), stream:`` blocks, and only then awaits: it records one CUDA event per
+stream it used and polls them (:func:`wait_for_events`), so the event loop keeps running
+other replicas meanwhile. No ``with`` block is ever open across an ``await``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from asyncreplica import BackendError, IndexedSlices
+from asyncreplica.abc import Backend, LeafSpec, ReduceOp
+
+from ._plan import (
+    NCCL_DTYPES,
+    NCCL_OPS,
+    FoldMode,
+    GpuPlan,
+    PollSchedule,
+    Route,
+    fold_chunks,
+    fold_kernel_source,
+    mean_divisor,
+    reduction_route,
+)
+
+__all__ = ["INSTALL_HINT", "CupyBackend", "visible_gpu_count", "wait_for_events"]
+
+Leaves = Sequence[Sequence[object]]
+
+#: How to install CuPy for this backend.
+INSTALL_HINT = (
+    'pip install "asyncreplica[gpu]" (CuPy for CUDA 12; for another CUDA version install '
+    "the matching cupy-cudaXXx wheel, see https://docs.cupy.dev/en/stable/install.html)"
+)
+_DEVICE_HINT = "check that `nvidia-smi` lists a GPU and that CUDA_VISIBLE_DEVICES, if set, names it"
+
+# dtype kinds a value may have (bool and numbers), and those reductions accept.
+_HOLDABLE_KINDS = frozenset("biufc")
+_NUMERIC_KINDS = frozenset("iufc")
+# DLPack device types whose memory a CUDA kernel can read: kDLCUDA, kDLCUDAManaged.
+_DLPACK_CUDA = (2, 13)
+
+_POLL = PollSchedule()
+
+# Per-GPU reductions of one component along axes (Strategy.reduce with an axis).
+_LOCAL = {
+    ReduceOp.SUM: "sum",
+    ReduceOp.PROD: "prod",
+    ReduceOp.MIN: "min",
+    ReduceOp.MAX: "max",
+}
+_UFUNC = {
+    ReduceOp.SUM: "add",
+    ReduceOp.MEAN: "add",
+    ReduceOp.PROD: "multiply",
+    ReduceOp.MIN: "minimum",
+    ReduceOp.MAX: "maximum",
+}
+
+_kernels: dict[tuple[ReduceOp, int, FoldMode], Any] = {}
+_specs: dict[tuple[tuple[int, ...], str], LeafSpec] = {}
+
+
+def _import_cupy() -> Any:
+    """``import cupy``, or a ``BackendError`` saying how to install it."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendError(
+            f"the cupy backend cannot run: CuPy is not installed ({exc}). Install it with: "
+            f"{INSTALL_HINT}; or run on CPU devices with the numpy backend "
+            "(MirroredStrategy(['CPU:0', ...]))"
+        ) from exc
+    return cupy
+
+
+def _device_count() -> int:
+    """How many GPUs CUDA shows; a ``BackendError`` saying why when it shows none."""
+    cupy = _import_cupy()
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # CUDARuntimeError: no driver, driver too old, no device
+        raise BackendError(
+            f"the cupy backend cannot run: CuPy is installed but CUDA reports no usable GPU "
+            f"({type(exc).__name__}: {exc}). To fix it, {_DEVICE_HINT}; a driver older than "
+            "CuPy's CUDA version also shows up here (update the driver, or install the CuPy "
+            "wheel of your CUDA version)"
+        ) from exc
+    if count < 1:
+        raise BackendError(
+            f"the cupy backend cannot run: no CUDA device is visible; {_DEVICE_HINT}"
+        )
+    return count
+
+
+def visible_gpu_count() -> int:
+    """How many CUDA devices CuPy sees: 0 without CuPy, a driver or a GPU.
+
+    Returns:
+        The number of visible GPUs.
+    """
+    try:
+        return _device_count()
+    except BackendError:
+        return 0
+
+
+def _is_cupy_array(value: object) -> bool:
+    cupy = sys.modules.get("cupy")  # a cupy array exists only once cupy is imported
+    return cupy is not None and isinstance(value, cupy.ndarray)
+
+
+def _cuda_array_interface(value: object) -> dict[str, Any] | None:
+    try:
+        cai = getattr(value, "__cuda_array_interface__", None)
+    except Exception:  # a property that fails (e.g. a CPU tensor) means: not on a GPU
+        return None
+    return cai if isinstance(cai, dict) else None
+
+
+def _dlpack_cuda_device(value: object) -> int | None:
+    """The GPU of a DLPack producer whose memory is on a GPU, else None."""
+    if not hasattr(value, "__dlpack__"):
+        return None
+    try:
+        kind, device_id = value.__dlpack_device__()  # type: ignore[attr-defined]
+    except Exception:
+        return None
+    return int(device_id) if int(kind) in _DLPACK_CUDA else None
+
+
+def _not_holdable(value: object, what: str) -> str:
+    return (
+        f"{what} must be a number, a CuPy or numpy array, an array on a GPU exposing DLPack or "
+        "__cuda_array_interface__ (PyTorch, JAX, ...), or a nest (list, tuple, dict) of them, "
+        f"got {type(value).__name__} {value!r:.60}"
+    )
+
+
+def _host_array(value: object, what: str) -> np.ndarray[Any, Any]:
+    """A host value (numpy array or scalar, Python number) as a numpy array, checked."""
+    if value is None or isinstance(value, str | bytes):
+        raise TypeError(_not_holdable(value, what))
+    try:
+        array = np.asarray(value)
+    except Exception as exc:
+        raise TypeError(_not_holdable(value, what)) from exc
+    if array.dtype.kind not in _HOLDABLE_KINDS:
+        raise TypeError(_not_holdable(value, what))
+    return array
+
+
+def _shape_and_dtype(value: object, what: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+    """Shape and dtype of a leaf, without copying it anywhere."""
+    if type(value) is np.ndarray or _is_cupy_array(value):
+        shape, dtype = value.shape, value.dtype  # type: ignore[attr-defined]
+    elif (cai := _cuda_array_interface(value)) is not None:
+        shape, dtype = tuple(cai["shape"]), np.dtype(cai["typestr"])
+    elif _dlpack_cuda_device(value) is not None:
+        array = _import_cupy().from_dlpack(value)
+        shape, dtype = array.shape, array.dtype
+    else:
+        array = _host_array(value, what)
+        shape, dtype = array.shape, array.dtype
+    if dtype.kind not in _HOLDABLE_KINDS:
+        raise TypeError(_not_holdable(value, what))
+    return tuple(shape), dtype
+
+
+def _reducible(dtype: np.dtype[Any]) -> None:
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise TypeError(
+            f"cannot reduce values of dtype {dtype}: reductions need integer, float or complex "
+            "values (cast booleans first, e.g. x.astype(cupy.int32))"
+        )
+
+
+def _kernel(cupy: Any, op: ReduceOp, arity: int, mode: FoldMode) -> Any:
+    """The cached ``ElementwiseKernel`` folding ``arity`` inputs (CuPy compiles per dtype)."""
+    key = (op, arity, mode)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        source = fold_kernel_source(op, arity, mode)
+        kernel = _kernels[key] = cupy.ElementwiseKernel(
+            source.in_params, source.out_params, source.operation, source.name
+        )
+    return kernel
+
+
+async def wait_for_events(
+    events: Sequence[Any],
+    *,
+    schedule: PollSchedule = _POLL,
+    clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], Any] = anyio.sleep,
+) -> None:
+    """Wait until every CUDA event is done, without blocking the event loop.
+
+    Polls ``event.done`` (``cudaEventQuery``, which never blocks), yielding to the
+    event loop between polls as ``schedule`` says.
+
+    Args:
+        events: Objects with a ``done`` property (``cupy.cuda.Event``).
+        schedule: How long to wait between polls.
+        clock: The clock that measures how long the wait has lasted.
+        sleep: The awaitable sleep (``anyio.sleep``).
+    """
+    pending = [e for e in events if not e.done]
+    start = clock()
+    delay = 0.0
+    while pending:
+        delay = schedule.next_delay(clock() - start, delay)
+        await sleep(delay)
+        pending = [e for e in pending if not e.done]
+
+
+class CupyBackend(Backend):
+    """Values are CuPy arrays on CUDA GPUs; several replicas may share one GPU.
+
+    Replicas on one GPU are combined by one fused CuPy kernel on that GPU's stream, in
+    replica order (each input read once, the output written once). Across GPUs, the
+    result is the replica-order fold too: the running result hops from GPU to GPU in
+    replica order (peer copies) and the final value is copied to the other GPUs. NCCL
+    (one communicator rank per distinct GPU, created once, lazily, all ranks' calls in
+    one ``groupStart()``/``groupEnd()``) carries the reductions whose result does not
+    depend on the order: integers, and floats between two GPUs of one replica each.
+    ``exact_order=False`` lets NCCL reduce floats in its own order too (faster across
+    many GPUs; every replica still gets the same bits). ``MEAN`` is always a sum
+    divided by the total replica count.
+
+    Inputs may be CuPy arrays, anything on a GPU exposing DLPack or
+    ``__cuda_array_interface__`` (PyTorch, JAX: read in place, never through the host),
+    or numpy arrays and Python numbers, which are copied to the replica's GPU once.
+    Results are CuPy arrays (wrap them with ``torch.from_dlpack`` to get tensors without
+    a copy). Replicas on one GPU get views of one result buffer: CuPy arrays cannot be
+    made read-only, so do not write to a result in place.
+
+    Args:
+        devices: Each local replica's device; all GPUs (``"GPU:0"``), possibly repeated.
+        exact_order: Whether cross-GPU float reductions must be bitwise the
+            replica-order fold (the backend contract). False lets NCCL choose the order.
+
+    Raises:
+        ValueError: A device is not a GPU, or names a GPU that is not visible.
+        BackendError: CuPy is not installed, or CUDA shows no GPU.
+    """
+
+    name: ClassVar[str] = "cupy"
+
+    def __init__(self, devices: Sequence[str], *, exact_order: bool = True) -> None:
+        super().__init__(devices)
+        self.plan = GpuPlan.from_devices(self.devices)
+        self.exact_order = exact_order
+        count = _device_count()
+        missing = sorted({g for g in self.plan.gpus if g >= count})
+        if missing:
+            raise ValueError(
+                f"GPU {', '.join(map(str, missing))} requested, but CUDA shows {count} GPU(s) "
+                f"(GPU:0 .. GPU:{count - 1}); {_DEVICE_HINT}"
+            )
+        self._streams: dict[int, Any] = {}
+        self._comms: list[Any] | None = None
+        self._nccl: Any = None
+        self._nccl_checked = False
+
+    # -- availability ----------------------------------------------------------------------
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ``BackendError`` if CuPy is missing or CUDA shows no GPU, saying how to fix it."""
+        _device_count()
+
+    @classmethod
+    def default_devices(cls) -> list[str]:
+        """Every visible GPU, ``["GPU:0", "GPU:1", ...]``.
+
+        Raises:
+            BackendError: CuPy is not installed, or CUDA shows no GPU.
+        """
+        return [f"GPU:{i}" for i in range(_device_count())]
+
+    # -- describe --------------------------------------------------------------------------
+
+    def describe(self, value: object) -> LeafSpec:
+        """Describe a CuPy, DLPack, ``__cuda_array_interface__`` or host array, or ``IndexedSlices``."""
+        if isinstance(value, IndexedSlices):
+            _, dtype = _shape_and_dtype(value.values, "IndexedSlices.values")
+            _shape_and_dtype(value.indices, "IndexedSlices.indices")
+            return LeafSpec(value.dense_shape, dtype.name, sparse=True)
+        shape, dtype = _shape_and_dtype(value, "a collective's value")
+        key = (shape, dtype.str)
+        spec = _specs.get(key)
+        if spec is None:
+            if len(_specs) > 4096:
+                _specs.clear()
+            spec = _specs[key] = LeafSpec(shape, dtype.name)
+        return spec
+
+    # -- collectives -----------------------------------------------------------------------
+
+    async def all_reduce(
+        self, op: ReduceOp, values: Leaves, *, bytes_per_pack: int = 0
+    ) -> list[list[object]]:
+        """Combine each leaf across replicas; see :meth:`Backend.all_reduce`.
+
+        Each leaf is reduced on its own (``bytes_per_pack`` does not change results,
+        and one fused kernel per leaf already reads each input once).
+        """
+        n, m = len(values), len(values[0])
+        work = _Work(self)
+        await self._prepare_nccl(op, values, work)
+        out: list[list[object]] = [[None] * m for _ in range(n)]
+        with work.native_errors(f"all_reduce({op.value})"):
+            for j in range(m):
+                leaf = [row[j] for row in values]
+                if isinstance(leaf[0], IndexedSlices):
+                    results: Sequence[object] = work.reduce_slices(op, leaf)
+                else:
+                    per_gpu = work.reduce_dense(op, leaf)
+                    results = [per_gpu[self.plan.gpu_of(r)].view() for r in range(n)]
+                for r in range(n):
+                    out[r][j] = results[r]
+        await work.finish()
+        return out
+
+    async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
+        """Concatenate each leaf along ``axis`` on every GPU; see :meth:`Backend.all_gather`."""
+        n, m = len(values), len(values[0])
+        work = _Work(self)
+        out: list[list[object]] = [[None] * m for _ in range(n)]
+        with work.native_errors("all_gather"):
+            for j in range(m):
+                per_gpu = work.concatenate_everywhere([row[j] for row in values], axis)
+                for r in range(n):
+                    out[r][j] = per_gpu[self.plan.gpu_of(r)].view()
+        await work.finish()
+        return out
+
+    async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
+        """Reduce each leaf, then replica ``r`` gets chunk ``r`` of its GPU's result buffer."""
+        n, m = len(values), len(values[0])
+        work = _Work(self)
+        await self._prepare_nccl(op, values, work)
+        out: list[list[object]] = [[None] * m for _ in range(n)]
+        with work.native_errors(f"reduce_scatter({op.value})"):
+            for j in range(m):
+                per_gpu = work.reduce_dense(op, [row[j] for row in values])
+                chunks = {g: work.cupy.split(buf, n, axis=axis) for g, buf in per_gpu.items()}
+                for r in range(n):
+                    out[r][j] = chunks[self.plan.gpu_of(r)][r]
+        await work.finish()
+        return out
+
+    async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
+        """Copy the source's leaves once to each GPU; see :meth:`Backend.broadcast`.
+
+        Replica ``r`` lives on the GPU of replica ``r % len(devices)``.
+        """
+        work = _Work(self)
+        targets = list(dict.fromkeys(self.plan.gpu_of(r) for r in range(num_replicas)))
+        out: list[list[object]] = [[] for _ in range(num_replicas)]
+        with work.native_errors("broadcast"):
+            for value in values:
+                home = work.home_gpu(value, targets[0])
+                source = work.to_gpu(value, home)
+                copies = {g: work.copy_to(source, home, g) for g in targets}
+                for r in range(num_replicas):
+                    out[r].append(copies[self.plan.gpu_of(r)].view())
+        await work.finish()
+        return out
+
+    async def reduce(
+        self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
+    ) -> object:
+        """Reduce onto replica 0's GPU, one new writable CuPy array; see :meth:`Backend.reduce`."""
+        work = _Work(self)
+        gpu = self.plan.gpu_of(0)
+        with work.native_errors(f"reduce({op.value})"):
+            arrays = [work.to_gpu(c, gpu) for c in components]
+            _reducible(arrays[0].dtype)
+            result = work.reduce_on(op, arrays, gpu, axis)
+        await work.finish()
+        return result
+
+    async def gather(self, components: Sequence[object], axis: int) -> object:
+        """Concatenate onto replica 0's GPU, one new CuPy array; see :meth:`Backend.gather`."""
+        work = _Work(self)
+        gpu = self.plan.gpu_of(0)
+        with work.native_errors("gather"):
+            arrays = [work.to_gpu(c, gpu) for c in components]
+            with work.use(gpu):
+                result = work.cupy.concatenate(arrays, axis=axis)
+        await work.finish()
+        return result
+
+    async def aclose(self) -> None:
+        """Destroy the NCCL communicators and drop the streams."""
+        comms, self._comms = self._comms, None
+        for comm in comms or ():
+            comm.destroy()
+        self._streams.clear()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _stream(self, cupy: Any, gpu: int) -> Any:
+        """This backend's stream on ``gpu`` (made on first use, with ``gpu`` current)."""
+        stream = self._streams.get(gpu)
+        if stream is None:
+            with cupy.cuda.Device(gpu):
+                stream = self._streams[gpu] = cupy.cuda.Stream(non_blocking=True)
+        return stream
+
+    def _nccl_module(self) -> Any:
+        """``cupy.cuda.nccl`` when CuPy found libnccl, else None (peer copies are used)."""
+        if not self._nccl_checked:
+            self._nccl_checked = True
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing
+                try:
+                    from cupy.cuda import nccl
+                except ImportError:
+                    nccl = None
+            self._nccl = nccl if getattr(nccl, "available", False) else None
+        return self._nccl
+
+    def _route(self, op: ReduceOp, dtype: str) -> Route:
+        if not self.plan.multi_gpu:
+            return Route.LOCAL
+        return reduction_route(
+            self.plan,
+            op,
+            dtype,
+            exact_order=self.exact_order,
+            nccl=self._nccl_module() is not None,
+        )
+
+    async def _prepare_nccl(self, op: ReduceOp, values: Leaves, work: _Work) -> None:
+        """Create the communicators (once, off the event loop) if a leaf goes through NCCL."""
+        if not self.plan.multi_gpu or self._comms is not None:
+            return
+        routes = {
+            self._route(op, self.describe(leaf).dtype)
+            for leaf in values[0]
+            if not isinstance(leaf, IndexedSlices)
+        }
+        if Route.NCCL not in routes:
+            return
+        nccl = self._nccl_module()
+        gpus = list(self.plan.gpus)
+        try:
+            comms = await anyio.to_thread.run_sync(nccl.NcclCommunicator.initAll, gpus)
+        except Exception as exc:
+            raise BackendError(
+                f"could not create the NCCL communicators of GPUs {gpus} "
+                f"({type(exc).__name__}: {exc}); check that each GPU is visible and healthy "
+                "(nvidia-smi), or set NCCL_DEBUG=INFO to see why"
+            ) from exc
+        if self._comms is None:
+            self._comms = list(comms)
+        else:  # another collective made them meanwhile
+            for comm in comms:
+                comm.destroy()
+
+
+class _Work:
+    """The device work of one collective: streams it touched, buffers it must keep alive.
+
+    Every method enqueues work and returns at once; :meth:`finish` awaits it all.
+    """
+
+    def __init__(self, backend: CupyBackend) -> None:
+        self.backend = backend
+        self.plan = backend.plan
+        self.cupy = _import_cupy()
+        self.touched: list[int] = []
+        # Temporaries read by another stream (peer copies): freeing them early could let
+        # CuPy's pool hand their memory to new work before the reader is done.
+        self.keep: list[Any] = []
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def enter(self, gpu: int) -> None:
+        """Make this backend's stream on ``gpu`` wait for the work the user queued there."""
+        if gpu in self.touched:
+            return
+        self.touched.append(gpu)
+        cupy = self.cupy
+        ours = self.backend._stream(cupy, gpu)
+        with cupy.cuda.Device(gpu):
+            user = cupy.cuda.get_current_stream()
+            event = cupy.cuda.Event(disable_timing=True)
+            event.record(user)
+            ours.wait_event(event)
+
+    @contextlib.contextmanager
+    def use(self, gpu: int) -> Iterator[Any]:
+        """Make ``gpu`` and this backend's stream on it current (never across an await)."""
+        self.enter(gpu)
+        cupy = self.cupy
+        stream = self.backend._stream(cupy, gpu)
+        with cupy.cuda.Device(gpu), stream:
+            yield stream
+
+    def handoff(self, src: int, dst: int) -> None:
+        """Make ``dst``'s stream wait for the work queued so far on ``src``'s stream."""
+        if src == dst:
+            return
+        self.enter(src)
+        self.enter(dst)
+        cupy = self.cupy
+        with cupy.cuda.Device(src):
+            event = cupy.cuda.Event(disable_timing=True)  # made on src: recorded on src
+            event.record(self.backend._stream(cupy, src))
+        with cupy.cuda.Device(dst):
+            self.backend._stream(cupy, dst).wait_event(event)
+
+    async def finish(self) -> None:
+        """Await every stream this collective used (shielded: buffers stay alive till done)."""
+        cupy = self.cupy
+        with self.native_errors("waiting for the GPUs"):
+            events = []
+            for gpu in self.touched:
+                with cupy.cuda.Device(gpu):
+                    event = cupy.cuda.Event(disable_timing=True)
+                    event.record(self.backend._stream(cupy, gpu))
+                events.append(event)
+        with anyio.CancelScope(shield=True), self.native_errors("waiting for the GPUs"):
+            await wait_for_events(events)
+        self.keep.clear()
+
+    @contextlib.contextmanager
+    def native_errors(self, what: str) -> Iterator[None]:
+        """Turn CUDA, NCCL and out-of-memory errors into ``BackendError`` (cause kept)."""
+        try:
+            yield
+        except BackendError:
+            raise
+        except (RuntimeError, MemoryError) as exc:
+            raise BackendError(
+                f"{what} failed on the GPUs ({self.plan.describe()}): "
+                f"{type(exc).__name__}: {exc}. Out of memory: free arrays or use fewer "
+                "replicas per GPU; other CUDA errors: run with CUDA_LAUNCH_BLOCKING=1 to see "
+                "where it happens"
+            ) from exc
+
+    # -- moving values -----------------------------------------------------------------------
+
+    def home_gpu(self, value: object, default: int) -> int:
+        """The GPU a value already lives on, or ``default`` for a host value."""
+        if _is_cupy_array(value):
+            return int(value.device.id)  # type: ignore[attr-defined]
+        device = _dlpack_cuda_device(value)
+        return default if device is None else device
+
+    def to_gpu(self, value: object, gpu: int) -> Any:
+        """``value`` as a CuPy array on ``gpu``: in place when it is already there."""
+        cupy = self.cupy
+        if isinstance(value, cupy.ndarray):
+            array, home = value, int(value.device.id)
+        elif (device := _dlpack_cuda_device(value)) is not None:
+            with self.use(device):  # the producer syncs its stream with ours (DLPack)
+                array = cupy.from_dlpack(value)
+            home = device
+        elif _cuda_array_interface(value) is not None:
+            with self.use(gpu):
+                array = cupy.asarray(value)
+            home = int(array.device.id)
+        else:
+            host = _host_array(value, "a collective's value")
+            with self.use(gpu):
+                array = cupy.asarray(host)  # the one host-to-device copy
+            self.keep.append(array)
+            return array
+        if array.dtype.kind not in _HOLDABLE_KINDS:
+            raise TypeError(_not_holdable(value, "a collective's value"))
+        if home != gpu:
+            return self.copy_to(array, home, gpu)
+        self.enter(gpu)
+        return array
+
+    def copy_to(self, array: Any, src: int, dst: int) -> Any:
+        """A new copy of ``array`` (on ``src``) on ``dst``."""
+        self.handoff(src, dst)
+        with self.use(dst):
+            copy = array.copy()  # CuPy copies onto the current device, peer to peer
+        self.keep.append(array)
+        self.keep.append(copy)
+        return copy
+
+    # -- combining -------------------------------------------------------------------------
+
+    def fold(self, op: ReduceOp, arrays: Sequence[Any], gpu: int, divide_by: int | None) -> Any:
+        """A new array: ``arrays`` (all on ``gpu``) folded left to right, then divided.
+
+        ``divide_by`` is ``None`` or the ``MEAN`` divisor; integers are divided into
+        float64. Fused kernels read each input once; complex values use CuPy's ufuncs.
+        """
+        cupy = self.cupy
+        dtype = arrays[0].dtype
+        with self.use(gpu):
+            if dtype.kind == "c":
+                ufunc = getattr(cupy, _UFUNC[op])
+                acc = arrays[0].copy()
+                for a in arrays[1:]:
+                    ufunc(acc, a, out=acc)
+                if divide_by is not None:
+                    cupy.true_divide(acc, divide_by, out=acc)
+                return acc
+            mean = FoldMode.MEAN if dtype.kind == "f" else FoldMode.MEAN_TO_FLOAT64
+            chunks = fold_chunks(len(arrays))
+            acc = None
+            for i, chunk in enumerate(chunks):
+                inputs = ([] if acc is None else [acc]) + [arrays[k] for k in chunk]
+                mode = mean if divide_by is not None and i == len(chunks) - 1 else FoldMode.PLAIN
+                args = list(inputs)
+                if mode is FoldMode.MEAN:
+                    args.append(dtype.type(divide_by))
+                elif mode is FoldMode.MEAN_TO_FLOAT64:
+                    args.append(np.float64(divide_by))
+                if acc is not None:
+                    self.keep.append(acc)
+                acc = _kernel(cupy, op, len(inputs), mode)(*args)
+            return acc
+
+    def reduce_dense(self, op: ReduceOp, leaf: Sequence[object]) -> dict[int, Any]:
+        """Every replica's dense leaf combined; the result buffer of each GPU, by GPU."""
+        plan = self.plan
+        arrays = [self.to_gpu(v, plan.gpu_of(r)) for r, v in enumerate(leaf)]
+        dtype = arrays[0].dtype
+        _reducible(dtype)
+        divisor = mean_divisor(plan) if op is ReduceOp.MEAN else None
+        route = self.backend._route(op, dtype.name)
+        if route is Route.LOCAL:
+            gpu = plan.gpus[0]
+            return {gpu: self.fold(op, arrays, gpu, divisor)}
+        if route is Route.NCCL:
+            return self._reduce_nccl(op, arrays, divisor)
+        # CHAIN: the running result visits the replicas in replica order.
+        acc: Any = None
+        at = -1
+        segments = plan.segments
+        for i, segment in enumerate(segments):
+            inputs = [arrays[r] for r in segment.replicas]
+            if acc is not None:
+                inputs.insert(0, self.copy_to(acc, at, segment.gpu))
+            last = i == len(segments) - 1
+            if acc is not None:
+                self.keep.append(acc)
+            acc = self.fold(op, inputs, segment.gpu, divisor if last else None)
+            at = segment.gpu
+        per_gpu = {at: acc}
+        for gpu in plan.gpus:
+            if gpu != at:
+                per_gpu[gpu] = self.copy_to(acc, at, gpu)
+        return per_gpu
+
+    def _reduce_nccl(
+        self, op: ReduceOp, arrays: Sequence[Any], divisor: int | None
+    ) -> dict[int, Any]:
+        """Fold each GPU's replicas, then one NCCL all-reduce per rank, in one group."""
+        cupy, plan, backend = self.cupy, self.plan, self.backend
+        nccl = backend._nccl_module()
+        comms = backend._comms
+        if nccl is None or comms is None:  # pragma: no cover - _prepare_nccl made them
+            raise AssertionError("the NCCL route needs communicators; _prepare_nccl makes them")
+        sends: dict[int, Any] = {}
+        recvs: dict[int, Any] = {}
+        for gpu in plan.gpus:
+            mine = [arrays[r] for r in plan.replicas_on(gpu)]
+            if len(mine) == 1:
+                with self.use(gpu):
+                    send = cupy.ascontiguousarray(mine[0])
+            else:  # MEAN folds as SUM here; the division comes after NCCL
+                send = self.fold(op, mine, gpu, None)
+            with self.use(gpu):
+                recvs[gpu] = cupy.empty(send.shape, send.dtype)
+            sends[gpu] = send
+        dtype = arrays[0].dtype
+        count = int(arrays[0].size)
+        if count:
+            code, reduction = getattr(nccl, NCCL_DTYPES[dtype.name]), getattr(nccl, NCCL_OPS[op])
+            nccl.groupStart()
+            try:
+                for gpu in plan.gpus:
+                    with cupy.cuda.Device(gpu):
+                        comms[plan.rank_of(gpu)].allReduce(
+                            sends[gpu].data.ptr,
+                            recvs[gpu].data.ptr,
+                            count,
+                            code,
+                            reduction,
+                            backend._stream(cupy, gpu).ptr,
+                        )
+            finally:
+                nccl.groupEnd()
+        self.keep.extend(sends.values())
+        if divisor is None:
+            return recvs
+        return {gpu: self.fold(ReduceOp.MEAN, [buf], gpu, divisor) for gpu, buf in recvs.items()}
+
+    def everywhere(self, arrays: Sequence[Any]) -> dict[int, list[Any]]:
+        """For each GPU, every replica's array (``arrays[r]`` on replica ``r``'s GPU) on it."""
+        plan = self.plan
+        out: dict[int, list[Any]] = {}
+        for gpu in plan.gpus:
+            out[gpu] = [
+                a if plan.gpu_of(r) == gpu else self.copy_to(a, plan.gpu_of(r), gpu)
+                for r, a in enumerate(arrays)
+            ]
+        return out
+
+    def concatenate_everywhere(self, leaf: Sequence[object], axis: int) -> dict[int, Any]:
+        """Every replica's leaf concatenated in replica order, once on each GPU."""
+        arrays = [self.to_gpu(v, self.plan.gpu_of(r)) for r, v in enumerate(leaf)]
+        joined = {}
+        for gpu, pieces in self.everywhere(arrays).items():
+            with self.use(gpu):
+                joined[gpu] = self.cupy.concatenate(pieces, axis=axis)
+        return joined
+
+    def reduce_slices(self, op: ReduceOp, leaf: Sequence[object]) -> list[IndexedSlices]:
+        """``IndexedSlices`` all-reduced: values and indices concatenated in replica order."""
+        if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+            raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+        parts = [s for s in leaf if isinstance(s, IndexedSlices)]
+        values = self.concatenate_everywhere([s.values for s in parts], 0)
+        indices = self.concatenate_everywhere([s.indices for s in parts], 0)
+        if op is ReduceOp.MEAN:
+            n = mean_divisor(self.plan)
+            values = {g: self.fold(ReduceOp.MEAN, [v], g, n) for g, v in values.items()}
+        out = []
+        for r, part in enumerate(parts):
+            gpu = self.plan.gpu_of(r)
+            out.append(IndexedSlices(values[gpu].view(), indices[gpu].view(), part.dense_shape))
+        return out
+
+    def reduce_on(
+        self, op: ReduceOp, arrays: Sequence[Any], gpu: int, axis: tuple[int, ...] | None
+    ) -> Any:
+        """``Strategy.reduce`` of components all on ``gpu``: a new array."""
+        if axis is None:
+            return self.fold(op, arrays, gpu, len(arrays) if op is ReduceOp.MEAN else None)
+        cupy = self.cupy
+        with self.use(gpu):
+            if op is ReduceOp.MEAN:
+                locals_ = [cupy.asarray(a.sum(axis=axis)) for a in arrays]
+            else:
+                locals_ = [cupy.asarray(getattr(a, _LOCAL[op])(axis=axis)) for a in arrays]
+        self.keep.extend(locals_)
+        if op is not ReduceOp.MEAN:
+            return self.fold(op, locals_, gpu, None)
+        total = self.fold(ReduceOp.SUM, locals_, gpu, None)
+        count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
+        if count == 0:
+            with self.use(gpu):
+                return cupy.true_divide(total, count)
+        return self.fold(ReduceOp.MEAN, [total], gpu, count)
