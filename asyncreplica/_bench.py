@@ -8,9 +8,15 @@ machine runs it:
   arrival sums in replica order and wakes one future per waiter);
 * ``numpy floor``: the sum itself, in replica order, into one preallocated output
   (and, for large sizes, split over two threads);
-* ``bytes floor`` for all_gather / broadcast / reduce_scatter: one copy of each input
-  into one output;
-* ``mpi4py``: MPI ``Allreduce`` under ``mpiexec`` when the ``[mpi]`` extra is installed.
+* ``bytes floor`` for all_gather / broadcast / reduce_scatter: what must move at the
+  least: a copy of each input into one output (all_gather), one copy of the source's
+  input (broadcast), the sum of the inputs into one output (reduce_scatter).
+
+Besides the timing table it measures the scale (per-replica cost of a small all_reduce
+at 8 and 4096 replicas, run start-up excluded), the tracing overhead and memory (RSS
+growth over 100,000 collectives, RSS of 10,000 replicas waiting at a collective), and
+it prints every target of the performance issue with its measured value and whether it
+is met (docs/performance.md).
 
 Timings are noisy; the test suite runs ``--quick`` as a smoke test and asserts nothing
 about the ratios.
@@ -20,10 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib.util
 import json
+import os
+import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -213,6 +224,21 @@ class Plan:
     loops: list[str]
     repeat: int
     budget_bytes: int  # bytes per timing sample, which sets the rounds
+    move_sizes: list[int] = field(default_factory=lambda: [1 << 20])
+    batch_rounds: int = 5
+    memory_collectives: int = 100_000
+    idle_replicas: int = 10_000
+
+
+@dataclass
+class Target:
+    """One target of the performance issue: its measured value and whether it is met."""
+
+    figure: str
+    value: float
+    unit: str
+    target: str
+    met: bool
 
 
 def _rounds(plan: Plan, nbytes: int, n: int) -> int:
@@ -225,117 +251,152 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
         for nbytes in plan.sizes:
             inputs = _inputs(n, nbytes)
             rounds = _rounds(plan, nbytes, n)
-            progress(f"all_reduce {nbytes} B x {n} replicas ({rounds} rounds)")
-            base = [asyncio.run(_futures_rendezvous(inputs, rounds)) for _ in range(plan.repeat)]
-            floor1 = [_numpy_floor(inputs, rounds) for _ in range(plan.repeat)]
-            base_us = _median_us(base, rounds)
-            floor_us = _median_us(floor1, rounds)
-            floors = {"numpy floor (1 thread)": floor_us}
-            if nbytes >= 1 << 20:
-                floor2 = [_numpy_floor(inputs, rounds, threads=2) for _ in range(plan.repeat)]
-                floors["numpy floor (2 threads)"] = _median_us(floor2, rounds)
-            best_floor = min(floors.items(), key=lambda kv: kv[1])
+            progress(f"all_reduce {_size(nbytes)} x {n} replicas ({rounds} rounds)")
             strategy = ar.MirroredStrategy(_devices(n))
             per_replica = ar.PerReplica(inputs)
-            for loop in plan.loops:
-                samples = [
-                    _run_ours(loop, strategy, _step("all_reduce", rounds), per_replica)
-                    for _ in range(plan.repeat)
-                ]
+            threads = nbytes >= 1 << 20
+            base: list[float] = []
+            floor1: list[float] = []
+            floor2: list[float] = []
+            ours: dict[str, list[float]] = {loop: [] for loop in plan.loops}
+            for _ in range(plan.repeat):  # interleaved, so drift hits every system alike
+                base.append(asyncio.run(_futures_rendezvous(inputs, rounds)))
+                floor1.append(_numpy_floor(inputs, rounds))
+                if threads:
+                    floor2.append(_numpy_floor(inputs, rounds, threads=2))
+                for loop in plan.loops:
+                    step = _step("all_reduce", rounds)
+                    ours[loop].append(_run_ours(loop, strategy, step, per_replica))
+            base_us = _median_us(base, rounds)
+            floors = {"numpy floor (1 thread)": _median_us(floor1, rounds)}
+            if threads:
+                floors["numpy floor (2 threads)"] = _median_us(floor2, rounds)
+            best_floor = min(floors.items(), key=lambda kv: kv[1])
+            baseline = best_floor if threads else ("futures", base_us)
+            for loop, samples in ours.items():
                 us = _median_us(samples, rounds)
-                baseline = ("futures", base_us) if nbytes < 1 << 20 else best_floor
                 rows.append(
-                    Row(
-                        "all_reduce",
-                        n,
-                        nbytes,
-                        loop,
-                        "asyncreplica",
-                        us,
-                        baseline[0],
-                        baseline[1],
-                        samples,
-                    )
+                    Row("all_reduce", n, nbytes, loop, "asyncreplica", us, *baseline, samples)
                 )
             rows.append(
-                Row(
-                    "all_reduce",
-                    n,
-                    nbytes,
-                    "asyncio",
-                    "futures",
-                    base_us,
-                    best_floor[0],
-                    best_floor[1],
-                    base,
-                )
+                Row("all_reduce", n, nbytes, "asyncio", "futures", base_us, *best_floor, base)
             )
             for name, value in floors.items():
-                rows.append(
-                    Row("all_reduce", n, nbytes, "-", name, value, best_floor[0], best_floor[1])
-                )
+                rows.append(Row("all_reduce", n, nbytes, "-", name, value, *best_floor))
+    return rows
+
+
+def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
+    """Per-replica cost of a small all_reduce, run start-up excluded.
+
+    Each system runs ``R`` and ``2 R`` rounds; the difference of the two (best of the
+    repeats each) is the cost of ``R`` rounds without starting the run's tasks.
+    """
+    rows: list[Row] = []
+    nbytes = 8
     for n in plan.many_replicas:
-        nbytes = 8
         inputs = _inputs(n, nbytes)
-        rounds = max(3, 20_000 // n)
-        progress(f"all_reduce {nbytes} B x {n} replicas ({rounds} rounds)")
+        rounds = max(4, 40_000 // n)
+        progress(f"scale: all_reduce {nbytes} B x {n} replicas ({rounds} and {2 * rounds} rounds)")
         strategy = ar.MirroredStrategy(_devices(n))
-        base = [asyncio.run(_futures_rendezvous(inputs, rounds)) for _ in range(plan.repeat)]
-        samples = [
-            _run_ours("asyncio", strategy, _step("all_reduce", rounds), ar.PerReplica(inputs))
-            for _ in range(plan.repeat)
-        ]
+        per_replica = ar.PerReplica(inputs)
+        times: dict[tuple[str, int], list[float]] = {}
+        for _ in range(plan.repeat):
+            for r in (rounds, 2 * rounds):
+                futures = asyncio.run(_futures_rendezvous(inputs, r))
+                times.setdefault(("futures", r), []).append(futures)
+                ours = _run_ours("asyncio", strategy, _step("all_reduce", r), per_replica)
+                times.setdefault(("ours", r), []).append(ours)
+        cost = {
+            system: max(min(times[(system, 2 * rounds)]) - min(times[(system, rounds)]), 1e-9)
+            / rounds
+            / n
+            * 1e6
+            for system in ("ours", "futures")
+        }
         rows.append(
             Row(
-                "all_reduce (scale)",
+                "scale (per replica)",
                 n,
                 nbytes,
                 "asyncio",
                 "asyncreplica",
-                _median_us(samples, rounds) / n,
+                cost["ours"],
                 "futures, per replica",
-                _median_us(base, rounds) / n,
-                samples,
+                cost["futures"],
+                times[("ours", rounds)],
             )
         )
     return rows
 
 
+def _measure_tracing(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
+    """A small all_reduce with the Perfetto tracer on, against the same with it off."""
+    n, nbytes = 8, 8
+    rounds = 1000 if plan.repeat > 3 else 300
+    progress(f"tracing: all_reduce {nbytes} B x {n} replicas, trace on and off")
+    strategy = ar.MirroredStrategy(_devices(n))
+    per_replica = ar.PerReplica(_inputs(n, nbytes))
+    off: list[float] = []
+    on: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(plan.repeat):
+            off.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), per_replica))
+            with strategy.trace(os.path.join(tmp, f"trace{i}.json")):
+                on.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), per_replica))
+    return [
+        Row(
+            "tracing on",
+            n,
+            nbytes,
+            "asyncio",
+            "asyncreplica + trace",
+            _median_us(on, rounds),
+            "asyncreplica, trace off",
+            _median_us(off, rounds),
+            on,
+        )
+    ]
+
+
 def _measure_moves(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     rows: list[Row] = []
-    n, nbytes = 8, 1 << 20
-    inputs = _inputs(n, nbytes)
-    rounds = _rounds(plan, nbytes, n)
+    n = 8
     strategy = ar.MirroredStrategy(_devices(n))
-    floor = _median_us([_bytes_floor(inputs, rounds) for _ in range(plan.repeat)], rounds)
-    for kind in ("all_gather", "broadcast", "reduce_scatter"):
-        progress(f"{kind} {nbytes} B x {n} replicas")
-        samples = [
-            _run_ours("asyncio", strategy, _step(kind, rounds), ar.PerReplica(inputs))
-            for _ in range(plan.repeat)
-        ]
-        base = floor if kind == "all_gather" else floor / n
-        rows.append(
-            Row(
-                kind,
-                n,
-                nbytes,
-                "asyncio",
-                "asyncreplica",
-                _median_us(samples, rounds),
-                "bytes floor",
-                base,
-                samples,
-            )
-        )
+    for nbytes in plan.move_sizes:
+        inputs = _inputs(n, nbytes)
+        per_replica = ar.PerReplica(inputs)
+        rounds = _rounds(plan, nbytes, n)
+        gather: list[float] = []
+        reduce: list[float] = []
+        ours: dict[str, list[float]] = {}
+        progress(f"all_gather, broadcast, reduce_scatter {_size(nbytes)} x {n} replicas")
+        for _ in range(plan.repeat):  # interleaved
+            gather.append(_bytes_floor(inputs, rounds))
+            reduce.append(_numpy_floor(inputs, rounds))
+            for kind in ("all_gather", "broadcast", "reduce_scatter"):
+                sample = _run_ours("asyncio", strategy, _step(kind, rounds), per_replica)
+                ours.setdefault(kind, []).append(sample)
+        gather_us = _median_us(gather, rounds)
+        floors = {
+            # all_gather: one copy of each input into one output.
+            "all_gather": ("bytes floor (copy N inputs)", gather_us),
+            # broadcast: one copy of the source's input.
+            "broadcast": ("bytes floor (copy 1 input)", gather_us / n),
+            # reduce_scatter: read each input once, write one output: the sum.
+            "reduce_scatter": ("bytes floor (sum N inputs)", _median_us(reduce, rounds)),
+        }
+        for kind, samples in ours.items():
+            us = _median_us(samples, rounds)
+            rows.append(Row(kind, n, nbytes, "asyncio", "asyncreplica", us, *floors[kind], samples))
     return rows
 
 
 def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     n, leaves, leaf_bytes = 4, 1000, 1024
-    progress(f"batched all_reduce: {leaves} x {leaf_bytes} B x {n} replicas")
+    rounds = plan.batch_rounds
+    progress(f"batched all_reduce: {leaves} x 1 KiB x {n} replicas ({rounds} rounds)")
     strategy = ar.MirroredStrategy(_devices(n))
-    rounds = 5
     batch = ar.PerReplica(
         [[np.full(leaf_bytes // 4, float(i), np.float32) for _ in range(leaves)] for i in range(n)]
     )
@@ -348,15 +409,15 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             for x in xs:  # every replica gets a list of the same length
                 await ctx.all_reduce(ar.ReduceOp.SUM, x)  # asyncreplica: ignore
 
-    batched = [
-        _run_ours("asyncio", strategy, _step("all_reduce", rounds), batch)
-        for _ in range(plan.repeat)
-    ]
-    single = [
-        _run_ours("asyncio", strategy, _step("all_reduce", rounds), one) for _ in range(plan.repeat)
-    ]
-    apart = [_run_ours("asyncio", strategy, separate, batch) for _ in range(plan.repeat)]
+    batched: list[float] = []
+    single: list[float] = []
+    apart: list[float] = []
+    for _ in range(plan.repeat):  # interleaved
+        batched.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), batch))
+        single.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), one))
+        apart.append(_run_ours("asyncio", strategy, separate, batch))
     single_us = _median_us(single, rounds)
+    batched_us = _median_us(batched, rounds)
     return [
         Row(
             "batched 1000 x 1 KiB",
@@ -364,7 +425,7 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             leaves * leaf_bytes,
             "asyncio",
             "asyncreplica",
-            _median_us(batched, rounds),
+            batched_us,
             "one all_reduce of 1000 KiB",
             single_us,
             batched,
@@ -377,18 +438,145 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             "asyncreplica",
             _median_us(apart, rounds),
             "batched",
-            _median_us(batched, rounds),
+            batched_us,
             apart,
         ),
     ]
 
 
-def _measure_mpi(progress: Callable[[str], None]) -> list[Row]:
-    if importlib.util.find_spec("mpi4py") is None:
-        progress("mpi4py: not installed (pip install 'asyncreplica[mpi]'); skipped")
-        return []
-    progress("mpi4py: cross-process all_reduce is measured by `bench --mpi` (issue 5); skipped")
-    return []
+# -- memory -----------------------------------------------------------------------------
+
+
+def _rss() -> int:
+    """The process's resident set size now, in bytes (Linux); its peak elsewhere."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def _idle_rss(idle: int) -> int:
+    """RSS added by ``idle`` replicas all waiting at one collective (run it in a fresh process)."""
+    gc.collect()
+    before = _rss()
+    during: list[int] = []
+
+    def measure(strategy: ar.Strategy) -> None:
+        during.append(_rss())  # every replica has arrived and waits
+
+    async def wait() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.merge_call(measure)
+
+    asyncio.run(ar.MirroredStrategy(_devices(idle)).run(wait))
+    return during[0] - before
+
+
+def _measure_memory(plan: Plan, progress: Callable[[str], None]) -> list[Target]:
+    """RSS growth over many collectives, and the RSS of many idle replicas."""
+    targets: list[Target] = []
+    total = plan.memory_collectives
+    progress(f"memory: RSS over {total:,} all_reduces (8 B x 2 replicas)")
+    marks: list[int] = []
+
+    async def many(x: Array) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        first = ctx.replica_id_in_sync_group == 0
+        for i in range(total):
+            if i == total // 10 and first:
+                gc.collect()
+                marks.append(_rss())
+            await ctx.all_reduce(ar.ReduceOp.SUM, x)
+        if first:
+            gc.collect()
+            marks.append(_rss())
+
+    strategy = ar.MirroredStrategy(_devices(2))
+    asyncio.run(strategy.run(many, args=(ar.PerReplica(_inputs(2, 8)),)))
+    growth = (marks[1] - marks[0]) / (1 << 20)
+    figure = f"RSS growth, collective {total // 10:,} to {total:,}"
+    targets.append(Target(figure, growth, "MiB", "flat (< 1 MiB)", growth < 1.0))
+
+    idle = plan.idle_replicas
+    progress(f"memory: RSS of {idle:,} replicas waiting at a collective (fresh process)")
+    # A fresh interpreter: this one's heap already holds the memory of earlier cases.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    code = f"from asyncreplica._bench import _idle_rss; print(_idle_rss({idle}))"
+    found = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    mib = float(found.stdout.split()[-1]) / (1 << 20)
+    limit = 200 * idle / 10_000  # MB
+    goal = "< 200 MB" if idle == 10_000 else f"< {limit:g} MB (scaled)"
+    figure = f"RSS added by {idle:,} replicas waiting"
+    targets.append(Target(figure, mib, "MiB", goal, mib * (1 << 20) < limit * 1e6))
+    return targets
+
+
+# -- targets ------------------------------------------------------------------------------
+
+
+def _find(rows: list[Row], case: str, n: int, nbytes: int, loop: str) -> Row | None:
+    for r in rows:
+        if (r.case, r.replicas, r.nbytes, r.loop, r.system) == (
+            case,
+            n,
+            nbytes,
+            loop,
+            "asyncreplica",
+        ):
+            return r
+    return None
+
+
+def _targets(rows: list[Row]) -> list[Target]:
+    """Every target of the issue that this run measured, with its value."""
+    out: list[Target] = []
+    small = _find(rows, "all_reduce", 8, 8, "asyncio")
+    if small is not None:
+        figure = "all_reduce 8 B x 8 vs futures rendezvous"
+        out.append(Target(figure, small.ratio, "x", "<= 1.5x", small.ratio <= 1.5))
+        uvloop = _find(rows, "all_reduce", 8, 8, "uvloop")
+        if uvloop is not None:
+            ratio = uvloop.median_us / small.median_us
+            figure = "all_reduce 8 B x 8, uvloop vs asyncio"
+            out.append(Target(figure, ratio, "x", "< 1x (faster)", ratio < 1.0))
+        trio = _find(rows, "all_reduce", 8, 8, "trio")
+        if trio is not None:
+            ratio = trio.median_us / small.median_us
+            figure = "all_reduce 8 B x 8, trio vs asyncio"
+            out.append(Target(figure, ratio, "x", "<= 2x", ratio <= 2.0))
+    large = _find(rows, "all_reduce", 8, 64 << 20, "asyncio")
+    if large is not None:
+        figure = "all_reduce 64 MiB x 8 vs best numpy floor"
+        out.append(Target(figure, large.ratio, "x", "<= 1.15x", large.ratio <= 1.15))
+    batched = _find(rows, "batched 1000 x 1 KiB", 4, 1000 * 1024, "asyncio")
+    if batched is not None:
+        figure = "batched 1000 x 1 KiB x 4 vs one 1000 KiB"
+        out.append(Target(figure, batched.ratio, "x", "<= 5x", batched.ratio <= 5.0))
+    apart = _find(rows, "1000 separate 1 KiB", 4, 1000 * 1024, "asyncio")
+    if apart is not None:
+        figure = "1000 separate all_reduces vs batched"
+        out.append(Target(figure, apart.ratio, "x slower", ">= 10x", apart.ratio >= 10.0))
+    scale = sorted((r for r in rows if r.case == "scale (per replica)"), key=lambda r: r.replicas)
+    if len(scale) >= 2:
+        ratio = scale[-1].median_us / scale[0].median_us
+        figure = f"per-replica cost, {scale[-1].replicas} vs {scale[0].replicas} replicas"
+        out.append(Target(figure, ratio, "x", "<= 1.5x", ratio <= 1.5))
+    for r in rows:
+        if r.case in ("all_gather", "broadcast", "reduce_scatter"):
+            figure = f"{r.case} {_size(r.nbytes)} x {r.replicas} vs bytes floor"
+            out.append(Target(figure, r.ratio, "x", "<= 1.2x", r.ratio <= 1.2))
+    for r in rows:
+        if r.case == "tracing on":
+            out.append(Target("tracing on vs off, 8 B x 8", r.ratio, "x", "(reported)", True))
+    return out
 
 
 # -- output ---------------------------------------------------------------------------
@@ -402,13 +590,25 @@ def _size(nbytes: int) -> str:
 
 
 def _table(rows: list[Row]) -> str:
-    header = f"{'case':<22}{'N':>6}{'size':>10}  {'loop':<8}{'system':<24}{'median':>12}  {'baseline':<26}{'ratio':>7}"
+    header = (
+        f"{'case':<22}{'N':>6}{'size':>10}  {'loop':<8}{'system':<24}{'median':>12}  "
+        f"{'baseline':<29}{'ratio':>7}"
+    )
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
             f"{r.case:<22}{r.replicas:>6}{_size(r.nbytes):>10}  {r.loop:<8}{r.system:<24}"
-            f"{r.median_us:>10.1f}us  {r.baseline:<26}{r.ratio:>6.2f}x"
+            f"{r.median_us:>10.1f}us  {r.baseline:<29}{r.ratio:>6.2f}x"
         )
+    return "\n".join(lines)
+
+
+def _targets_table(targets: list[Target]) -> str:
+    header = f"{'target':<48}{'measured':>16}  {'goal':<20}met"
+    lines = [header, "-" * len(header)]
+    for t in targets:
+        value = f"{t.value:.2f} {t.unit}"
+        lines.append(f"{t.figure:<48}{value:>16}  {t.target:<20}{'yes' if t.met else 'NO'}")
     return "\n".join(lines)
 
 
@@ -418,31 +618,51 @@ def _plot(rows: list[Row], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    series: dict[str, list[tuple[int, float]]] = {}
-    for r in rows:
-        if r.case == "all_reduce" and r.replicas == max(
-            x.replicas for x in rows if x.case == "all_reduce"
-        ):
-            label = r.system if r.loop in ("-", "asyncio") else f"{r.system} ({r.loop})"
-            if r.system == "asyncreplica":
-                label = f"asyncreplica ({r.loop})"
-            series.setdefault(label, []).append((r.nbytes, r.median_us))
-    for label, points in sorted(series.items()):
-        points.sort()
-        ax.loglog([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    ax.set_xlabel("bytes per replica")
-    ax.set_ylabel("µs per all_reduce (median)")
-    ax.set_title("all_reduce time vs size")
-    ax.legend()
-    ax.grid(True, which="both", alpha=0.3)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
+    reduce_rows = [r for r in rows if r.case == "all_reduce"]
+    if reduce_rows:
+        n = max(r.replicas for r in reduce_rows if r.replicas <= 8)
+        series: dict[str, list[tuple[int, float]]] = {}
+        for r in reduce_rows:
+            if r.replicas == n:
+                label = f"asyncreplica ({r.loop})" if r.system == "asyncreplica" else r.system
+                series.setdefault(label, []).append((r.nbytes, r.median_us))
+        for label, points in sorted(series.items()):
+            points.sort()
+            left.loglog([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+        left.set_title(f"all_reduce, {n} replicas: median time vs size")
+        left.set_xlabel("bytes per replica")
+        left.set_ylabel("µs per all_reduce")
+        left.legend(fontsize=8)
+        left.grid(True, which="both", alpha=0.3)
+    ours = [r for r in rows if r.system.startswith("asyncreplica") and r.baseline_us > 0]
+    ours = [r for r in ours if r.case != "all_reduce" or r.loop == "asyncio"]
+    if ours:
+        names = [f"{r.case} {_size(r.nbytes)} x{r.replicas}" for r in ours]
+        right.barh(names, [r.ratio for r in ours], color="tab:blue")
+        right.axvline(1.0, color="black", linewidth=0.8)
+        right.set_xscale("log")
+        right.set_title("ratio to the baseline measured in the same run")
+        right.set_xlabel("ratio (lower is better; see the table for each baseline)")
+        right.tick_params(axis="y", labelsize=7)
+        right.invert_yaxis()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def _machine() -> dict[str, object]:
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "loops": _loops(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; print the table; write JSON and a chart when asked.
+    """Run the benchmark; print the tables; write JSON and a chart when asked.
 
     Args:
         argv: Command-line arguments (without the program name).
@@ -469,15 +689,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if args.quick:
-        plan = Plan([8, 4096, 1 << 20], [2, 8], [], _loops(), args.repeat or 3, 8 << 20)
+        plan = Plan(
+            [8, 1 << 20],
+            [8],
+            [8, 256],
+            _loops(),
+            args.repeat or 3,
+            8 << 20,
+            batch_rounds=2,
+            memory_collectives=10_000,
+            idle_replicas=1000,
+        )
     else:
         plan = Plan(
             [8, 4096, 1 << 20, 64 << 20],
             [2, 8, 64],
-            [8, 4096],
+            [8, 64, 4096],
             _loops(),
             args.repeat or 5,
             256 << 20,
+            move_sizes=[64 << 10, 1 << 20, 16 << 20],
         )
     started = time.perf_counter()
 
@@ -486,14 +717,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{time.perf_counter() - started:6.1f} s] {text}", file=sys.stderr, flush=True)
 
     rows = _measure_all_reduce(plan, progress)
+    rows += _measure_scale(plan, progress)
     rows += _measure_moves(plan, progress)
-    if not args.quick:
-        rows += _measure_batched(plan, progress)
-    rows += _measure_mpi(progress)
+    rows += _measure_batched(plan, progress)
+    rows += _measure_tracing(plan, progress)
+    targets = _targets(rows) + _measure_memory(plan, progress)
     print(_table(rows))
+    print()
+    print(_targets_table(targets))
     if args.json:
+        report = {
+            "machine": _machine(),
+            "quick": args.quick,
+            "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
+            "targets": [asdict(t) for t in targets],
+        }
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump([{**asdict(r), "ratio": r.ratio} for r in rows], f, indent=1)
+            json.dump(report, f, indent=1)
     if args.plot:
         _plot(rows, args.plot)
     progress("done")

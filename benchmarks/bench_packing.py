@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -24,9 +25,9 @@ LEAVES = 1000
 LEAF = 256  # float32 elements: 1 KiB
 
 
-def _time(strategy: ar.MirroredStrategy, step: Callable[[], Awaitable[None]]) -> float:
+def _time(strategy: ar.MirroredStrategy, step: Callable[[Any], Awaitable[None]], x: Any) -> float:
     start = time.perf_counter()
-    asyncio.run(strategy.run(step))
+    asyncio.run(strategy.run(step, args=(x,)))
     return time.perf_counter() - start
 
 
@@ -40,33 +41,41 @@ def main() -> None:
     rounds = args.rounds
     strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)])
     options = ar.CommunicationOptions(bytes_per_pack=args.bytes_per_pack)
-    leaves = [np.ones(LEAF, np.float32) for _ in range(LEAVES)]
-    whole = np.ones(LEAF * LEAVES, np.float32)
+    n = args.replicas
+    # Every replica its own arrays, as in training (no input shared between replicas).
+    leaves = ar.PerReplica(
+        [[np.full(LEAF, r, np.float32) for _ in range(LEAVES)] for r in range(n)]
+    )
+    whole = ar.PerReplica([np.full(LEAF * LEAVES, r, np.float32) for r in range(n)])
 
-    async def batched() -> None:
+    async def batched(xs: list[np.ndarray]) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
         for _ in range(rounds):
-            await ctx.all_reduce("sum", leaves, options)
+            await ctx.all_reduce("sum", xs, options)
 
-    async def one() -> None:
+    async def one(x: np.ndarray) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
         for _ in range(rounds):
-            await ctx.all_reduce("sum", whole)
+            await ctx.all_reduce("sum", x)
 
-    async def separate() -> None:
+    async def separate(xs: list[np.ndarray]) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
         for _ in range(rounds):
-            for leaf in leaves:
+            for leaf in xs:
                 await ctx.all_reduce("sum", leaf)
 
-    systems = {"batched": batched, "one 1000 KiB": one, "1000 separate": separate}
+    systems = {
+        "batched": (batched, leaves),
+        "one 1000 KiB": (one, whole),
+        "1000 separate": (separate, leaves),
+    }
     times: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(args.repeat):  # interleaved
-        for name, step in systems.items():
-            times[name].append(_time(strategy, step))
+        for name, (step, x) in systems.items():
+            times[name].append(_time(strategy, step, x))
     best = {k: min(v) / rounds * 1e3 for k, v in times.items()}
     print(
         f"batched all_reduce, {LEAVES} x 1 KiB float32, {args.replicas} replicas, asyncio, "

@@ -18,12 +18,21 @@ def test_quick_bench_writes_a_table_and_json(
     assert main(["--quick", "--quiet", "--repeat", "1", "--json", str(out)]) == 0
     table = capsys.readouterr().out
     assert table.splitlines()[0].split()[:3] == ["case", "N", "size"]
-    rows = json.loads(out.read_text())
+    report = json.loads(out.read_text())
+    rows = report["rows"]
     systems = {(r["case"], r["system"]) for r in rows}
     assert ("all_reduce", "asyncreplica") in systems
     assert ("all_reduce", "futures") in systems
     assert ("all_gather", "asyncreplica") in systems
+    assert ("scale (per replica)", "asyncreplica") in systems
+    assert ("tracing on", "asyncreplica + trace") in systems
     assert all(r["median_us"] > 0 and r["baseline_us"] > 0 for r in rows)
+    figures = [t["figure"] for t in report["targets"]]
+    assert any(f.startswith("all_reduce 8 B x 8 vs futures") for f in figures)
+    assert any(f.startswith("RSS growth") for f in figures)
+    assert any(f.startswith("RSS added by") for f in figures)
+    assert all(isinstance(t["met"], bool) for t in report["targets"])
+    assert "\nall_reduce 8 B x 8 vs futures rendezvous" in table
 
 
 def test_bad_arguments_are_usage_errors() -> None:

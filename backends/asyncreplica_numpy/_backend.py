@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import itertools
 import operator
 import os
 import sys
@@ -47,6 +49,8 @@ _LOCAL: dict[ReduceOp, Callable[..., Any]] = {
 _dtype_names: dict[np.dtype[Any], str] = {}
 # Leaf specs by (shape, dtype): the same spec object for the same kind of leaf.
 _specs: dict[tuple[tuple[int, ...], np.dtype[Any]], LeafSpec] = {}
+# The same specs by dtype, then shape: for describing a batch of one dtype at once.
+_specs_by_dtype: dict[np.dtype[Any], dict[tuple[int, ...], LeafSpec]] = {}
 
 
 def _dtype_name(dtype: np.dtype[Any]) -> str:
@@ -145,6 +149,98 @@ def group_by_size(items: Sequence[_T], sizes: Sequence[int], bytes_per_pack: int
     return packs
 
 
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+_nbytes_of = operator.attrgetter("nbytes")
+
+
+def _reduce_batch(
+    op: ReduceOp, values: Leaves, bytes_per_pack: int, scratch: io.BytesIO
+) -> list[list[object]] | None:
+    """all_reduce of a batch of small contiguous arrays of one native dtype, or None.
+
+    The fast path for the common batch (a list of gradients). Replica 0's leaves of a
+    pack are joined byte for byte into the result buffer (``bytearray().join`` over
+    their buffers: one C call, a third of what ``np.concatenate`` costs for many small
+    arrays); every other replica's leaves are written the same way into ``scratch``
+    (reused from call to call, so no temporary is allocated) and combined into the
+    result in replica order, exactly as :func:`_combine` combines one leaf. Each
+    leaf's result is a read-only view of its slice. Returns None (the caller takes
+    the general path) for anything else: mixed dtypes or types, a non-native byte
+    order, a non-contiguous or large leaf, an empty batch.
+    """
+    n = len(values)
+    first = values[0]
+    m = len(first)
+    ndarray = np.ndarray
+    if list(map(type, first)).count(ndarray) != m:
+        return None
+    dtypes = list(map(_dtype_of, first))
+    dtype = dtypes[0]
+    if dtypes.count(dtype) != m or dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+        return None
+    sizes = list(map(_nbytes_of, first))
+    if max(sizes) >= POOL_BYTES or not sum(sizes):
+        return None
+    try:
+        for r in range(1, n):
+            # The ledger compared dtype names only ('>f4' and '<f4' are both float32);
+            # numpy scalars pass (native, same size); Python numbers have no dtype.
+            if list(map(_dtype_of, values[r])).count(dtype) != m:
+                return None
+    except AttributeError:
+        return None
+    if bytes_per_pack:
+        # As TensorFlow: the last leaves go first into packs (results are the same).
+        packs = group_by_size(range(m - 1, -1, -1), sizes[::-1], bytes_per_pack)
+        ranges = [(pack[-1], pack[0] + 1) for pack in packs]
+    else:
+        ranges = [(0, m)]
+    ufunc = _BINARY[op]
+    out: list[list[object]] = [[None] * m for _ in range(n)]
+    for lo, hi in ranges:
+        whole = lo == 0 and hi == m
+        nbytes = sum(sizes[lo:hi])
+        count = nbytes // dtype.itemsize
+        try:
+            part = first if whole else first[lo:hi]
+            flat = np.frombuffer(bytearray().join(part), dtype)  # type: ignore[arg-type]
+            for r in range(1, n):
+                scratch.seek(0)
+                scratch.writelines(values[r] if whole else values[r][lo:hi])  # type: ignore[arg-type]
+                if scratch.tell() != nbytes:
+                    return None
+                with scratch.getbuffer() as buffer:
+                    other = np.frombuffer(buffer, dtype, count)
+                    ufunc(flat, other, out=flat)
+                    del other  # releases the buffer, so the scratch can be written again
+        except (TypeError, ValueError, BufferError):  # a non-contiguous leaf has no plain buffer
+            return None
+        if op is ReduceOp.MEAN:
+            flat = _divide(flat, n)
+        flat.flags.writeable = False
+        shapes = list(map(_shape_of, first[lo:hi]))
+        shape = shapes[0]
+        if shape and shapes.count(shape) == hi - lo:
+            # Leaves of one shape: the rows of one reshaped view, made in C.
+            rows = flat.reshape((hi - lo, *shape))
+            for r in range(n):
+                if whole:
+                    out[r] = list(rows)
+                else:
+                    out[r][lo:hi] = list(rows)
+            continue
+        ends = list(itertools.accumulate(size // dtype.itemsize for size in sizes[lo:hi]))
+        bases = list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+        for k, leaf_shape in enumerate(shapes):
+            if len(leaf_shape) != 1:
+                bases[k] = bases[k].reshape(leaf_shape)
+        out[0][lo:hi] = bases
+        for r in range(1, n):
+            out[r][lo:hi] = list(map(ndarray.view, bases))
+    return out
+
+
 def _divide(out: Array, n: int) -> Array:
     if out.dtype.kind in "fc":
         np.true_divide(out, n, out=out)
@@ -172,6 +268,8 @@ class NumpyBackend(Backend):
     def __init__(self, devices: Sequence[str]) -> None:
         super().__init__(devices)
         self._pool: dict[tuple[tuple[int, ...], str], list[Array]] = {}
+        # Where other replicas' leaves of a batch are joined (reused; see _reduce_batch).
+        self._scratch = io.BytesIO()
         self._threads: ThreadPoolExecutor | None = None
         others = [d for d in self.devices if not d.startswith("CPU:")]
         if others:
@@ -197,8 +295,36 @@ class NumpyBackend(Backend):
         if spec is None:
             if len(_specs) > 4096:
                 _specs.clear()
+                _specs_by_dtype.clear()
             spec = _specs[key] = LeafSpec(array.shape, _dtype_name(array.dtype))
+            if type(value) is np.ndarray:
+                _specs_by_dtype.setdefault(array.dtype, {})[array.shape] = spec
         return spec
+
+    def describe_leaves(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
+        """``tuple(map(self.describe, values))``, in one pass for a batch of one dtype.
+
+        The runtime calls this (when a backend has it) to describe a collective's
+        leaves; a batch of arrays of one dtype whose shapes were seen before costs a
+        few C-level passes instead of one Python call per leaf.
+        """
+        m = len(values)
+        if m and list(map(type, values)).count(np.ndarray) == m:
+            dtypes = list(map(_dtype_of, values))
+            dtype = dtypes[0]
+            if dtypes.count(dtype) == m:
+                by_shape = _specs_by_dtype.get(dtype)
+                if by_shape is not None:
+                    shapes = list(map(_shape_of, values))
+                    shape = shapes[0]
+                    if shapes.count(shape) == m:  # one shape: one lookup
+                        spec = by_shape.get(shape)
+                        if spec is not None:
+                            return (spec,) * m
+                    specs = tuple(map(by_shape.get, shapes))
+                    if None not in specs:
+                        return specs  # type: ignore[return-value]
+        return tuple(map(self.describe, values))
 
     @staticmethod
     def _checked(value: object, what: str) -> Array:
@@ -239,6 +365,10 @@ class NumpyBackend(Backend):
         m = len(first_values)
         if m == 1:
             return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+        if type(first_values[0]) is np.ndarray:
+            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
+            if batch is not None:
+                return batch
         out: list[list[object]] = [[None] * m for _ in range(n)]
         # Packable leaves per dtype: (leaf index, shape, element count).
         groups: dict[np.dtype[Any], list[tuple[int, tuple[int, ...], int]]] = {}
@@ -391,6 +521,7 @@ class NumpyBackend(Backend):
             self._threads.shutdown(wait=False)
             self._threads = None
         self._pool.clear()
+        self._scratch = io.BytesIO()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
         if op not in (ReduceOp.SUM, ReduceOp.MEAN):
