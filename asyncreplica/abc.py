@@ -97,6 +97,18 @@ class Backend(abc.ABC):
                 object array, ...). The message says what is accepted.
         """
 
+    def describe_leaves(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
+        """Describe several leaves: ``tuple(map(self.describe, values))``.
+
+        The runtime describes a collective's leaves with this; a backend may override
+        it to describe a batch in one pass (the numpy backend does). The result must
+        equal describing each leaf (the conformance suite checks it).
+
+        Raises:
+            TypeError: As :meth:`describe`, for the first leaf it cannot hold.
+        """
+        return tuple(map(self.describe, values))
+
     @abc.abstractmethod
     async def all_reduce(
         self, op: ReduceOp, values: Leaves, *, bytes_per_pack: int = 0

@@ -275,10 +275,11 @@ class ReplicaContext:
         return self._strategy.communication_options.merge(options)
 
     def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
-        describe = self._strategy.backend.describe
+        backend = self._strategy.backend
         if len(leaves) == 1:
-            return (describe(leaves[0]),)
-        return tuple(map(describe, leaves))
+            return (backend.describe(leaves[0]),)
+        # A backend may describe a batch in one pass (the numpy backend does).
+        return backend.describe_leaves(leaves)
 
     @staticmethod
     def _check_name(name: object) -> str | None:

@@ -328,6 +328,19 @@ class BackendConformanceTests(abc.ABC):
         value = self.from_numpy(np.zeros(shape, dtype=dtype), self.devices[0])
         assert self.backend.describe(value) == LeafSpec(shape, dtype)
 
+    def test_describe_leaves_equals_describing_each_leaf(self) -> None:
+        """``describe_leaves`` of a batch (one dtype, or mixed) equals ``describe`` per leaf."""
+        device = self.devices[0]
+        for batch in (
+            [self.from_numpy(np.full((i % 3 + 1,), i, "float32"), device) for i in range(20)],
+            [
+                self.from_numpy(np.zeros((2, 3), "float64"), device),
+                self.from_numpy(np.zeros((), "int32"), device),
+                self.from_numpy(np.zeros((4,), "float32"), device),
+            ],
+        ):
+            assert self.backend.describe_leaves(batch) == tuple(map(self.backend.describe, batch))
+
     def test_describe_indexed_slices_gives_the_dense_shape(self) -> None:
         """An ``IndexedSlices`` is described by its dense shape and its values' dtype."""
         (value,) = self._slices([2])

@@ -71,6 +71,10 @@ class MPIBackend(Backend):
         """Describe a leaf (the local backend decides what it holds)."""
         return self.inner.describe(value)
 
+    def describe_leaves(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
+        """Describe several leaves (the local backend's batch path)."""
+        return self.inner.describe_leaves(values)
+
     # -- moving bytes between processes ------------------------------------------------
 
     async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:

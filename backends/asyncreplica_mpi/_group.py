@@ -9,9 +9,11 @@ the event loop, and the goodbye exchange at interpreter exit.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import json
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable
 from typing import Any, NoReturn, TypeVar
@@ -40,16 +42,18 @@ from ._protocol import (
     outcome_message,
     rebuild_signature,
     signature_fields,
-    unanimous,
 )
 
 __all__ = ["MPIProcessGroup", "wait_request"]
 
 _T = TypeVar("_T")
 
-# Polling: this many checks that yield to the loop at once, then sleeps that grow to
-# _MAX_SLEEP. MPICH progresses only inside MPI calls, so Test() drives it.
-_SPINS = 200
+# Polling: checks that yield to the loop in between, for up to _SPIN_SECONDS, then
+# sleeps that grow to _MAX_SLEEP. MPICH progresses only inside MPI calls, so Test()
+# drives it: a process that sleeps stalls its peers' collectives too, and the loop's
+# timers cannot sleep less than about a millisecond, hence the generous spin (MPI's own
+# blocking calls spin for ever).
+_SPIN_SECONDS = 0.01
 _MAX_SLEEP = 0.001
 
 # The last uncaught exception (from sys.excepthook), told to peers at exit.
@@ -82,11 +86,10 @@ async def wait_request(request: Any) -> None:
     """Wait for an MPI request without blocking the event loop."""
     if request.Test():
         return
-    spins = 0
-    delay = 1e-5
+    spin_until = time.perf_counter() + _SPIN_SECONDS
+    delay = 1e-4
     while not request.Test():
-        if spins < _SPINS:
-            spins += 1
+        if time.perf_counter() < spin_until:
             await anyio.lowlevel.checkpoint()
         else:
             await anyio.sleep(delay)
@@ -140,14 +143,16 @@ class MPIProcessGroup(ProcessGroup):
         self.check_call_sites = check_call_sites
         self.timeout = timeout
         self.current: Signature | None = None  # the agreed collective being dispatched
-        self._lock = anyio.Lock()
+        self._busy = False
+        self._waiters: collections.deque[anyio.Event] = collections.deque()
+        self._positions: dict[Hashable, str] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._closed = False
         self._serial = next(_serials)
-        self._fields_cache: dict[Signature, tuple[dict[str, Any], int]] = {}
+        self._fields_cache: dict[Signature, tuple[dict[str, Any], int, dict[str, Any]]] = {}
         _groups.add(self)
         _install_hooks()
 
@@ -173,18 +178,20 @@ class MPIProcessGroup(ProcessGroup):
         MPI = self._MPI
         if fields is not None and not fp:
             fp = fingerprint(fields)
-        send = np.array(header(status, fp, self._number), np.int64)
         self._number += 1
+        if self.size == 1:
+            return None  # nobody to disagree with
+        send = np.array(header(status, fp, self._number - 1), np.int64)
         recv = np.empty((self.size, HEADER_WORDS), np.int64)
         yield self._ctl.Iallgather(send, recv)
+        if (recv == recv[0]).all():
+            return None
         if (recv[:, 0] != MAGIC).any():
             self._broken = "a peer sent a malformed header"
             raise BackendError(
                 "asyncreplica received a malformed message from another process: the "
                 "processes' communicators are out of step. Restart the job."
             )
-        if unanimous(recv.tolist()):
-            return None
         detail = {
             **detail,
             "rank": self.rank,
@@ -204,24 +211,24 @@ class MPIProcessGroup(ProcessGroup):
         ]
 
     async def _drive(self, steps: Generator[Any, None, _T]) -> _T:
-        request = next(steps)
-        while True:
-            await wait_request(request)
-            try:
+        try:
+            request = next(steps)
+            while True:
+                await wait_request(request)
                 request = steps.send(None)
-            except StopIteration as stop:
-                result: _T = stop.value
-                return result
+        except StopIteration as stop:
+            result: _T = stop.value
+            return result
 
     def _drive_blocking(self, steps: Generator[Any, None, _T]) -> _T:
-        request = next(steps)
-        while True:
-            request.Wait()
-            try:
+        try:
+            request = next(steps)
+            while True:
+                request.Wait()
                 request = steps.send(None)
-            except StopIteration as stop:
-                result: _T = stop.value
-                return result
+        except StopIteration as stop:
+            result: _T = stop.value
+            return result
 
     def _check_usable(self) -> None:
         if self._departed:
@@ -253,9 +260,11 @@ class MPIProcessGroup(ProcessGroup):
         detail: dict[str, Any],
         fp: int = 0,
     ) -> list[dict[str, Any]] | None:
-        """One exchange, shielded from cancellation and bounded by the timeout."""
+        """One exchange, bounded by the timeout (callers shield it from cancellation)."""
         self._check_usable()
-        with anyio.CancelScope(shield=True):
+        if self.timeout is None:
+            details = await self._drive(self._exchange(status, fields, detail, fp))
+        else:
             with anyio.move_on_after(self.timeout) as scope:
                 details = await self._drive(self._exchange(status, fields, detail, fp))
             if scope.cancelled_caught:
@@ -309,19 +318,37 @@ class MPIProcessGroup(ProcessGroup):
             message=message,
         )
 
-    def _fields(self, signature: Signature, position: Hashable) -> tuple[dict[str, Any], int]:
-        """The fields to agree on, and their fingerprint (cached per signature)."""
+    def _fields(
+        self, signature: Signature, position: Hashable
+    ) -> tuple[dict[str, Any], int, dict[str, Any]]:
+        """The fields to agree on, their fingerprint, and the detail shown on a mismatch.
+
+        Cached per signature: the steady state hashes the signature and, for a position
+        other than 0, fingerprints two short strings.
+        """
         cached = self._fields_cache.get(signature)
         if cached is None:
             if len(self._fields_cache) > 4096:
                 self._fields_cache.clear()
             fields = signature_fields(signature, 0, check_call_sites=self.check_call_sites)
-            cached = self._fields_cache[signature] = (fields, fingerprint(fields))
-        fields, base = cached
+            site = signature.call_site
+            detail = {
+                "describe": signature.describe(),
+                "site": None
+                if site is None
+                else f"{site.filename}:{site.lineno} in {site.function}",
+            }
+            cached = self._fields_cache[signature] = (fields, fingerprint(fields), detail)
+        fields, base, detail = cached
         if position == 0:
-            return fields, base
-        fields = {**fields, "position": key_text(position)}
-        return fields, fingerprint({"base": base, "position": fields["position"]})
+            return fields, base, detail
+        text = self._positions.get(position)
+        if text is None:
+            if len(self._positions) > 4096:
+                self._positions.clear()
+            text = self._positions[position] = key_text(position)
+        fields = {**fields, "position": text}
+        return fields, fingerprint({"base": base, "position": text}), detail
 
     # -- what the runtime calls ----------------------------------------------------------
 
@@ -330,43 +357,72 @@ class MPIProcessGroup(ProcessGroup):
         self._check_usable()
         self._run_ended = False
 
+    # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
+    # exchanges and their data must leave every process in the same order.
+
+    async def _acquire(self) -> None:
+        if not self._busy:
+            self._busy = True
+            return
+        turn = anyio.Event()
+        self._waiters.append(turn)
+        try:
+            await turn.wait()  # the releaser hands the lock over
+        except BaseException:
+            if turn.is_set():
+                self._release()
+            else:
+                self._waiters.remove(turn)
+            raise
+
+    def _release(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()
+        else:
+            self._busy = False
+
     async def collective(
         self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
     ) -> _T:
-        """Agree on ``signature`` at ``position`` with every process, then run ``local``."""
-        fields, fp = self._fields(signature, position)
-        site = signature.call_site
-        detail = {
-            "describe": signature.describe(),
-            "site": None if site is None else f"{site.filename}:{site.lineno} in {site.function}",
-        }
-        if signature.kind is CollectiveKind.MERGE_CALL:
-            async with self._lock:
+        """Agree on ``signature`` at ``position`` with every process, then run ``local``.
+
+        The exchange and the data movement are shielded from cancellation: once a
+        process has posted its part of an MPI collective, it must finish it, or the
+        processes fall out of step.
+        """
+        fields, fp, detail = self._fields(signature, position)
+        merge = signature.kind is CollectiveKind.MERGE_CALL
+        await self._acquire()
+        try:
+            with anyio.CancelScope(shield=True):
                 details = await self._agree(Status.COLLECTIVE, fields, detail, fp)
-            if details is not None:
-                self._raise_for(details)
+                if details is not None:
+                    self._raise_for(details)
+                if not merge:
+                    self.current = signature
+                    try:
+                        result = await local()
+                    finally:
+                        self.current = None
+        finally:
+            self._release()
+        if merge:
+            # merge_fn runs unlocked: its strategy.reduce calls take the lock themselves.
             return await local()
-        async with self._lock:
-            details = await self._agree(Status.COLLECTIVE, fields, detail, fp)
-            if details is not None:
-                self._raise_for(details)
-            self.current = signature
-            try:
-                with anyio.CancelScope(shield=True):
-                    result = await local()
-            finally:
-                self.current = None
         return result
 
     async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
-        async with self._lock:
-            details = await self._agree(Status.COLLECTIVE, fields, detail)
-            if details is not None:
-                self._raise_for(details)
+        await self._acquire()
+        try:
             with anyio.CancelScope(shield=True):
+                details = await self._agree(Status.COLLECTIVE, fields, detail)
+                if details is not None:
+                    self._raise_for(details)
                 result = await local()
+        finally:
+            self._release()
         return result
 
     async def end_run(self, error: BaseException | None) -> None:
@@ -381,8 +437,12 @@ class MPIProcessGroup(ProcessGroup):
             return
         status = Status.FINISHED if error is None else Status.FAILED
         detail = {"error": None if error is None else describe_exception(error)}
-        async with self._lock:
-            details = await self._agree(status, None, detail)
+        await self._acquire()
+        try:
+            with anyio.CancelScope(shield=True):
+                details = await self._agree(status, None, detail)
+        finally:
+            self._release()
         self._run_ended = True
         if details is not None and error is None:
             self._raise_for(details)
