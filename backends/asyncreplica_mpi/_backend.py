@@ -82,7 +82,7 @@ class MPIBackend(Backend):
         out = np.empty((self.group.size, flat.size), flat.dtype)
         send = np.ascontiguousarray(flat).view(np.uint8)
         request = self.group.data_comm.Iallgather(send, out.view(np.uint8))
-        await wait_request(request)
+        await wait_request(request, out.nbytes)
         return out
 
     async def _allgatherv(
@@ -94,7 +94,7 @@ class MPIBackend(Backend):
         request = self.group.data_comm.Iallgatherv(
             payload, [buf, list(lengths), displs, self._MPI.BYTE]
         )
-        await wait_request(request)
+        await wait_request(request, buf.nbytes)
         return [buf[d : d + n] for d, n in zip(displs, lengths, strict=True)]
 
     async def _lengths(self, mine: Sequence[int]) -> np.ndarray[Any, Any]:
@@ -110,7 +110,7 @@ class MPIBackend(Backend):
         if native and flat.nbytes > INLINE_BYTES:
             out = np.empty_like(flat)
             request = self.group.data_comm.Iallreduce(flat, out, op=self._ops[op])
-            await wait_request(request)
+            await wait_request(request, flat.nbytes)
             return out
         parts = await self._allgather(flat)
         ufunc = _UFUNCS[op]
@@ -127,8 +127,11 @@ class MPIBackend(Backend):
         for j, leaf in enumerate(leaves):
             by_dtype.setdefault(leaf.dtype, []).append(j)
         out: list[Any] = [None] * len(leaves)
-        for dtype, indices in by_dtype.items():
-            flat = np.concatenate([np.ravel(leaves[j]) for j in indices]).astype(dtype, copy=False)
+        for indices in by_dtype.values():
+            if len(indices) == 1:
+                flat = np.ravel(leaves[indices[0]])  # a view when it is contiguous
+            else:
+                flat = np.concatenate([np.ravel(leaves[j]) for j in indices])
             combined = await self._combine(op, flat)
             if op is ReduceOp.MEAN:
                 combined = np.true_divide(combined, self.group.num_replicas)
@@ -228,7 +231,7 @@ class MPIBackend(Backend):
         if self.group.rank != root:
             payload = np.empty_like(payload)
         request = self.group.data_comm.Ibcast(payload, root=root)
-        await wait_request(request)
+        await wait_request(request, payload.nbytes)
         out: list[np.ndarray[Any, Any]] = []
         start = 0
         for a in arrays:

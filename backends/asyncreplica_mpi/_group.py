@@ -20,6 +20,7 @@ from typing import Any, NoReturn, TypeVar
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 
 from asyncreplica import (
@@ -82,9 +83,23 @@ def _goodbye_all() -> None:
         group.goodbye()
 
 
-async def wait_request(request: Any) -> None:
-    """Wait for an MPI request without blocking the event loop."""
+#: Requests moving at least this many bytes are waited for in a worker thread: MPI's
+#: blocking wait progresses a large transfer much faster than polling from the loop,
+#: and mpi4py releases the GIL meanwhile (MPI runs with MPI_THREAD_MULTIPLE).
+THREAD_WAIT_BYTES = 256 * 1024
+
+
+async def wait_request(request: Any, nbytes: int = 0) -> None:
+    """Wait for an MPI request without blocking the event loop.
+
+    Args:
+        request: The request.
+        nbytes: How many bytes it moves; large transfers are waited for in a thread.
+    """
     if request.Test():
+        return
+    if nbytes >= THREAD_WAIT_BYTES and _thread_multiple():
+        await anyio.to_thread.run_sync(request.Wait)
         return
     spin_until = time.perf_counter() + _SPIN_SECONDS
     delay = 1e-4
@@ -97,6 +112,15 @@ async def wait_request(request: Any) -> None:
 
 
 _serials = iter(range(1 << 62))
+_thread_level: list[bool] = []
+
+
+def _thread_multiple() -> bool:
+    if not _thread_level:
+        from mpi4py import MPI
+
+        _thread_level.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    return _thread_level[0]
 
 
 class MPIProcessGroup(ProcessGroup):
