@@ -5,8 +5,9 @@ replicas, one non-blocking MPI collective per process combines the processes' pa
 results on the group's data communicator (polled from the event loop), and each local
 replica gets a read-only view of the result.
 
-Determinism: partial results of up to :data:`INLINE_BYTES` (and of dtypes MPI cannot
-reduce) are gathered and combined in rank order here, so every process computes the
+Determinism: partial results of up to :data:`GATHER_BYTES` (and of dtypes MPI cannot
+reduce) are gathered and combined in rank order here (those up to the group's
+``INLINE_BYTES`` travel inside the agreement exchange itself), so every process computes the
 same bits in the same order. Larger ones use MPI's ``Iallreduce``, whose result MPICH
 makes identical on every process.
 """
@@ -21,13 +22,13 @@ import numpy as np
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from ._group import MPIProcessGroup, wait_request
+from ._group import INLINE_BYTES, MPIProcessGroup, wait_request
 from ._protocol import cross_fields
 
-__all__ = ["INLINE_BYTES", "MPIBackend"]
+__all__ = ["GATHER_BYTES", "MPIBackend"]
 
 #: Partial results up to this size are gathered and combined in rank order.
-INLINE_BYTES = 64 * 1024
+GATHER_BYTES = 64 * 1024
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,
@@ -107,7 +108,7 @@ class MPIBackend(Backend):
             return flat.copy()
         dtype = flat.dtype
         native = dtype.kind in "iuf" or (dtype.kind == "c" and op in (ReduceOp.SUM, ReduceOp.MEAN))
-        if native and flat.nbytes > INLINE_BYTES:
+        if native and flat.nbytes > GATHER_BYTES:
             out = np.empty_like(flat)
             request = self.group.data_comm.Iallreduce(flat, out, op=self._ops[op])
             await wait_request(request, flat.nbytes)
@@ -186,13 +187,52 @@ class MPIBackend(Backend):
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [np.asarray(leaf) for leaf in local[0]]
-        combined = await self._combine_leaves(op, leaves)
+        combined = await self._combine_inline(op, leaves)
+        if combined is None:
+            await self.group.settle()
+            combined = await self._combine_leaves(op, leaves)
         return [[_readonly(c) for c in combined] for _ in values]
+
+    async def _combine_inline(
+        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
+    ) -> list[np.ndarray[Any, Any]] | None:
+        """Small partial results travel with the agreement: one exchange, not two.
+
+        Every process gets every process's bytes and combines them in rank order, so
+        the result is the same everywhere. None when they do not fit.
+        """
+        sizes = [leaf.nbytes for leaf in leaves]
+        if sum(sizes) > INLINE_BYTES:
+            return None
+        payload = np.concatenate(
+            [np.ascontiguousarray(leaf).reshape(-1).view(np.uint8) for leaf in leaves]
+            or [np.empty(0, np.uint8)]
+        )
+        parts = await self.group.settle_with(payload)
+        if parts is None:
+            return None
+        ufunc = _UFUNCS[op]
+        out = []
+        start = 0
+        for leaf, size in zip(leaves, sizes, strict=True):
+            pieces = [
+                parts[r, start : start + size].copy().view(leaf.dtype).reshape(leaf.shape)
+                for r in range(parts.shape[0])
+            ]
+            start += size
+            acc = pieces[0]
+            for piece in pieces[1:]:
+                ufunc(acc, piece, out=acc)
+            if op is ReduceOp.MEAN:
+                acc = np.true_divide(acc, self.group.num_replicas)
+            out.append(acc)
+        return out
 
     async def all_gather(self, values: Sequence[Sequence[object]], axis: int) -> list[list[object]]:
         """Concatenate every replica's leaves along ``axis`` in global replica order."""
         _no_sparse(values, "all_gather")
         local = await self.inner.all_gather(values, axis)
+        await self.group.settle()
         gathered = await self._gather_leaves([np.asarray(leaf) for leaf in local[0]], axis)
         return [[_readonly(g) for g in gathered] for _ in values]
 
@@ -223,6 +263,7 @@ class MPIBackend(Backend):
         signature = self.group.current
         if signature is None or signature.source is None or self.group.size == 1:
             return await self.inner.broadcast(values, num_replicas)
+        await self.group.settle()
         root = self.group.process_of(signature.source)
         arrays = [np.ascontiguousarray(np.asarray(v)) for v in values]
         payload = np.concatenate(

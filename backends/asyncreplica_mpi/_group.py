@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import collections
 import contextlib
+import hashlib
 import json
 import sys
 import time
@@ -45,7 +46,11 @@ from ._protocol import (
     signature_fields,
 )
 
-__all__ = ["MPIProcessGroup", "wait_request"]
+__all__ = ["INLINE_BYTES", "MPIProcessGroup", "wait_request"]
+
+#: A partial result up to this size travels inside the agreement exchange.
+INLINE_BYTES = 256
+INLINE_WORDS = INLINE_BYTES // 8
 
 _T = TypeVar("_T")
 
@@ -166,7 +171,10 @@ class MPIProcessGroup(ProcessGroup):
         self.offset = self.offsets[self.rank]
         self.check_call_sites = check_call_sites
         self.timeout = timeout
-        self.current: Signature | None = None  # the agreed collective being dispatched
+        self.current: Signature | None = None  # the collective being dispatched
+        # Its agreement, until the backend makes it (see settle, settle_with).
+        self._deferred: tuple[dict[str, Any], dict[str, Any], int] | None = None
+        self.inline_parts: np.ndarray[Any, Any] | None = None
         self._busy = False
         self._waiters: collections.deque[anyio.Event] = collections.deque()
         self._positions: dict[Hashable, str] = {}
@@ -197,19 +205,37 @@ class MPIProcessGroup(ProcessGroup):
     # -- the exchange -------------------------------------------------------------------
 
     def _exchange(
-        self, status: Status, fields: dict[str, Any] | None, detail: dict[str, Any], fp: int = 0
+        self,
+        status: Status,
+        fields: dict[str, Any] | None,
+        detail: dict[str, Any],
+        fp: int = 0,
+        inline: np.ndarray[Any, Any] | None = None,
     ) -> Generator[Any, None, list[dict[str, Any]] | None]:
         MPI = self._MPI
         if fields is not None and not fp:
             fp = fingerprint(fields)
         self._number += 1
+        self.inline_parts = None
         if self.size == 1:
+            if inline is not None:
+                self.inline_parts = inline.reshape(1, -1)
             return None  # nobody to disagree with
-        send = np.array(header(status, fp, self._number - 1), np.int64)
-        recv = np.empty((self.size, HEADER_WORDS), np.int64)
+        # Every exchange has the same size: the header, then room for a small payload
+        # (a small all_reduce's partial result travels with its agreement).
+        send = np.zeros(HEADER_WORDS + INLINE_WORDS, np.int64)
+        send[:HEADER_WORDS] = header(status, fp, self._number - 1)
+        if inline is not None:
+            send[HEADER_WORDS:].view(np.uint8)[: inline.size] = inline
+        recv = np.empty((self.size, HEADER_WORDS + INLINE_WORDS), np.int64)
         yield self._ctl.Iallgather(send, recv)
-        if (recv == recv[0]).all():
+        heads = recv[:, :HEADER_WORDS]
+        if (heads == heads[0]).all():
+            if inline is not None:
+                # Same fingerprint, so the same payload size on every process.
+                self.inline_parts = recv[:, HEADER_WORDS:].view(np.uint8)[:, : inline.size]
             return None
+        recv = heads
         if (recv[:, 0] != MAGIC).any():
             self._broken = "a peer sent a malformed header"
             raise BackendError(
@@ -283,14 +309,16 @@ class MPIProcessGroup(ProcessGroup):
         fields: dict[str, Any] | None,
         detail: dict[str, Any],
         fp: int = 0,
+        inline: np.ndarray[Any, Any] | None = None,
     ) -> list[dict[str, Any]] | None:
         """One exchange, bounded by the timeout (callers shield it from cancellation)."""
         self._check_usable()
+        steps = self._exchange(status, fields, detail, fp, inline)
         if self.timeout is None:
-            details = await self._drive(self._exchange(status, fields, detail, fp))
+            details = await self._drive(steps)
         else:
             with anyio.move_on_after(self.timeout) as scope:
-                details = await self._drive(self._exchange(status, fields, detail, fp))
+                details = await self._drive(steps)
             if scope.cancelled_caught:
                 self._broken = "a cross-process exchange timed out"
                 what = "" if fields is None else f" at their {fields['position']}"
@@ -372,7 +400,8 @@ class MPIProcessGroup(ProcessGroup):
                 self._positions.clear()
             text = self._positions[position] = key_text(position)
         fields = {**fields, "position": text}
-        return fields, fingerprint({"base": base, "position": text}), detail
+        digest = hashlib.blake2b(f"{base}@{text}".encode(), digest_size=8).digest()
+        return fields, int.from_bytes(digest, "little", signed=True), detail
 
     # -- what the runtime calls ----------------------------------------------------------
 
@@ -419,21 +448,60 @@ class MPIProcessGroup(ProcessGroup):
         await self._acquire()
         try:
             with anyio.CancelScope(shield=True):
-                details = await self._agree(Status.COLLECTIVE, fields, detail, fp)
-                if details is not None:
-                    self._raise_for(details)
-                if not merge:
+                if merge:
+                    await self._agree_or_raise(fields, detail, fp)
+                else:
+                    # The backend settles the agreement before it moves data (a small
+                    # all_reduce sends its partial result along with it).
+                    self._deferred = (fields, detail, fp)
                     self.current = signature
                     try:
                         result = await local()
+                        await self.settle()  # if local() moved nothing
                     finally:
                         self.current = None
+                        self._deferred = None
         finally:
             self._release()
         if merge:
             # merge_fn runs unlocked: its strategy.reduce calls take the lock themselves.
             return await local()
         return result
+
+    async def _agree_or_raise(
+        self,
+        fields: dict[str, Any],
+        detail: dict[str, Any],
+        fp: int = 0,
+        inline: np.ndarray[Any, Any] | None = None,
+    ) -> None:
+        details = await self._agree(Status.COLLECTIVE, fields, detail, fp, inline)
+        if details is not None:
+            self._raise_for(details)
+
+    async def settle(self) -> None:
+        """Make the deferred agreement of the current collective now, if not made yet."""
+        deferred = self._deferred
+        if deferred is not None:
+            self._deferred = None
+            fields, detail, fp = deferred
+            await self._agree_or_raise(fields, detail, fp)
+
+    async def settle_with(self, payload: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """Agree and exchange a small payload at once; every process's payload, by rank.
+
+        Returns None (having made no exchange) when there is no deferred agreement or
+        the payload does not fit: the caller settles and moves its data as usual.
+        """
+        deferred = self._deferred
+        if deferred is None or payload.size > INLINE_BYTES:
+            return None
+        self._deferred = None
+        fields, detail, fp = deferred
+        await self._agree_or_raise(fields, detail, fp, payload)
+        parts = self.inline_parts
+        assert parts is not None
+        return parts
 
     async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""

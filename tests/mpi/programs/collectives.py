@@ -10,6 +10,7 @@ import sys
 
 import anyio
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import asyncreplica as ar
@@ -121,6 +122,20 @@ async def main() -> None:
     again = await strategy.run(lambda: ar.get_replica_context().all_reduce("SUM", 1.0))
     for v in strategy.experimental_local_results(again):
         check("second-run", v, float(TOTAL))
+    # the strategy runs on a duplicate of the communicator it is given
+    sub = MPI.COMM_WORLD.Split(color=0, key=SIZE - RANK)  # ranks reversed
+    reversed_strategy = ar.MultiWorkerMirroredStrategy(["CPU:0"], communicator=sub)
+    assert reversed_strategy.process_rank == SIZE - 1 - RANK
+
+    async def first_id() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.broadcast(np.array([RANK]), source=0)
+
+    got = await reversed_strategy.run(first_id)
+    check("communicator", got, [SIZE - 1])  # global replica 0 is on the last world rank
+    with pytest.raises(TypeError, match="mpi4py Intracomm"):
+        ar.MultiWorkerMirroredStrategy(communicator="world")
     print(f"rank={RANK} done", flush=True)
 
 
