@@ -478,6 +478,11 @@ class Run:
             await self._park(slot)
         if slot.done:
             return
+        if self._slots.get(key) is not slot and not self.failed:
+            # Every replica arrived and the dispatch is under way (under MPI it waits
+            # for the other processes, and bounds that wait itself): not a timeout here.
+            await self._park(slot)
+            return
         if self.failed:
             await anyio.lowlevel.checkpoint()
         error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))

@@ -204,3 +204,15 @@ def test_trace_is_merged_by_rank_0_with_global_replica_ids(tmp_path: Path) -> No
     assert all(e["ts"] >= 0 for e in events if "ts" in e)
     assert trace["otherData"]["mpi_world_size"] == 2
     assert "3 replicas, 3 collectives in 1 run" in summarize(path)
+
+
+def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
+    # Process 1 never reaches the collective; process 0 gives up after timeout_seconds,
+    # and, the processes being out of step, its exit hook aborts the whole job.
+    rc, logs, output = launch(2, "scenarios.py", "timeout", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[0].startswith("raised CollectiveTimeoutError\n"), logs[0]
+    assert "The other processes did not all reach the same point at their 1st collective" in logs[0]
+    assert "within 0.5 s (this is process 0 of 2)" in logs[0]
+    assert logs[1] == ""
+    assert "aborting the MPI job" in output

@@ -61,6 +61,14 @@ async def fails() -> None:
     await ctx.all_reduce("SUM", np.ones(3))
 
 
+async def busy() -> None:
+    ctx = ar.get_replica_context()
+    if RANK == 1:
+        # Busy for good: blocks until process 0's exit hook aborts the job.
+        MPI.COMM_WORLD.recv(source=0, tag=99)
+    await ctx.all_reduce("SUM", np.ones(3))
+
+
 async def ok() -> float:
     ctx = ar.get_replica_context()
     return float(await ctx.all_reduce("SUM", 1.0))
@@ -74,6 +82,7 @@ STEPS = {
     "callsite": callsite,
     "raise": fails,
     "raise_outside": ok,
+    "timeout": busy,
     "responsive": ok,
 }
 
@@ -104,7 +113,10 @@ async def responsive(strategy: ar.MultiWorkerMirroredStrategy) -> None:
 
 
 async def main() -> None:
-    strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(LOCAL)])
+    options = ar.CommunicationOptions(timeout_seconds=0.5) if SCENARIO == "timeout" else None
+    strategy = ar.MultiWorkerMirroredStrategy(
+        [f"CPU:{i}" for i in range(LOCAL)], communication_options=options
+    )
     if SCENARIO == "responsive":
         await responsive(strategy)
         report("finished")
