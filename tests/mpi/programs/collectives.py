@@ -110,6 +110,13 @@ async def main() -> None:
     )
     check("reduce-mean-axis", await strategy.reduce("MEAN", per, axis=0), 1.0)
     check("reduce-sum-axis", await strategy.reduce("SUM", per, axis=0), sum(range(1, TOTAL + 1)))
+    ones = strategy.experimental_distribute_values_from_function(lambda c: np.ones(2))
+    check("reduce_to", await strategy.extended.reduce_to("SUM", ones, "CPU:0"), [TOTAL] * 2)
+    pairs = [(ones, "CPU:0"), (ones, ones)]
+    single, mirrored = await strategy.extended.batch_reduce_to("MEAN", pairs)
+    check("batch_reduce_to", single, [1.0, 1.0])
+    for component in mirrored.values:
+        check("batch_reduce_to-mirrored", component, [1.0, 1.0])
     gathered = await strategy.gather(per, axis=0)
     check("gather-cross", gathered, np.ones(sum(range(1, TOTAL + 1))))
     # a dataset is split by global replica: this process keeps its replicas' slices
