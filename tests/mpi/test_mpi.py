@@ -8,6 +8,7 @@ replicas and call sites.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -216,3 +217,26 @@ def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     assert "within 0.5 s (this is process 0 of 2)" in logs[0]
     assert logs[1] == ""
     assert "aborting the MPI job" in output
+
+
+def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
+    _mpiexec()  # skips when there is none
+    out = tmp_path / "mpi.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "asyncreplica", "bench", "--mpi", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "across 2 MPI processes x 4 replicas" in proc.stdout
+    assert proc.stdout.count("ours/raw") == 1  # only rank 0 prints
+    data = json.loads(out.read_text())
+    assert (data["processes"], data["replicas"]) == (2, 4)
+    assert [row["size"] for row in data["rows"]] == [8, 1 << 20]
+    for row in data["rows"]:
+        assert row["ours_s"] > 0
+        assert row["raw_s"] > 0
+        assert row["checks_s"] > 0
+        assert row["ratio"] == pytest.approx(row["ours_s"] / row["raw_s"])
