@@ -815,6 +815,14 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> None:
         if devices is None and backend is None:
             devices = ["CPU:0"]
+        if devices is not None and not isinstance(devices, str):
+            gpus = [d for d in devices if isinstance(d, str) and "GPU" in d.upper()]
+            if gpus:
+                raise ValueError(
+                    f"MultiWorkerMirroredStrategy moves values between processes through host "
+                    f"memory (numpy); GPU devices ({', '.join(gpus)}) are not supported across "
+                    "processes yet. Use CPU devices, or MirroredStrategy for GPUs in one process."
+                )
         parsed, local, communication_options = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )

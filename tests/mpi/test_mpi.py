@@ -240,3 +240,10 @@ def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
         assert row["raw_s"] > 0
         assert row["checks_s"] > 0
         assert row["ratio"] == pytest.approx(row["ours_s"] / row["raw_s"])
+
+
+def test_gpu_devices_are_refused_before_any_mpi_call() -> None:
+    import asyncreplica as ar
+
+    with pytest.raises(ValueError, match=r"GPU devices \(GPU:0\) are not supported across"):
+        ar.MultiWorkerMirroredStrategy(["GPU:0"])
