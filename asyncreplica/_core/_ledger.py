@@ -37,7 +37,6 @@ reported in a :class:`CollectiveError` -- never left waiting.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from dataclasses import dataclass
 
 from .._exceptions import (
@@ -134,7 +133,7 @@ class _Round:
 class _Replica:
     """One replica's bookkeeping."""
 
-    __slots__ = ("history", "inflight", "names", "seq", "state", "unnamed")
+    __slots__ = ("inflight", "names", "ring", "seq", "state", "unnamed")
 
     def __init__(self) -> None:
         self.state = ReplicaState.RUNNING
@@ -142,7 +141,26 @@ class _Replica:
         self.names: dict[str, int] = {}  # named collectives issued, per name
         self.seq = 0  # collectives issued in all
         self.inflight: dict[Key, Signature] = {}
-        self.history: deque[tuple[int, Signature]] = deque(maxlen=HISTORY_SIZE)
+        # The flight recorder: collective ``s`` is at ``ring[s % HISTORY_SIZE]`` while
+        # ``seq - HISTORY_SIZE <= s < seq``. One slot write per collective, no tuple per
+        # entry: with many replicas, entries that live for 16 collectives are what
+        # CPython's garbage collector would otherwise scan again and again.
+        self.ring: list[Signature | None] = [None] * HISTORY_SIZE
+
+    @property
+    def history(self) -> tuple[tuple[int, Signature], ...]:
+        """The most recent collectives as ``(position, signature)``, oldest first."""
+        ring = self.ring
+        entries = []
+        for s in range(max(0, self.seq - HISTORY_SIZE), self.seq):
+            signature = ring[s % HISTORY_SIZE]
+            assert signature is not None
+            entries.append((s, signature))
+        return tuple(entries)
+
+    def last(self) -> Signature | None:
+        """The signature of the last collective issued, if any."""
+        return self.ring[(self.seq - 1) % HISTORY_SIZE] if self.seq else None
 
     def count(self, key: Key) -> int:
         """How many collectives of ``key``'s kind (unnamed, or that name) were issued."""
@@ -210,8 +228,9 @@ class Ledger:
             self._settled += 1
             rep.state = ReplicaState.WAITING
             rep.inflight[key] = signature
-            rep.history.append((rep.seq, signature))
-            rep.seq += 1
+            seq = rep.seq
+            rep.ring[seq % HISTORY_SIZE] = signature
+            rep.seq = seq + 1
             round_ = self._rounds.get(key)
             if round_ is None:
                 round_ = self._rounds[key] = _Round(replica, signature)
@@ -254,7 +273,7 @@ class Ledger:
             self._settled += 1
         rep.state = ReplicaState.WAITING
         rep.inflight[key] = signature
-        rep.history.append((rep.seq, signature))
+        rep.ring[rep.seq % HISTORY_SIZE] = signature
         rep.seq += 1
         round_ = self._rounds.get(key)
         if round_ is None:
@@ -336,7 +355,7 @@ class Ledger:
 
     def _exited_error(self, exited: int, key: Key) -> ReplicaExitedError:
         rep = self._replicas[exited]
-        last = rep.history[-1][1] if rep.history else None
+        last = rep.last()
         return ReplicaExitedError(
             exited,
             key_index(key),
@@ -485,14 +504,14 @@ class Ledger:
         """Return the state of every replica now."""
         rows = []
         for rid, rep in enumerate(self._replicas):
-            history = tuple(rep.history)
+            history = rep.history
             signature: Signature | None
             if rep.inflight:
                 key, signature = next(iter(rep.inflight.items()))
                 position = key_index(key)
             else:
                 position = rep.seq
-                signature = history[-1][1] if history else None
+                signature = rep.last()
             rows.append(ReplicaRow(rid, rep.state, position, signature, history))
         return Report(tuple(rows))
 

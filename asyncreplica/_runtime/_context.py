@@ -62,6 +62,10 @@ def _flatten(value: object) -> tuple[list[object], TreeDef]:
 
 _new_signature = tuple.__new__
 
+# Signatures of single-leaf all_reduces, by (id(leaf spec), id(call path)); see all_reduce.
+_SIGNATURES: dict[tuple[int, int], Signature] = {}
+_MAX_SIGNATURES = 4096
+
 
 # Dispatch functions: called once per collective, by the last replica to arrive, with
 # every replica's payload in replica order. Module-level (no closure per call): what
@@ -333,29 +337,48 @@ class ReplicaContext:
             timeout = merged.timeout_seconds
             bytes_per_pack = merged.bytes_per_pack
         if type(value) in _LEAF_TYPES:
+            # One leaf (the common case): the signature is interned by the leaf's spec
+            # and call path (both interned themselves), so every replica at this call
+            # shares one signature object: the ledger compares them by identity, and
+            # no new signature is kept alive per collective.
             leaves: list[object] = [value]
             treedef: TreeDef = None
-            specs: tuple[LeafSpec, ...] = (run.describe(value),)
+            spec = run.describe(value)
+            if name is not None:
+                self._check_name(name)
+            path = call_path()
+            cache_key = (id(spec), id(path))
+            signature = _SIGNATURES.get(cache_key)
+            if signature is None or signature[1] is not op or signature[6] != name:
+                signature = Signature(
+                    CollectiveKind.ALL_REDUCE, op, name=name, leaves=(spec,), call_path=path
+                )
+                if len(_SIGNATURES) >= _MAX_SIGNATURES:
+                    _SIGNATURES.clear()
+                # The signature holds spec and path: their ids stay theirs while cached.
+                _SIGNATURES[cache_key] = signature
         else:
             leaves, treedef = _flatten(value)
             specs = self._describe(leaves)
-        # A plain tuple build: the named tuple's keyword constructor costs more than
-        # everything else the checks do on this path.
-        signature = _new_signature(
-            Signature,
-            (
-                CollectiveKind.ALL_REDUCE,
-                op,
-                None,
-                None,
-                None,
-                None,
-                None if name is None else self._check_name(name),
-                treedef,
-                specs,
-                call_path(),
-            ),
-        )
+            if name is not None:
+                self._check_name(name)
+            # A plain tuple build: the named tuple's keyword constructor costs more
+            # than everything else the checks do on this path.
+            signature = _new_signature(
+                Signature,
+                (
+                    CollectiveKind.ALL_REDUCE,
+                    op,
+                    None,
+                    None,
+                    None,
+                    None,
+                    name,
+                    treedef,
+                    specs,
+                    call_path(),
+                ),
+            )
         return Collective(
             run,
             self._replica_id,

@@ -19,24 +19,29 @@ _LOOP_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("asyncio", "anyio", "t
 MAX_DEPTH = 8
 
 _USER, _SKIP, _STOP = 0, 1, 2
-_kinds: dict[CodeType, int] = {}
+# Each code object's kind, by id(code). The entry holds the code object, so its id stays
+# its own: looking up an int costs far less than hashing a code object (which hashes
+# its bytecode and constants on every lookup).
+_kinds: dict[int, tuple[CodeType, int]] = {}
 # Interned call paths: the same (code, line) chain always gives the same tuple object,
-# so comparing two replicas' paths is usually an identity check.
-_paths: dict[tuple[tuple[CodeType, int], ...], tuple[CallSite, ...]] = {}
+# so comparing two replicas' paths is usually an identity check. Keyed by the flat
+# chain ``(id(code), line, id(code), line, ...)``: every code in it is held by _kinds.
+_paths: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
 _MAX_PATHS = 100_000
 
 
 def _kind(code: CodeType) -> int:
-    kind = _kinds.get(code)
-    if kind is None:
-        name = code.co_filename
-        if name.startswith(_RUNTIME_DIR):
-            kind = _STOP
-        elif any(d in name for d in _LOOP_DIRS):
-            kind = _SKIP
-        else:
-            kind = _USER
-        _kinds[code] = kind
+    entry = _kinds.get(id(code))
+    if entry is not None:
+        return entry[1]
+    name = code.co_filename
+    if name.startswith(_RUNTIME_DIR):
+        kind = _STOP
+    elif any(d in name for d in _LOOP_DIRS):
+        kind = _SKIP
+    else:
+        kind = _USER
+    _kinds[id(code)] = (code, kind)
     return kind
 
 
@@ -50,15 +55,14 @@ def call_path() -> tuple[CallSite, ...]:
     """
     frame = sys._getframe(1)
     kinds = _kinds
-    key: list[tuple[CodeType, int]] = []
+    key: list[int] = []
     while frame is not None:
         code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = _kind(code)
+        entry = kinds.get(id(code))
+        kind = _kind(code) if entry is None else entry[1]
         if kind == _USER:
-            key.append((code, frame.f_lineno))
-            if len(key) == MAX_DEPTH:
+            key += (id(code), frame.f_lineno)
+            if len(key) == 2 * MAX_DEPTH:
                 break
         elif kind == _STOP and key:
             break  # the replica driver, below the user's frames
@@ -68,7 +72,9 @@ def call_path() -> tuple[CallSite, ...]:
     if path is None:
         if len(_paths) >= _MAX_PATHS:
             _paths.clear()
+        codes = [kinds[code_id][0] for code_id in frozen[::2]]
         path = _paths[frozen] = tuple(
-            CallSite(code.co_filename, line, code.co_name) for code, line in frozen
+            CallSite(code.co_filename, line, code.co_name)
+            for code, line in zip(codes, frozen[1::2], strict=True)
         )
     return path

@@ -21,10 +21,12 @@ from __future__ import annotations
 import asyncio
 import collections.abc
 import contextlib
+import functools
 import inspect
 import logging
 import random
 import time
+import types
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -71,12 +73,174 @@ class _Slot:
     def release(self) -> None:
         """Wake every waiter (the results are set)."""
         self.done = True
-        for waiter in self.waiters:
-            if isinstance(waiter, asyncio.Future):
+        waiters = self.waiters
+        if waiters and isinstance(waiters[0], asyncio.Future):
+            for waiter in waiters:  # futures (asyncio), all of them
                 if not waiter.done():
                     waiter.set_result(None)
-            else:
-                waiter.set()
+            return
+        for waiter in waiters:
+            waiter.set()
+
+
+def _result(call: Collective, result: Any) -> Any:
+    """A replica's result, rebuilt into the structure of its value."""
+    treedef = call.treedef
+    if treedef is None:
+        return result[0]
+    if treedef is NO_TREE:
+        return result
+    if treedef[0] is list and treedef[1] is None and _all_leaves(treedef[2]):
+        return list(result)  # a flat list of leaves
+    return unflatten(treedef, result)
+
+
+class _Arrival:
+    """One replica's part in a collective on asyncio, as an awaitable state machine.
+
+    The common case of :meth:`Run.collective` (asyncio or uvloop, no timeout, no
+    tracer, no shuffle) without a coroutine: the arrival is made in the first step,
+    a waiter then yields its future straight to its task (as ``await future`` would)
+    and finishes when resumed; the last arrival delegates to the coroutine
+    :meth:`Run._dispatch`. The same steps and checks as :meth:`Run._collective`, in
+    one object per arrival instead of a coroutine, its wrapper and a future iterator:
+    with thousands of replicas, each object alive across a collective is one more for
+    CPython's garbage collector to scan.
+    """
+
+    __slots__ = ("call", "future", "inner", "key", "run", "slot", "state", "task")
+
+    # state: 0 not started, 1 waiting on ``future``, 2 delegating to ``inner``, 3 done.
+    # ``future``, ``key``, ``slot`` and ``task`` are set in state 1, ``inner`` in 2.
+    future: Any  # an asyncio future, then None
+    key: Key
+    slot: Any  # a _Slot, then None
+    task: object
+    inner: Any  # a coroutine
+
+    def __init__(self, run: Run, call: Collective) -> None:
+        self.run = run
+        self.call: Any = call  # a Collective; None once done (no cycle outlives it)
+        self.state = 0
+
+    def __await__(self) -> _Arrival:
+        return self
+
+    def __next__(self) -> Any:
+        state = self.state
+        if state == 1:
+            future = self.future
+            if not future.done():
+                future._asyncio_future_blocking = True
+                return future
+            future.result()  # raises if it was cancelled (the task throws instead)
+            # Resumed after the collective completed: leave the rendezvous, return.
+            self.state = 3
+            del self.run._parked[id(self.task)]
+            call = self.call
+            results = self.slot.results
+            self.call = self.slot = self.future = self.task = None
+            result = results[call.replica]
+            treedef = call.treedef
+            if treedef is None:
+                raise StopIteration(result[0])
+            raise StopIteration(_result(call, result))
+        if state == 2:
+            return self.inner.send(None)
+        if state == 3:
+            raise RuntimeError("cannot reuse already awaited coroutine")
+        run = self.run
+        call = self.call
+        if run._errors:
+            # The run failed meanwhile: the coroutine raises the cancellation.
+            return self._delegate(run._collective(call))
+        replica = call.replica
+        try:
+            key, complete = run.ledger.arrive(replica, call._signature)
+        except CollectiveError as exc:
+            self.state = 3
+            self.call = None
+            run._fail(replica, exc)
+            raise
+        slots = run._slots
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _Slot(run.num_replicas, time.monotonic())
+        slot.payloads[replica] = call.payload
+        if complete:
+            del slots[key]
+            return self._delegate(run._dispatch(call, key, slot))
+        task = run._current_task()
+        parked = run._parked
+        parked[id(task)] = key
+        if run.ledger.all_waiting():
+            try:
+                run._check_deadlock(replica, current=task)
+            except BaseException:
+                self.state = 3
+                self.call = None
+                del parked[id(task)]
+                raise
+        future = run._loop.create_future()  # type: ignore[union-attr]
+        slot.waiters.append(future)
+        self.state = 1
+        self.future = future
+        self.key = key
+        self.slot = slot
+        self.task = task
+        future._asyncio_future_blocking = True
+        return future
+
+    def send(self, value: Any) -> Any:
+        """Advance the collective (coroutine protocol)."""
+        if self.state == 2:
+            return self.inner.send(value)
+        return self.__next__()
+
+    def _delegate(self, inner: Any) -> Any:
+        self.state = 2
+        self.inner = inner
+        self.call = None  # the coroutine holds it until it ends
+        return inner.send(None)
+
+    def throw(self, typ: Any, value: Any = None, traceback: Any = None) -> Any:
+        """Raise an exception at the point where the collective waits (coroutine protocol)."""
+        state = self.state
+        if state == 2:
+            if value is None and traceback is None:
+                return self.inner.throw(typ)
+            return self.inner.throw(typ, value, traceback)
+        if isinstance(typ, BaseException):
+            error = typ
+        elif isinstance(value, BaseException):
+            error = value
+        else:
+            error = typ() if value is None else typ(value)
+        if traceback is not None:
+            error = error.with_traceback(traceback)
+        self.state = 3
+        if state == 1:
+            run = self.run
+            try:
+                cancelled = isinstance(error, anyio.get_cancelled_exc_class())
+                if cancelled and not run._errors and not self.slot.done:
+                    abandoned = run.ledger.abandon(self.call.replica, self.key)
+                    if abandoned is not None:
+                        run._fail(self.call.replica, abandoned)
+            finally:
+                del run._parked[id(self.task)]
+        self.call = self.slot = self.future = self.task = None
+        raise error
+
+    def close(self) -> None:
+        """Stop waiting without a result (coroutine protocol)."""
+        state = self.state
+        self.state = 3
+        if state == 1:
+            del self.run._parked[id(self.task)]
+        elif state == 2:
+            self.inner.close()
+        self.call = self.slot = self.future = self.task = None
 
 
 # Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
@@ -365,7 +529,7 @@ class Run:
             return self.backend.all_reduce(op, payloads, bytes_per_pack=bytes_per_pack)
         return self.backend.all_reduce(op, payloads)
 
-    async def collective(self, call: Collective) -> Any:
+    def collective(self, call: Collective) -> Any:
         """Meet the other replicas at this replica's next collective.
 
         Args:
@@ -373,8 +537,24 @@ class Run:
                 function, timeout and result structure.
 
         Returns:
-            This replica's result, rebuilt into ``call.treedef``'s structure.
+            An awaitable (with the coroutine protocol) whose result is this replica's
+            result, rebuilt into ``call.treedef``'s structure: an :class:`_Arrival`
+            on asyncio without a timeout, tracer or shuffle (the common case, with
+            the fewest objects and frames), else the coroutine
+            :meth:`_collective`. Both take the same steps and checks.
         """
+        if (
+            self._loop is None
+            or call.timeout
+            or self.tracer is not None
+            or self.shuffle is not None
+            or self._errors
+        ):
+            return self._collective(call)
+        return _Arrival(self, call)
+
+    async def _collective(self, call: Collective) -> Any:
+        """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
         if self._errors:
             # The run is being torn down; this raises the cancellation.
             await anyio.lowlevel.checkpoint()
@@ -395,24 +575,10 @@ class Run:
         slot.payloads[replica] = call.payload
         if complete:
             del slots[key]
-            if tracer is not None:
-                tracer.dispatch_begin(key, replica, signature)
-            group = self.group
-            if group is None:
-                slot.results = await call.dispatch(self, call, slot.payloads)
-            else:
-                # Scale-out: the processes agree on this position first (MPI).
-                payloads = slot.payloads
-                slot.results = await group.collective(
-                    signature, key, lambda: call.dispatch(self, call, payloads)
-                )
-            if tracer is not None:
-                tracer.dispatch_end(key)
-                tracer.resume(replica, key)
-            slot.release()
-            if slot.warned:
-                waited = time.monotonic() - slot.since
-                logger.warning(resumed_message(key_text(key), waited))
+            result = await self._dispatch(call, key, slot)
+            if self.shuffle is not None:
+                await self._jitter()
+            return result
         else:
             task = self._current_task()
             parked = self._parked
@@ -441,15 +607,36 @@ class Run:
                 tracer.resume(replica, key)
         if self.shuffle is not None:
             await self._jitter()
-        result = slot.results[replica]
-        treedef = call.treedef
-        if treedef is None:
-            return result[0]
-        if treedef is NO_TREE:
-            return result
-        if treedef[0] is list and treedef[1] is None and _all_leaves(treedef[2]):
-            return list(result)  # a flat list of leaves
-        return unflatten(treedef, result)
+        return _result(call, slot.results[replica])
+
+    async def _dispatch(self, call: Collective, key: Key, slot: _Slot) -> Any:
+        """The last arrival at ``key``: run the collective, wake the others.
+
+        Returns:
+            This replica's result (rebuilt), when called from an :class:`_Arrival`.
+        """
+        replica = call.replica
+        signature = call._signature
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.dispatch_begin(key, replica, signature)
+        group = self.group
+        if group is None:
+            slot.results = await call.dispatch(self, call, slot.payloads)
+        else:
+            # Scale-out: the processes agree on this position first (MPI).
+            payloads = slot.payloads
+            slot.results = await group.collective(
+                signature, key, lambda: call.dispatch(self, call, payloads)
+            )
+        if tracer is not None:
+            tracer.dispatch_end(key)
+            tracer.resume(replica, key)
+        slot.release()
+        if slot.warned:
+            waited = time.monotonic() - slot.since
+            logger.warning(resumed_message(key_text(key), waited))
+        return _result(call, slot.results[replica])
 
     async def _jitter(self) -> None:
         """Yield to the loop a seeded random number of times (``schedule="random"``)."""
@@ -627,7 +814,16 @@ class Run:
         except RuntimeError:
             loop = None
         self._loop = loop
-        self._current_task = asyncio.current_task if loop is not None else _tasks.current_task
+        self._current_task = _tasks.current_task
+        if loop is not None:
+            self._current_task = asyncio.current_task
+            current_tasks = getattr(asyncio.tasks, "_current_tasks", None)
+            if isinstance(asyncio.current_task, types.FunctionType) and isinstance(
+                current_tasks, dict
+            ):
+                # Python 3.11's current_task is Python code reading this dict: read it
+                # directly (one C call per waiting replica instead of two Python calls).
+                self._current_task = functools.partial(current_tasks.get, loop)
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:

@@ -70,7 +70,7 @@ def _as_array(value: object) -> Array:
 def _shared(out: Array, n: int) -> list[Array]:
     """Freeze ``out`` and return one view of it per replica."""
     out.flags.writeable = False
-    return [out.view() for _ in range(n)]
+    return list(map(np.ndarray.view, [out] * n))
 
 
 def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
@@ -404,9 +404,16 @@ class NumpyBackend(Backend):
     async def _reduce_leaf(self, op: ReduceOp, leaf: Sequence[object]) -> Sequence[object]:
         """Every replica's view of one leaf combined across replicas."""
         n = len(leaf)
-        if isinstance(leaf[0], IndexedSlices):
+        first = leaf[0]
+        arrays: Sequence[Array]
+        if type(first) is np.ndarray and list(map(type, leaf)).count(np.ndarray) == n:
+            # Arrays of one dtype kind (the ledger compared dtypes): one check for all.
+            self._reducible(first)
+            arrays = leaf  # type: ignore[assignment]
+        elif isinstance(first, IndexedSlices):
             return self._reduce_slices(op, leaf)
-        arrays = [self._reducible(_as_array(v)) for v in leaf]
+        else:
+            arrays = [self._reducible(_as_array(v)) for v in leaf]
         if arrays[0].nbytes >= POOL_BYTES:
             return _shared(await self._combine_large(op, arrays), n)
         return _shared(_combine(op, arrays), n)
@@ -553,15 +560,36 @@ class NumpyBackend(Backend):
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
-            reduced = _combine(op, [self._reducible(_as_array(v[j])) for v in values])
+            arrays = [self._reducible(_as_array(v[j])) for v in values]
+            if arrays[0].nbytes >= POOL_BYTES:
+                # Pooled output, summed in cache-sized blocks (and threads), as all_reduce.
+                reduced = await self._combine_large(op, arrays)
+            else:
+                reduced = _combine(op, arrays)
             reduced.flags.writeable = False
-            for r, chunk in enumerate(np.split(reduced, n, axis=axis)):
-                out[r].append(chunk)
+            # The chunks np.split(reduced, n, axis) gives, as plain slices (np.split's
+            # Python-level loop costs more than a pooled 1 MiB sum's blocks).
+            size = reduced.shape[axis] // n
+            lead = (slice(None),) * axis
+            for r in range(n):
+                out[r].append(reduced[(*lead, slice(r * size, (r + 1) * size))])
         return out
 
     async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
-        """Copy the source's leaves once; see :meth:`Backend.broadcast`."""
-        copies = [_shared(np.array(_as_array(v), copy=True), num_replicas) for v in values]
+        """Copy the source's leaves once; see :meth:`Backend.broadcast`.
+
+        Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
+        once no replica holds a view of it), as all_reduce outputs are.
+        """
+        copies = []
+        for v in values:
+            array = _as_array(v)
+            if array.nbytes >= POOL_BYTES:
+                copy = self._buffer(array.shape, array.dtype)
+                np.copyto(copy, array)
+            else:
+                copy = np.array(array, copy=True)
+            copies.append(_shared(copy, num_replicas))
         return [[views[r] for views in copies] for r in range(num_replicas)]
 
     async def reduce(

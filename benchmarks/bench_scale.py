@@ -1,0 +1,108 @@
+"""Per-replica cost of a small all_reduce at few and many replicas, start-up excluded.
+
+Each system runs ``R`` and ``2 R`` rounds; the difference of the two (best of the
+repeats each) is the cost of ``R`` rounds without starting the run's tasks, divided by
+``R`` and the number of replicas. The same measurement as ``asyncreplica bench``'s
+scale rows, with the time the cyclic garbage collector took in ours (per generation).
+
+Run: ``python benchmarks/bench_scale.py [--replicas 8 4096] [--repeat 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+from typing import Any
+
+import numpy as np
+
+import asyncreplica as ar
+from asyncreplica._bench import _futures_rendezvous
+
+
+class _GcTimer:
+    """Time spent in each generation's collections, and how many there were."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._start
+            self.count[info["generation"]] += 1
+
+
+def _ours(strategy: ar.MirroredStrategy, value: ar.PerReplica[Any], rounds: int) -> float:
+    async def step(x: np.ndarray) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for _ in range(rounds):
+            await ctx.all_reduce(ar.ReduceOp.SUM, x)
+
+    async def go() -> float:
+        start = time.perf_counter()
+        await strategy.run(step, args=(value,))
+        return time.perf_counter() - start
+
+    return asyncio.run(go())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", type=int, nargs="+", default=[8, 4096])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--budget", type=int, default=40_000, help="replica-rounds per sample")
+    parser.add_argument(
+        "--no-gc", action="store_true", help="with the cyclic garbage collector off (diagnosis)"
+    )
+    args = parser.parse_args()
+    if args.no_gc:
+        gc.disable()
+    costs: dict[int, tuple[float, float]] = {}
+    for n in args.replicas:
+        rounds = max(4, args.budget // n)
+        inputs = [np.full(2, float(i + 1), np.float32) for i in range(n)]
+        strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+        value = ar.PerReplica(inputs)
+        times: dict[tuple[str, int], list[float]] = {}
+        timer = _GcTimer()
+        for _ in range(args.repeat):
+            for r in (rounds, 2 * rounds):
+                futures = asyncio.run(_futures_rendezvous(inputs, r))
+                times.setdefault(("futures", r), []).append(futures)
+                if r == 2 * rounds:
+                    gc.callbacks.append(timer)
+                try:
+                    times.setdefault(("ours", r), []).append(_ours(strategy, value, r))
+                finally:
+                    if timer in gc.callbacks:
+                        gc.callbacks.remove(timer)
+        cost = {
+            system: max(min(times[(system, 2 * rounds)]) - min(times[(system, rounds)]), 1e-9)
+            / rounds
+            / n
+            * 1e6
+            for system in ("ours", "futures")
+        }
+        costs[n] = (cost["ours"], cost["futures"])
+        per = args.repeat * 2 * rounds * n  # replica-collectives under the gc timer
+        gc_us = [t / per * 1e6 for t in timer.seconds]
+        print(
+            f"{n:>6} replicas x {rounds:>5} rounds: ours {cost['ours']:6.2f} us/replica, "
+            f"futures {cost['futures']:5.2f} us/replica; in ours, gc per replica-collective: "
+            f"{sum(gc_us):5.2f} us (gen0/1/2: {gc_us[0]:.2f}/{gc_us[1]:.2f}/{gc_us[2]:.2f} us, "
+            f"runs {timer.count[0]}/{timer.count[1]}/{timer.count[2]})",
+            flush=True,
+        )
+    first, last = min(costs), max(costs)
+    print(f"ratio {last} vs {first}: {costs[last][0] / costs[first][0]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

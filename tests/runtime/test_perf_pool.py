@@ -1,0 +1,108 @@
+"""Pooled outputs of broadcast and reduce_scatter: reused only once no replica views them.
+
+Counts and identities only, never timings (docs/performance.md has the speed).
+"""
+
+from __future__ import annotations
+
+import asyncreplica_numpy._backend as nb
+import numpy as np
+import pytest
+
+import asyncreplica as ar
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def small_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pool outputs of 1 KiB and more, so the tests stay small."""
+    monkeypatch.setattr(nb, "POOL_BYTES", 1024)
+    monkeypatch.setattr(nb, "OFFLOAD_BYTES", 1 << 30)
+
+
+def _inputs(n: int, size: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(size) for _ in range(n)]
+
+
+@pytest.mark.usefixtures("small_pool")
+async def test_broadcast_reuses_its_output_only_when_no_replica_holds_a_view() -> None:
+    backend = nb.NumpyBackend(["CPU:0", "CPU:1", "CPU:2"])
+    source = _inputs(1, 1000)[0]
+    first = await backend.broadcast([source], 3)
+    kept = first[1][0]
+    del first
+    second = await backend.broadcast([source * 2], 3)
+    assert second[0][0].base is not kept.base  # replica 1 still holds a view of the first
+    np.testing.assert_array_equal(kept, source)  # and it still reads the first result
+    second_buffer = id(second[0][0].base)
+    for views in second:
+        np.testing.assert_array_equal(views[0], source * 2)
+        assert not views[0].flags.writeable
+    del second, views
+    third = await backend.broadcast([source * 3], 3)
+    assert id(third[2][0].base) == second_buffer  # nobody held the second buffer: reused
+    np.testing.assert_array_equal(third[2][0], source * 3)
+    np.testing.assert_array_equal(source, _inputs(1, 1000)[0])  # the input is untouched
+    await backend.aclose()
+
+
+@pytest.mark.usefixtures("small_pool")
+@pytest.mark.parametrize("op", list(ar.ReduceOp), ids=lambda op: op.value)
+async def test_pooled_reduce_scatter_is_bitwise_the_small_path(op: ar.ReduceOp) -> None:
+    inputs = _inputs(4, 1200).copy()
+    backend = nb.NumpyBackend(["CPU:0", "CPU:1", "CPU:2", "CPU:3"])
+    result = await backend.reduce_scatter(op, [[a] for a in inputs], 0)
+    expected = np.split(nb._combine(op, list(inputs)), 4)
+    for r, views in enumerate(result):
+        assert views[0].tobytes() == expected[r].tobytes()
+        assert not views[0].flags.writeable
+    await backend.aclose()
+
+
+@pytest.mark.usefixtures("small_pool")
+async def test_reduce_scatter_reuses_its_output_only_when_no_chunk_is_held() -> None:
+    backend = nb.NumpyBackend(["CPU:0", "CPU:1"])
+    inputs = _inputs(2, 1000)
+    first = await backend.reduce_scatter(ar.ReduceOp.SUM, [[a] for a in inputs], 0)
+    kept = first[1][0]  # replica 1's chunk keeps the whole buffer alive
+    before = kept.copy()
+    del first
+    second = await backend.reduce_scatter(ar.ReduceOp.SUM, [[a * 2] for a in inputs], 0)
+    assert second[0][0].base is not kept.base
+    np.testing.assert_array_equal(kept, before)  # the held chunk was not overwritten
+    second_buffer = id(second[0][0].base)
+    del second
+    third = await backend.reduce_scatter(ar.ReduceOp.SUM, [[a] for a in inputs], 0)
+    assert id(third[0][0].base) == second_buffer
+    np.testing.assert_array_equal(third[1][0], before)
+    await backend.aclose()
+
+
+async def test_strategy_broadcast_and_reduce_scatter_results_stay_valid_across_steps(
+    small_pool: None,
+) -> None:
+    # Through the strategy: each step's results are held while the next step runs.
+    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+    held: list[tuple[np.ndarray, np.ndarray, float]] = []
+
+    async def step(x: np.ndarray) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for i in range(4):
+            b = await ctx.broadcast(x + i, source=1)
+            s = await ctx.reduce_scatter(ar.ReduceOp.SUM, x + i, axis=0)
+            if ctx.replica_id_in_sync_group == 0:
+                held.append((b, s, float(i)))
+
+    values = ar.PerReplica([np.full(512, float(r)) for r in range(2)])
+    await strategy.run(step, args=(values,))
+    for b, s, i in held:
+        np.testing.assert_array_equal(b, np.full(512, 1.0 + i))
+        np.testing.assert_array_equal(s, np.full(256, 1.0 + 2 * i))
