@@ -8,21 +8,31 @@ replica gets a read-only view of the result.
 Determinism: partial results of up to :data:`GATHER_BYTES` (and of dtypes MPI cannot
 reduce) are gathered and combined in rank order here (those up to the group's
 ``INLINE_BYTES`` travel inside the agreement exchange itself), so every process computes the
-same bits in the same order. Larger ones use MPI's ``Iallreduce``, whose result MPICH
-makes identical on every process.
+same bits in the same order. Larger ones use MPI's ``Allreduce`` (in a worker thread),
+whose result MPICH makes identical on every process.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import numpy as np
 
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from ._group import INLINE_BYTES, MPIProcessGroup, wait_request
+from ._group import (
+    INLINE_BYTES,
+    THREAD_WAIT_BYTES,
+    MPIProcessGroup,
+    thread_multiple,
+    wait_request,
+)
 from ._protocol import cross_fields
 
 __all__ = ["GATHER_BYTES", "MPIBackend"]
@@ -59,6 +69,7 @@ class MPIBackend(Backend):
         super().__init__(inner.devices)
         self.inner = inner
         self.group = group
+        self._pool: dict[tuple[int, str], list[np.ndarray[Any, Any]]] = {}
         self._MPI = group._MPI
         self._ops = {
             ReduceOp.SUM: self._MPI.SUM,
@@ -76,14 +87,45 @@ class MPIBackend(Backend):
         """Describe several leaves (the local backend's batch path)."""
         return self.inner.describe_leaves(values)
 
+    def _output(self, size: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+        """A 1-D output buffer: a pooled one that no replica still views, or a new one.
+
+        A fresh large buffer costs page faults on every collective (MPI writes it
+        through shared memory); results are read-only views, so a buffer is free again
+        once the only references left are the pool's.
+        """
+        pooled = self._pool.setdefault((size, dtype.str), [])
+        for buf in pooled:
+            if sys.getrefcount(buf) == 3:  # the pool's list, this loop, the argument
+                return buf
+        buf = np.empty(size, dtype)
+        if len(pooled) < 4:
+            pooled.append(buf)
+        return buf
+
     # -- moving bytes between processes ------------------------------------------------
+
+    async def _move(self, nbytes: int, name: str, *args: Any, **kwargs: Any) -> None:
+        """Run the MPI collective ``name`` (``"Allreduce"``, ...) on the data communicator.
+
+        Small transfers post the non-blocking variant and poll it from the loop. Large
+        ones call the blocking variant in a worker thread (mpi4py releases the GIL;
+        MPI runs with MPI_THREAD_MULTIPLE): MPICH's blocking algorithms are faster for
+        large messages, and posting a large non-blocking collective does much of its
+        copying on the calling thread, which would be the event loop's.
+        """
+        comm = self.group.data_comm
+        if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
+            await anyio.to_thread.run_sync(functools.partial(getattr(comm, name), *args, **kwargs))
+            return
+        request = getattr(comm, "I" + name.lower())(*args, **kwargs)
+        await wait_request(request)
 
     async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Every process's equal-sized ``flat`` buffer, stacked in rank order."""
         out = np.empty((self.group.size, flat.size), flat.dtype)
         send = np.ascontiguousarray(flat).view(np.uint8)
-        request = self.group.data_comm.Iallgather(send, out.view(np.uint8))
-        await wait_request(request, out.nbytes)
+        await self._move(out.nbytes, "Allgather", send, out.view(np.uint8))
         return out
 
     async def _allgatherv(
@@ -92,10 +134,9 @@ class MPIBackend(Backend):
         """Every process's byte payload (of the given lengths), in rank order."""
         displs = [sum(lengths[:r]) for r in range(len(lengths))]
         buf = np.empty(sum(lengths), np.uint8)
-        request = self.group.data_comm.Iallgatherv(
-            payload, [buf, list(lengths), displs, self._MPI.BYTE]
+        await self._move(
+            buf.nbytes, "Allgatherv", payload, [buf, list(lengths), displs, self._MPI.BYTE]
         )
-        await wait_request(request, buf.nbytes)
         return [buf[d : d + n] for d, n in zip(displs, lengths, strict=True)]
 
     async def _lengths(self, mine: Sequence[int]) -> np.ndarray[Any, Any]:
@@ -109,9 +150,8 @@ class MPIBackend(Backend):
         dtype = flat.dtype
         native = dtype.kind in "iuf" or (dtype.kind == "c" and op in (ReduceOp.SUM, ReduceOp.MEAN))
         if native and flat.nbytes > GATHER_BYTES:
-            out = np.empty_like(flat)
-            request = self.group.data_comm.Iallreduce(flat, out, op=self._ops[op])
-            await wait_request(request, flat.nbytes)
+            out = self._output(flat.size, flat.dtype)
+            await self._move(flat.nbytes, "Allreduce", flat, out, op=self._ops[op])
             return out
         parts = await self._allgather(flat)
         ufunc = _UFUNCS[op]
@@ -271,8 +311,7 @@ class MPIBackend(Backend):
         )
         if self.group.rank != root:
             payload = np.empty_like(payload)
-        request = self.group.data_comm.Ibcast(payload, root=root)
-        await wait_request(request, payload.nbytes)
+        await self._move(payload.nbytes, "Bcast", payload, root=root)
         out: list[np.ndarray[Any, Any]] = []
         start = 0
         for a in arrays:

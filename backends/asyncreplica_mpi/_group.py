@@ -46,7 +46,13 @@ from ._protocol import (
     signature_fields,
 )
 
-__all__ = ["INLINE_BYTES", "MPIProcessGroup", "wait_request"]
+__all__ = [
+    "INLINE_BYTES",
+    "THREAD_WAIT_BYTES",
+    "MPIProcessGroup",
+    "thread_multiple",
+    "wait_request",
+]
 
 #: A partial result up to this size travels inside the agreement exchange.
 INLINE_BYTES = 256
@@ -103,7 +109,7 @@ async def wait_request(request: Any, nbytes: int = 0) -> None:
     """
     if request.Test():
         return
-    if nbytes >= THREAD_WAIT_BYTES and _thread_multiple():
+    if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
         await anyio.to_thread.run_sync(request.Wait)
         return
     spin_until = time.perf_counter() + _SPIN_SECONDS
@@ -120,7 +126,8 @@ _serials = iter(range(1 << 62))
 _thread_level: list[bool] = []
 
 
-def _thread_multiple() -> bool:
+def thread_multiple() -> bool:
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
     if not _thread_level:
         from mpi4py import MPI
 
