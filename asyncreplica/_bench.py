@@ -661,6 +661,42 @@ def _machine() -> dict[str, object]:
     }
 
 
+def _measure_mpi(quick: bool, progress: Callable[[str], None]) -> dict[str, Any] | None:
+    """Our cross-process all_reduce against raw mpi4py, when the [mpi] extra is installed.
+
+    Runs ``asyncreplica bench --mpi`` (2 processes x 4 replicas, under mpiexec) and
+    returns its printed table and its JSON report; None, with a progress line saying
+    why, when MPI is not available.
+    """
+    import shutil
+
+    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    mpiexec = shutil.which("mpiexec", path=path)
+    if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
+        progress("mpi4py or mpiexec not installed: no MPI comparison (the [mpi] extra)")
+        return None
+    if any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE")):
+        progress("already under mpiexec: run `asyncreplica bench --mpi` for the MPI comparison")
+        return None
+    progress("mpi4py: cross-process all_reduce vs raw Allreduce (2 processes x 4 replicas)")
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "mpi.json")
+        command = [sys.executable, "-m", "asyncreplica", "bench", "--mpi", "--json", out]
+        if quick:
+            command.append("--quick")
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            progress("the MPI comparison did not finish in 10 minutes; skipped")
+            return None
+        if done.returncode != 0 or not os.path.exists(out):
+            progress(f"the MPI comparison failed: {done.stderr.strip()[-300:]}")
+            return None
+        with open(out, encoding="utf-8") as f:
+            report = json.load(f)
+    return {"table": done.stdout.strip(), "report": report}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print the tables; write JSON and a chart when asked.
 
@@ -722,15 +758,20 @@ def main(argv: list[str] | None = None) -> int:
     rows += _measure_batched(plan, progress)
     rows += _measure_tracing(plan, progress)
     targets = _targets(rows) + _measure_memory(plan, progress)
+    mpi = _measure_mpi(args.quick, progress)
     print(_table(rows))
     print()
     print(_targets_table(targets))
+    if mpi is not None:
+        print()
+        print(mpi["table"])
     if args.json:
         report = {
             "machine": _machine(),
             "quick": args.quick,
             "rows": [{**asdict(r), "ratio": r.ratio} for r in rows],
             "targets": [asdict(t) for t in targets],
+            "mpi": None if mpi is None else mpi["report"],
         }
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(report, f, indent=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import pathlib
 
@@ -33,6 +34,11 @@ def test_quick_bench_writes_a_table_and_json(
     assert any(f.startswith("RSS added by") for f in figures)
     assert all(isinstance(t["met"], bool) for t in report["targets"])
     assert "\nall_reduce 8 B x 8 vs futures rendezvous" in table
+    # With the [mpi] extra (the [test] extra has it), the run includes raw mpi4py.
+    if importlib.util.find_spec("mpi4py") is not None:
+        assert report["mpi"]["processes"] == 2
+        assert {row["size"] for row in report["mpi"]["rows"]} == {8, 1 << 20}
+        assert "raw MPI" in table
 
 
 def test_bad_arguments_are_usage_errors() -> None:
