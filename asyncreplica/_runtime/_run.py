@@ -162,13 +162,8 @@ class _Arrival:
             self.call = None
             run._fail(replica, exc)
             raise
-        slots = run._slots
-        slot = slots.get(key)
-        if slot is None:
-            slot = slots[key] = _Slot(run.num_replicas, time.monotonic())
-        slot.payloads[replica] = call.payload
+        slot = run._arrive_at(key, replica, call.payload, complete)
         if complete:
-            del slots[key]
             return self._delegate(run._dispatch(call, key, slot))
         task = run._current_task()
         parked = run._parked
@@ -553,6 +548,17 @@ class Run:
             return self._collective(call)
         return _Arrival(self, call)
 
+    def _arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> _Slot:
+        """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
+        slots = self._slots
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
+        slot.payloads[replica] = payload
+        if complete:
+            del slots[key]
+        return slot
+
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
         if self._errors:
@@ -568,13 +574,8 @@ class Run:
         tracer = self.tracer
         if tracer is not None:
             tracer.arrive(replica, key, signature)
-        slots = self._slots
-        slot = slots.get(key)
-        if slot is None:
-            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
-        slot.payloads[replica] = call.payload
+        slot = self._arrive_at(key, replica, call.payload, complete)
         if complete:
-            del slots[key]
             result = await self._dispatch(call, key, slot)
             if self.shuffle is not None:
                 await self._jitter()
