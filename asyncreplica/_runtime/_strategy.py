@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, cast, final
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._signature import ReduceOp
-from .._exceptions import BackendError, BackendNotFoundError, ReplicaContextError
+from .._exceptions import (
+    BackendError,
+    BackendNotFoundError,
+    CollectiveError,
+    ReplicaContextError,
+)
 from .._options import CommunicationOptions
 from .._registry import available_backends, load_backend_class
 from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
@@ -305,6 +310,13 @@ class Strategy:
         except BaseException as exc:
             # Tell the other processes, so that none of them waits for this one.
             await group.end_run(exc)
+            if isinstance(exc, CollectiveError) and exc.report is not None:
+                # Found by this process's ledger: its messages count local replicas.
+                first = self._replica_offset
+                exc.add_note(
+                    f"(on process {group.rank} of {group.size}: replica ids in this message "
+                    f"are local; local replica i is global replica {first} + i)"
+                )
             raise
         await group.end_run(None)
         return regroup(results, PerReplica)

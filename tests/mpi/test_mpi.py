@@ -248,3 +248,15 @@ def test_gpu_devices_are_refused_before_any_mpi_call() -> None:
 
     with pytest.raises(ValueError, match=r"GPU devices \(GPU:0\) are not supported across"):
         ar.MultiWorkerMirroredStrategy(["GPU:0"])
+
+
+def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "scenarios.py", "local", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
+    assert (
+        "(on process 0 of 2: replica ids in this message are local; local replica i is "
+        "global replica 0 + i)"
+    ) in logs[0]
+    assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
+    assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]

@@ -61,6 +61,14 @@ async def fails() -> None:
     await ctx.all_reduce("SUM", np.ones(3))
 
 
+async def local() -> None:
+    ctx = ar.get_replica_context()
+    if ctx.replica_id_in_sync_group == 0:  # process 0's replicas disagree locally
+        await ctx.all_reduce("SUM", np.ones(4))
+    else:
+        await ctx.all_reduce("SUM", np.ones(3))
+
+
 async def busy() -> None:
     ctx = ar.get_replica_context()
     if RANK == 1:
@@ -83,6 +91,7 @@ STEPS = {
     "raise": fails,
     "raise_outside": ok,
     "timeout": busy,
+    "local": local,
     "responsive": ok,
 }
 
@@ -133,6 +142,8 @@ if __name__ == "__main__":
     except Exception as exc:
         report(f"raised {type(exc).__name__}")
         report(str(exc))
+        for note in getattr(exc, "__notes__", ()):
+            report(note)
         if SCENARIO == "raise_outside" and RANK == 1:
             raise  # uncaught: the goodbye at exit tells the other process
         sys.exit(1)
