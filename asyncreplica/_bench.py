@@ -668,14 +668,13 @@ def _measure_mpi(quick: bool, progress: Callable[[str], None]) -> dict[str, Any]
     returns its printed table and its JSON report; None, with a progress line saying
     why, when MPI is not available.
     """
-    import shutil
+    from ._launch import find_mpiexec, launched_by_mpiexec
 
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    mpiexec = shutil.which("mpiexec", path=path)
+    mpiexec = find_mpiexec()
     if importlib.util.find_spec("mpi4py") is None or mpiexec is None:
         progress("mpi4py or mpiexec not installed: no MPI comparison (the [mpi] extra)")
         return None
-    if any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE")):
+    if launched_by_mpiexec():
         progress("already under mpiexec: run `asyncreplica bench --mpi` for the MPI comparison")
         return None
     progress("mpi4py: cross-process all_reduce vs raw Allreduce (2 processes x 4 replicas)")

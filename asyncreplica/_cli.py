@@ -38,6 +38,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from asyncreplica._launch import find_mpiexec, launched_by_mpiexec
 from asyncreplica._version import __version__
 
 if TYPE_CHECKING:
@@ -316,7 +317,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         folder = os.path.dirname(os.path.abspath(trace))
         if not os.path.isdir(folder):
             return _error("demo", f"--trace {trace}: the folder {folder} does not exist")
-    launched = _launched_by_mpiexec()
+    launched = launched_by_mpiexec()
     mpi = bool(args.mpi) or launched
     if mpi and importlib.util.find_spec("mpi4py") is None:
         return _error(
@@ -356,17 +357,11 @@ def _run_demo(args: argparse.Namespace) -> int:
     return status
 
 
-def _launched_by_mpiexec() -> bool:
-    return any(v in os.environ for v in ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE"))
-
-
 def _relaunch_under_mpiexec(processes: int) -> int:
     """Run this same ``demo`` command on ``processes`` processes; return mpiexec's status."""
-    import shutil
     import subprocess
 
-    path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
-    mpiexec = shutil.which("mpiexec", path=path)
+    mpiexec = find_mpiexec()
     if mpiexec is None:
         return _error("demo", "--mpi needs mpiexec: pip install 'asyncreplica[mpi]' brings MPICH's")
     command = [mpiexec, "-n", str(processes), sys.executable, "-m", "asyncreplica", *_ARGUMENTS]
@@ -509,7 +504,7 @@ def _run_bench_mpi(argv: list[str]) -> int:
         return _error(
             "bench", "--mpi needs mpi4py and an MPI library: pip install 'asyncreplica[mpi]'"
         )
-    if not _launched_by_mpiexec():
+    if not launched_by_mpiexec():
         if any(a in ("-h", "--help") for a in argv):
             from asyncreplica._bench_mpi import main as bench_mpi
 

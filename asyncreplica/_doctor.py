@@ -17,11 +17,11 @@ import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
-import os
 import platform
 import sys
 from typing import Any
 
+from ._launch import launched_by_mpiexec
 from ._version import __version__
 
 __all__ = [
@@ -105,10 +105,6 @@ class MpiInfo:
     world_size: int | None = None
     thread_level: str | None = None
     launched: bool = False
-
-
-# Environment variables that MPI launchers set in every process they start.
-_LAUNCHER_VARIABLES = ("PMI_SIZE", "PMI_RANK", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,7 +228,7 @@ def _mpi() -> MpiInfo:
         library = [
             " ".join(line.split()) for line in str(MPI.Get_library_version()).strip().splitlines()
         ]
-        launched = any(v in os.environ for v in _LAUNCHER_VARIABLES)
+        launched = launched_by_mpiexec()
         if launched:
             # Under mpiexec, initialising is what the program would do anyway.
             if not MPI.Is_initialized():

@@ -827,8 +827,8 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> None:
         if devices is None and backend is None:
             devices = ["CPU:0"]
-        if devices is not None and not isinstance(devices, str):
-            gpus = [d for d in devices if isinstance(d, str) and "GPU" in d.upper()]
+        if devices is not None:
+            gpus = [d for d in _parse_devices(devices) if device_type(d) == "GPU"]
             if gpus:
                 raise ValueError(
                     f"MultiWorkerMirroredStrategy moves values between processes through host "

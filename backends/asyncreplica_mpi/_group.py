@@ -586,16 +586,6 @@ class MPIProcessGroup(ProcessGroup):
                 comm.Free()
 
 
-def describe_group(group: MPIProcessGroup) -> str:
-    """``process 1 of 2 (replicas 4-7 of 8)``."""
-    first = group.offset
-    count = group.replica_counts[group.rank]
-    return (
-        f"process {group.rank} of {group.size} (replicas {first}-{first + count - 1} of "
-        f"{group.num_replicas})"
-    )
-
-
 class TraceMerger:
     """Gathers every process's trace to rank 0, with clocks aligned at a barrier.
 

@@ -40,7 +40,6 @@ __all__ = [
     "header",
     "outcome_message",
     "signature_fields",
-    "unanimous",
 ]
 
 DOCS = "docs/errors.md"
@@ -60,12 +59,6 @@ class Status(enum.IntEnum):
 def header(status: Status, fp: int, number: int) -> list[int]:
     """The int64 words a process contributes to an exchange."""
     return [MAGIC, int(status), fp, number]
-
-
-def unanimous(headers: Sequence[Sequence[int]]) -> bool:
-    """Whether every process sent the same header."""
-    first = list(headers[0])
-    return all(list(h) == first for h in headers[1:])
 
 
 def _ordinal(n: int) -> str:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from asyncreplica._launch import find_mpiexec
 
 pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
 
@@ -30,9 +31,7 @@ def line(marker: str) -> int:
 
 
 def _mpiexec() -> str:
-    # The MPICH wheel puts mpiexec next to the interpreter (a venv's bin/).
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    found = shutil.which("mpiexec", path=path)
+    found = find_mpiexec()
     if found is None:
         pytest.skip("mpiexec not found (pip install 'asyncreplica[mpi]' brings MPICH's)")
     return found
