@@ -60,19 +60,28 @@ class _Slot:
     collective), chosen once per run: no polling, no anyio.Event per collective.
     """
 
-    __slots__ = ("done", "payloads", "results", "since", "waiters", "warned")
+    __slots__ = ("done", "fast", "payloads", "results", "since", "waiters", "warned")
 
     def __init__(self, num_replicas: int, since: float) -> None:
         self.payloads: list[Any] = [None] * num_replicas
         self.results: Sequence[Any] = ()
         self.done = False  # results are set
         self.waiters: list[Any] = []  # asyncio futures, or one trio event
+        self.fast: list[_Waiter] = []  # fast-path waiters: each gets its result
         self.since = since  # when the first replica arrived
         self.warned = False  # whether a stall warning was logged for it
 
     def release(self) -> None:
         """Wake every waiter (the results are set)."""
         self.done = True
+        results = self.results
+        fast = self.fast
+        for waiter in fast:
+            if not waiter.done():  # a cancelled one is left alone
+                tree = waiter._ar_tree
+                result = results[waiter._ar_replica]
+                waiter.set_result(result[0] if tree is None else _rebuild(tree, result))
+        fast.clear()  # no slot <-> waiter cycle outlives the collective
         waiters = self.waiters
         if waiters and isinstance(waiters[0], asyncio.Future):
             for waiter in waiters:  # futures (asyncio), all of them
@@ -88,6 +97,11 @@ def _result(call: Collective, result: Any) -> Any:
     treedef = call.treedef
     if treedef is None:
         return result[0]
+    return _rebuild(treedef, result)
+
+
+def _rebuild(treedef: Any, result: Any) -> Any:
+    """``result`` (a replica's result leaves) rebuilt into ``treedef`` (not None)."""
     if treedef is NO_TREE:
         return result
     if treedef[0] is list and treedef[1] is None and _all_leaves(treedef[2]):
@@ -95,147 +109,50 @@ def _result(call: Collective, result: Any) -> Any:
     return unflatten(treedef, result)
 
 
-class _Arrival:
-    """One replica's part in a collective on asyncio, as an awaitable state machine.
+class _Waiter(asyncio.Future):  # type: ignore[type-arg]
+    """A replica parked at a collective on asyncio (or uvloop): the fast path.
 
-    The common case of :meth:`Run.collective` (asyncio or uvloop, no timeout, no
-    tracer, no shuffle) without a coroutine: the arrival is made in the first step,
-    a waiter then yields its future straight to its task (as ``await future`` would)
-    and finishes when resumed; the last arrival delegates to the coroutine
-    :meth:`Run._dispatch`. The same steps and checks as :meth:`Run._collective`, in
-    one object per arrival instead of a coroutine, its wrapper and a future iterator:
-    with thousands of replicas, each object alive across a collective is one more for
-    CPython's garbage collector to scan.
+    The replica's task awaits this future directly (its C iterator: no Python frame
+    runs when it resumes); the last arrival sets each waiter's result to its replica's
+    result, already rebuilt. A task is parked at one of a run's collectives exactly
+    when its ``_fut_waiter`` is one of the run's pending waiters, so parking costs no
+    bookkeeping. Cancelling the waiter (the replica's task was cancelled) tells the
+    run, before the task resumes, that the replica abandoned the collective.
     """
 
-    __slots__ = ("call", "future", "inner", "key", "run", "slot", "state", "task")
+    __slots__ = ("_ar_key", "_ar_replica", "_ar_run", "_ar_slot", "_ar_tree")
 
-    # state: 0 not started, 1 waiting on ``future``, 2 delegating to ``inner``, 3 done.
-    # ``future``, ``key``, ``slot`` and ``task`` are set in state 1, ``inner`` in 2.
-    future: Any  # an asyncio future, then None
-    key: Key
-    slot: Any  # a _Slot, then None
-    task: object
-    inner: Any  # a coroutine
+    _ar_run: Run
+    _ar_replica: int
+    _ar_key: Key
+    _ar_slot: _Slot
+    _ar_tree: Any
 
-    def __init__(self, run: Run, call: Collective) -> None:
-        self.run = run
-        self.call: Any = call  # a Collective; None once done (no cycle outlives it)
-        self.state = 0
+    def cancel(self, msg: Any = None) -> bool:
+        """Cancel the wait; the run hears of it before the replica's task resumes."""
+        if not self.done():
+            # Scheduled before the task's own wake-up (which super().cancel schedules).
+            self.get_loop().call_soon(
+                self._ar_run._abandoned, self._ar_replica, self._ar_key, self._ar_slot
+            )
+        return super().cancel(msg)
 
-    def __await__(self) -> _Arrival:
-        return self
 
-    def __next__(self) -> Any:
-        state = self.state
-        if state == 1:
-            future = self.future
-            if not future.done():
-                future._asyncio_future_blocking = True
-                return future
-            future.result()  # raises if it was cancelled (the task throws instead)
-            # Resumed after the collective completed: leave the rendezvous, return.
-            self.state = 3
-            del self.run._parked[id(self.task)]
-            call = self.call
-            results = self.slot.results
-            self.call = self.slot = self.future = self.task = None
-            result = results[call.replica]
-            treedef = call.treedef
-            if treedef is None:
-                raise StopIteration(result[0])
-            raise StopIteration(_result(call, result))
-        if state == 2:
-            return self.inner.send(None)
-        if state == 3:
-            raise RuntimeError("cannot reuse already awaited coroutine")
-        run = self.run
-        call = self.call
-        if run._errors:
-            # The run failed meanwhile: the coroutine raises the cancellation.
-            return self._delegate(run._collective(call))
-        replica = call.replica
-        try:
-            key, complete = run.ledger.arrive(replica, call._signature)
-        except CollectiveError as exc:
-            self.state = 3
-            self.call = None
-            run._fail(replica, exc)
-            raise
-        slot = run._arrive_at(key, replica, call.payload, complete)
-        if complete:
-            return self._delegate(run._dispatch(call, key, slot))
-        task = run._current_task()
-        parked = run._parked
-        parked[id(task)] = key
-        if run.ledger.all_waiting():
-            try:
-                run._check_deadlock(replica, current=task)
-            except BaseException:
-                self.state = 3
-                self.call = None
-                del parked[id(task)]
-                raise
-        future = run._loop.create_future()  # type: ignore[union-attr]
-        slot.waiters.append(future)
-        self.state = 1
-        self.future = future
-        self.key = key
-        self.slot = slot
-        self.task = task
-        future._asyncio_future_blocking = True
-        return future
+class _Spent:
+    """What a collective awaited on the fast path leaves behind: it cannot run again."""
 
-    def send(self, value: Any) -> Any:
-        """Advance the collective (coroutine protocol)."""
-        if self.state == 2:
-            return self.inner.send(value)
-        return self.__next__()
+    __slots__ = ()
 
-    def _delegate(self, inner: Any) -> Any:
-        self.state = 2
-        self.inner = inner
-        self.call = None  # the coroutine holds it until it ends
-        return inner.send(None)
+    def _reused(self, *_: object) -> Any:
+        raise RuntimeError("cannot reuse already awaited coroutine")
 
-    def throw(self, typ: Any, value: Any = None, traceback: Any = None) -> Any:
-        """Raise an exception at the point where the collective waits (coroutine protocol)."""
-        state = self.state
-        if state == 2:
-            if value is None and traceback is None:
-                return self.inner.throw(typ)
-            return self.inner.throw(typ, value, traceback)
-        if isinstance(typ, BaseException):
-            error = typ
-        elif isinstance(value, BaseException):
-            error = value
-        else:
-            error = typ() if value is None else typ(value)
-        if traceback is not None:
-            error = error.with_traceback(traceback)
-        self.state = 3
-        if state == 1:
-            run = self.run
-            try:
-                cancelled = isinstance(error, anyio.get_cancelled_exc_class())
-                if cancelled and not run._errors and not self.slot.done:
-                    abandoned = run.ledger.abandon(self.call.replica, self.key)
-                    if abandoned is not None:
-                        run._fail(self.call.replica, abandoned)
-            finally:
-                del run._parked[id(self.task)]
-        self.call = self.slot = self.future = self.task = None
-        raise error
+    __await__ = send = throw = _reused
 
     def close(self) -> None:
-        """Stop waiting without a result (coroutine protocol)."""
-        state = self.state
-        self.state = 3
-        if state == 1:
-            del self.run._parked[id(self.task)]
-        elif state == 2:
-            self.inner.close()
-        self.call = self.slot = self.future = self.task = None
+        """Nothing to close: the arrival is made."""
+
+
+_SPENT = _Spent()
 
 
 # Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
@@ -365,6 +282,14 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
         return coro
 
     def __await__(self) -> Generator[Any, None, Any]:
+        if self._coro is None:
+            run = self._run
+            if run._fast and not self.timeout:
+                # The common case: arrive now; a waiter awaits its future directly.
+                self.awaited = True
+                self._pending.pop(id(self), None)
+                self._coro = _SPENT
+                return run._arrive_fast(self)
         return self._started().__await__()  # type: ignore[no-any-return]
 
     def send(self, value: Any) -> Any:
@@ -472,6 +397,9 @@ class Run:
         self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
         self._slots: dict[Key, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the run starts
+        # Whether ``await collective`` may take the fast path (asyncio, no tracer, no
+        # shuffle): set when the run starts.
+        self._fast = False
         self._current_task: Callable[[], object] = _tasks.current_task
         self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
@@ -525,28 +453,59 @@ class Run:
         return self.backend.all_reduce(op, payloads)
 
     def collective(self, call: Collective) -> Any:
-        """Meet the other replicas at this replica's next collective.
+        """Meet the other replicas at this replica's next collective (a coroutine).
+
+        ``await collective`` takes :meth:`_arrive_fast` where it can; this coroutine
+        serves every other case (trio, a timeout, a tracer, ``schedule="random"``, a
+        collective run as a task), with the same steps and checks.
 
         Args:
             call: The issued collective: its replica, signature, payload, dispatch
                 function, timeout and result structure.
 
         Returns:
-            An awaitable (with the coroutine protocol) whose result is this replica's
-            result, rebuilt into ``call.treedef``'s structure: an :class:`_Arrival`
-            on asyncio without a timeout, tracer or shuffle (the common case, with
-            the fewest objects and frames), else the coroutine
-            :meth:`_collective`. Both take the same steps and checks.
+            A coroutine whose result is this replica's result, rebuilt into
+            ``call.treedef``'s structure.
         """
-        if (
-            self._loop is None
-            or call.timeout
-            or self.tracer is not None
-            or self.shuffle is not None
-            or self._errors
-        ):
-            return self._collective(call)
-        return _Arrival(self, call)
+        return self._collective(call)
+
+    def _arrive_fast(self, call: Collective) -> Generator[Any, None, Any]:
+        """``await call`` on asyncio without a timeout, tracer or shuffle.
+
+        The arrival is made now. A waiter gets a :class:`_Waiter` future to await
+        (the last arrival sets it to this replica's rebuilt result); the last arrival
+        gets the dispatch coroutine. Returns the iterator the ``await`` drives.
+        """
+        if self._errors:
+            # The run failed meanwhile: the coroutine raises the cancellation.
+            return self._collective(call).__await__()
+        replica = call.replica
+        ledger = self.ledger
+        try:
+            key, complete = ledger.arrive(replica, call._signature)
+        except CollectiveError as exc:
+            self._fail(replica, exc)
+            raise
+        slot = self._arrive_at(key, replica, call.payload, complete)
+        if complete:
+            return self._dispatch(call, key, slot).__await__()
+        if ledger.all_waiting():
+            self._check_deadlock(replica, current=self._current_task())
+        waiter = _Waiter(loop=self._loop)
+        waiter._ar_run = self
+        waiter._ar_replica = replica
+        waiter._ar_key = key
+        waiter._ar_slot = slot
+        waiter._ar_tree = call.treedef
+        slot.fast.append(waiter)
+        return waiter.__await__()
+
+    def _abandoned(self, replica: int, key: Key, slot: _Slot) -> None:
+        """A fast-path waiter was cancelled: its replica left the collective at ``key``."""
+        if not self._errors and not slot.done:
+            error = self.ledger.abandon(replica, key)
+            if error is not None:
+                self._fail(replica, error)
 
     def _arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> _Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
@@ -614,7 +573,7 @@ class Run:
         """The last arrival at ``key``: run the collective, wake the others.
 
         Returns:
-            This replica's result (rebuilt), when called from an :class:`_Arrival`.
+            This replica's result (rebuilt).
         """
         replica = call.replica
         signature = call._signature
@@ -711,7 +670,10 @@ class Run:
         parked = self._parked
 
         def is_parked(task: object) -> bool:
-            return task is current or id(task) in parked
+            if task is current or id(task) in parked:
+                return True
+            waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
+            return type(waiter) is _Waiter and waiter._ar_run is self and not waiter.done()
 
         for rid in range(self.num_replicas):
             if not all(_tasks.blocked(t, is_parked) for t in self.watch.tasks(rid)):
@@ -815,6 +777,7 @@ class Run:
         except RuntimeError:
             loop = None
         self._loop = loop
+        self._fast = loop is not None and self.tracer is None and self.shuffle is None
         self._current_task = _tasks.current_task
         if loop is not None:
             self._current_task = asyncio.current_task
