@@ -241,6 +241,22 @@ def _reduce_batch(
     return out
 
 
+async def _off_loop(fn: Callable[[], object]) -> None:
+    """Run ``fn()`` in a worker thread, which keeps no reference to it afterwards.
+
+    anyio's worker thread holds the last callable it ran (and so whatever that closes
+    over) until it is handed the next one: a pooled output referenced from there would
+    look held by a replica and could not be reused.
+    """
+    box = [fn]
+
+    def call() -> None:
+        f = box.pop()
+        f()
+
+    await anyio.to_thread.run_sync(call)
+
+
 def _divide(out: Array, n: int) -> Array:
     if out.dtype.kind in "fc":
         np.true_divide(out, n, out=out)
@@ -517,7 +533,7 @@ class NumpyBackend(Backend):
 
         if first.nbytes >= OFFLOAD_BYTES:
             # Off the event loop, so other coroutines keep running meanwhile.
-            await anyio.to_thread.run_sync(work)
+            await _off_loop(work)
         else:
             work()
         return out
@@ -546,14 +562,34 @@ class NumpyBackend(Backend):
         ]
 
     async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
-        """Concatenate each leaf along ``axis``; see :meth:`Backend.all_gather`."""
+        """Concatenate each leaf along ``axis``; see :meth:`Backend.all_gather`.
+
+        Outputs of :data:`POOL_BYTES` and more come from the pool (a fresh large
+        buffer costs its page faults on every call), and from :data:`OFFLOAD_BYTES`
+        the copy runs off the event loop.
+        """
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
-            joined = np.concatenate([_as_array(v[j]) for v in values], axis=axis)
+            joined = await self._gather_leaf([_as_array(v[j]) for v in values], axis)
             for r, view in enumerate(_shared(joined, n)):
                 out[r].append(view)
         return out
+
+    async def _gather_leaf(self, arrays: list[Array], axis: int) -> Array:
+        nbytes = sum(a.nbytes for a in arrays)
+        if nbytes < POOL_BYTES:
+            return np.concatenate(arrays, axis=axis)
+        first = arrays[0]
+        shape = list(first.shape)
+        shape[axis] = sum(a.shape[axis] for a in arrays)
+        buf = self._buffer(tuple(shape), np.result_type(*arrays))
+        if nbytes >= OFFLOAD_BYTES:
+            # Off the event loop, so other coroutines keep running meanwhile.
+            await _off_loop(lambda: np.concatenate(arrays, axis=axis, out=buf))
+        else:
+            np.concatenate(arrays, axis=axis, out=buf)
+        return buf
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""

@@ -1,4 +1,4 @@
-"""Pooled outputs of broadcast and reduce_scatter: reused only once no replica views them.
+"""Pooled outputs of all_gather, broadcast and reduce_scatter: reused only once no replica views them.
 
 Counts and identities only, never timings (docs/performance.md has the speed).
 """
@@ -106,3 +106,65 @@ async def test_strategy_broadcast_and_reduce_scatter_results_stay_valid_across_s
     for b, s, i in held:
         np.testing.assert_array_equal(b, np.full(512, 1.0 + i))
         np.testing.assert_array_equal(s, np.full(256, 1.0 + 2 * i))
+
+
+@pytest.mark.usefixtures("small_pool")
+@pytest.mark.parametrize(
+    ("shapes", "axis"),
+    [
+        pytest.param([(300,), (300,), (300,)], 0, id="even-1d"),
+        pytest.param([(40, 5), (10, 5), (25, 5)], 0, id="uneven-axis0"),
+        pytest.param([(6, 40), (6, 10), (6, 25)], 1, id="uneven-axis1"),
+    ],
+)
+async def test_pooled_all_gather_is_the_concatenation_and_reuses_only_free_buffers(
+    shapes: list[tuple[int, ...]], axis: int
+) -> None:
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal(shape) for shape in shapes]
+    copies = [a.copy() for a in inputs]
+    backend = nb.NumpyBackend(["CPU:0", "CPU:1", "CPU:2"])
+    expected = np.concatenate(inputs, axis=axis)
+    first = await backend.all_gather([[a] for a in inputs], axis)
+    for views in first:
+        assert views[0].tobytes() == expected.tobytes()
+        assert not views[0].flags.writeable
+    kept = first[2][0]
+    del first, views
+    second = await backend.all_gather([[a * 2] for a in inputs], axis)
+    assert second[0][0].base is not kept.base  # replica 2 still holds the first result
+    assert kept.tobytes() == expected.tobytes()  # and it was not overwritten
+    second_buffer = id(second[0][0].base)
+    del second
+    third = await backend.all_gather([[a * 3] for a in inputs], axis)
+    assert id(third[1][0].base) == second_buffer  # nobody held the second buffer: reused
+    np.testing.assert_array_equal(third[1][0], np.concatenate(inputs, axis=axis) * 3)
+    for a, c in zip(inputs, copies, strict=True):
+        np.testing.assert_array_equal(a, c)  # inputs untouched
+    await backend.aclose()
+
+
+async def test_a_large_all_gather_copies_off_the_event_loop_and_reuses_its_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(nb, "POOL_BYTES", 1024)
+    monkeypatch.setattr(nb, "OFFLOAD_BYTES", 1024)
+    calls: list[object] = []
+    real = nb.anyio.to_thread.run_sync
+
+    async def spy(fn: object, *args: object, **kwargs: object) -> object:
+        calls.append(fn)
+        return await real(fn, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(nb.anyio.to_thread, "run_sync", spy)
+    backend = nb.NumpyBackend(["CPU:0", "CPU:1"])
+    inputs = _inputs(2, 1000)
+    result = await backend.all_gather([[a] for a in inputs], 0)
+    assert len(calls) == 1
+    np.testing.assert_array_equal(result[1][0], np.concatenate(inputs))
+    buffer = id(result[0][0].base)
+    del result
+    # The worker thread keeps no reference to the output: the next call reuses it.
+    again = await backend.all_gather([[a] for a in inputs], 0)
+    assert id(again[0][0].base) == buffer
+    await backend.aclose()
