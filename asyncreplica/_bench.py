@@ -199,6 +199,36 @@ def _run_ours(loop: str, strategy: ar.MirroredStrategy, step: Any, value: Any) -
     return trio.run(go)
 
 
+def _steady(
+    sample: Callable[[int], float], rounds: int, startup: list[float] | None = None
+) -> float:
+    """Seconds that ``rounds`` rounds take once running: ``sample(2R) - sample(R)``.
+
+    ``sample(r)`` times a whole run of ``r`` rounds, which includes one-off costs
+    (the event loop, the run's tasks, distributing its values); their difference
+    leaves them out, so every per-round figure is the cost of a round, for ours and
+    for the baselines alike. The one-off part (``sample(R)`` less the steady time) is
+    appended to ``startup`` when given.
+    """
+    short = sample(rounds)
+    steady = max(sample(2 * rounds) - short, 1e-9)
+    if startup is not None:
+        startup.append(max(short - steady, 0.0))
+    return steady
+
+
+def _ours(
+    loop: str, strategy: ar.MirroredStrategy, kind: str, value: Any
+) -> Callable[[int], float]:
+    """``rounds -> seconds`` of a run of ``kind`` collectives (for :func:`_steady`)."""
+    return lambda rounds: _run_ours(loop, strategy, _step(kind, rounds), value)
+
+
+def _futures(inputs: list[Array]) -> Callable[[int], float]:
+    """``rounds -> seconds`` of the bare futures rendezvous (for :func:`_steady`)."""
+    return lambda rounds: asyncio.run(_futures_rendezvous(inputs, rounds))
+
+
 def _median_us(samples: list[float], rounds: int) -> float:
     return statistics.median(samples) / rounds * 1e6
 
@@ -225,7 +255,7 @@ class Plan:
     repeat: int
     budget_bytes: int  # bytes per timing sample, which sets the rounds
     move_sizes: list[int] = field(default_factory=lambda: [1 << 20])
-    batch_rounds: int = 5
+    batch_rounds: int = 10
     memory_collectives: int = 100_000
     idle_replicas: int = 10_000
 
@@ -242,7 +272,10 @@ class Target:
 
 
 def _rounds(plan: Plan, nbytes: int, n: int) -> int:
-    return int(min(2000, max(2, plan.budget_bytes // max(nbytes * n, 1))))
+    # At least 20 rounds below 64 MiB per round, so that the steady time (a difference
+    # of two runs, see _steady) stands well above the noise of a run's start-up.
+    least = 2 if nbytes * n >= 64 << 20 else 20
+    return int(min(2000, max(least, plan.budget_bytes // max(nbytes * n, 1))))
 
 
 def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
@@ -259,14 +292,20 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
             floor1: list[float] = []
             floor2: list[float] = []
             ours: dict[str, list[float]] = {loop: [] for loop in plan.loops}
+            startup: list[float] = []
             for _ in range(plan.repeat):  # interleaved, so drift hits every system alike
-                base.append(asyncio.run(_futures_rendezvous(inputs, rounds)))
+                base.append(_steady(_futures(inputs), rounds))
                 floor1.append(_numpy_floor(inputs, rounds))
                 if threads:
                     floor2.append(_numpy_floor(inputs, rounds, threads=2))
                 for loop in plan.loops:
-                    step = _step("all_reduce", rounds)
-                    ours[loop].append(_run_ours(loop, strategy, step, per_replica))
+                    ours[loop].append(
+                        _steady(
+                            _ours(loop, strategy, "all_reduce", per_replica),
+                            rounds,
+                            startup if loop == "asyncio" else None,
+                        )
+                    )
             base_us = _median_us(base, rounds)
             floors = {"numpy floor (1 thread)": _median_us(floor1, rounds)}
             if threads:
@@ -283,6 +322,22 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
             )
             for name, value in floors.items():
                 rows.append(Row("all_reduce", n, nbytes, "-", name, value, *best_floor))
+            if nbytes == plan.sizes[0]:
+                # Reported, not a target: what starting one run costs (left out above).
+                us = statistics.median(startup) * 1e6
+                rows.append(
+                    Row(
+                        "run start-up",
+                        n,
+                        nbytes,
+                        "asyncio",
+                        "asyncreplica",
+                        us,
+                        "one round",
+                        _median_us(ours["asyncio"], rounds),
+                        startup,
+                    )
+                )
     return rows
 
 
@@ -341,9 +396,9 @@ def _measure_tracing(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     on: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(plan.repeat):
-            off.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), per_replica))
+            off.append(_steady(_ours("asyncio", strategy, "all_reduce", per_replica), rounds))
             with strategy.trace(os.path.join(tmp, f"trace{i}.json")):
-                on.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), per_replica))
+                on.append(_steady(_ours("asyncio", strategy, "all_reduce", per_replica), rounds))
     return [
         Row(
             "tracing on",
@@ -375,7 +430,10 @@ def _measure_moves(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             gather.append(_bytes_floor(inputs, rounds))
             reduce.append(_numpy_floor(inputs, rounds))
             for kind in ("all_gather", "broadcast", "reduce_scatter"):
-                sample = _run_ours("asyncio", strategy, _step(kind, rounds), per_replica)
+                sample = _steady(
+                    _ours("asyncio", strategy, kind, per_replica),
+                    rounds,
+                )
                 ours.setdefault(kind, []).append(sample)
         gather_us = _median_us(gather, rounds)
         floors = {
@@ -402,20 +460,23 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     )
     one = ar.PerReplica([np.full(leaves * leaf_bytes // 4, float(i), np.float32) for i in range(n)])
 
-    async def separate(xs: list[Array]) -> None:
-        ctx = ar.get_replica_context()
-        assert ctx is not None
-        for _ in range(rounds):
-            for x in xs:  # every replica gets a list of the same length
-                await ctx.all_reduce(ar.ReduceOp.SUM, x)  # asyncreplica: ignore
+    def separate(rounds: int) -> Callable[[list[Array]], Coroutine[Any, Any, None]]:
+        async def step(xs: list[Array]) -> None:
+            ctx = ar.get_replica_context()
+            assert ctx is not None
+            for _ in range(rounds):
+                for x in xs:  # every replica gets a list of the same length
+                    await ctx.all_reduce(ar.ReduceOp.SUM, x)  # asyncreplica: ignore
+
+        return step
 
     batched: list[float] = []
     single: list[float] = []
     apart: list[float] = []
     for _ in range(plan.repeat):  # interleaved
-        batched.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), batch))
-        single.append(_run_ours("asyncio", strategy, _step("all_reduce", rounds), one))
-        apart.append(_run_ours("asyncio", strategy, separate, batch))
+        batched.append(_steady(_ours("asyncio", strategy, "all_reduce", batch), rounds))
+        single.append(_steady(_ours("asyncio", strategy, "all_reduce", one), rounds))
+        apart.append(_steady(lambda r: _run_ours("asyncio", strategy, separate(r), batch), rounds))
     single_us = _median_us(single, rounds)
     batched_us = _median_us(batched, rounds)
     return [
@@ -731,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
             _loops(),
             args.repeat or 3,
             8 << 20,
-            batch_rounds=2,
+            batch_rounds=5,
             memory_collectives=10_000,
             idle_replicas=1000,
         )
