@@ -27,6 +27,10 @@ _kinds: dict[int, tuple[CodeType, int]] = {}
 # so comparing two replicas' paths is usually an identity check. Keyed by the flat
 # chain ``(id(code), line, id(code), line, ...)``: every code in it is held by _kinds.
 _paths: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
+# The same paths keyed by ``(id(code), f_lasti, ...)``: a frame's instruction offset
+# costs nothing to read, while its line number is looked up in the code's line table
+# on every access. Lines are computed once per distinct chain of offsets.
+_paths_at: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
 _MAX_PATHS = 100_000
 
 
@@ -56,23 +60,35 @@ def call_path() -> tuple[CallSite, ...]:
     frame = sys._getframe(1)
     kinds = _kinds
     key: list[int] = []
+    frames = []
     while frame is not None:
         code = frame.f_code
         entry = kinds.get(id(code))
         kind = _kind(code) if entry is None else entry[1]
         if kind == _USER:
-            key += (id(code), frame.f_lineno)
+            key += (id(code), frame.f_lasti)
+            frames.append(frame)
             if len(key) == 2 * MAX_DEPTH:
                 break
         elif kind == _STOP and key:
             break  # the replica driver, below the user's frames
         frame = frame.f_back  # type: ignore[assignment]
-    frozen = tuple(key)
+    at = tuple(key)
+    path = _paths_at.get(at)
+    if path is None:
+        if len(_paths_at) >= _MAX_PATHS:
+            _paths_at.clear()
+        path = _paths_at[at] = _intern(tuple(x for f in frames for x in (id(f.f_code), f.f_lineno)))
+    return path
+
+
+def _intern(frozen: tuple[int, ...]) -> tuple[CallSite, ...]:
+    """The interned path of ``(id(code), line, ...)``."""
     path = _paths.get(frozen)
     if path is None:
         if len(_paths) >= _MAX_PATHS:
             _paths.clear()
-        codes = [kinds[code_id][0] for code_id in frozen[::2]]
+        codes = [_kinds[code_id][0] for code_id in frozen[::2]]
         path = _paths[frozen] = tuple(
             CallSite(code.co_filename, line, code.co_name)
             for code, line in zip(codes, frozen[1::2], strict=True)

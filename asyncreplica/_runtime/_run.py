@@ -78,8 +78,9 @@ class _Slot:
         fast = self.fast
         for waiter in fast:
             if not waiter.done():  # a cancelled one is left alone
-                tree = waiter._ar_tree
-                result = results[waiter._ar_replica]
+                call = waiter._ar_call
+                result = results[call.replica]
+                tree = call.treedef
                 waiter.set_result(result[0] if tree is None else _rebuild(tree, result))
         fast.clear()  # no slot <-> waiter cycle outlives the collective
         waiters = self.waiters
@@ -120,20 +121,18 @@ class _Waiter(asyncio.Future):  # type: ignore[type-arg]
     run, before the task resumes, that the replica abandoned the collective.
     """
 
-    __slots__ = ("_ar_key", "_ar_replica", "_ar_run", "_ar_slot", "_ar_tree")
+    __slots__ = ("_ar_call", "_ar_key", "_ar_slot")
 
-    _ar_run: Run
-    _ar_replica: int
+    _ar_call: Collective  # its run, replica and result structure
     _ar_key: Key
     _ar_slot: _Slot
-    _ar_tree: Any
 
     def cancel(self, msg: Any = None) -> bool:
         """Cancel the wait; the run hears of it before the replica's task resumes."""
         if not self.done():
             # Scheduled before the task's own wake-up (which super().cancel schedules).
             self.get_loop().call_soon(
-                self._ar_run._abandoned, self._ar_replica, self._ar_key, self._ar_slot
+                self._ar_call._run._abandoned, self._ar_call.replica, self._ar_key, self._ar_slot
             )
         return super().cancel(msg)
 
@@ -486,17 +485,21 @@ class Run:
         except CollectiveError as exc:
             self._fail(replica, exc)
             raise
-        slot = self._arrive_at(key, replica, call.payload, complete)
+        # _arrive_at, inline.
+        slots = self._slots
+        slot = slots.get(key)
+        if slot is None:
+            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
+        slot.payloads[replica] = call.payload
         if complete:
+            del slots[key]
             return self._dispatch(call, key, slot).__await__()
         if ledger.all_waiting():
             self._check_deadlock(replica, current=self._current_task())
         waiter = _Waiter(loop=self._loop)
-        waiter._ar_run = self
-        waiter._ar_replica = replica
+        waiter._ar_call = call
         waiter._ar_key = key
         waiter._ar_slot = slot
-        waiter._ar_tree = call.treedef
         slot.fast.append(waiter)
         return waiter.__await__()
 
@@ -673,7 +676,7 @@ class Run:
             if task is current or id(task) in parked:
                 return True
             waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
-            return type(waiter) is _Waiter and waiter._ar_run is self and not waiter.done()
+            return type(waiter) is _Waiter and waiter._ar_call._run is self and not waiter.done()
 
         for rid in range(self.num_replicas):
             if not all(_tasks.blocked(t, is_parked) for t in self.watch.tasks(rid)):
