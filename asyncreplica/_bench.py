@@ -199,22 +199,16 @@ def _run_ours(loop: str, strategy: ar.MirroredStrategy, step: Any, value: Any) -
     return trio.run(go)
 
 
-def _steady(
-    sample: Callable[[int], float], rounds: int, startup: list[float] | None = None
-) -> float:
+def _steady(sample: Callable[[int], float], rounds: int) -> float:
     """Seconds that ``rounds`` rounds take once running: ``sample(2R) - sample(R)``.
 
     ``sample(r)`` times a whole run of ``r`` rounds, which includes one-off costs
     (the event loop, the run's tasks, distributing its values); their difference
     leaves them out, so every per-round figure is the cost of a round, for ours and
-    for the baselines alike. The one-off part (``sample(R)`` less the steady time) is
-    appended to ``startup`` when given.
+    for the baselines alike.
     """
     short = sample(rounds)
-    steady = max(sample(2 * rounds) - short, 1e-9)
-    if startup is not None:
-        startup.append(max(short - steady, 0.0))
-    return steady
+    return max(sample(2 * rounds) - short, 1e-9)
 
 
 def _ours(
@@ -299,13 +293,10 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
                 if threads:
                     floor2.append(_numpy_floor(inputs, rounds, threads=2))
                 for loop in plan.loops:
-                    ours[loop].append(
-                        _steady(
-                            _ours(loop, strategy, "all_reduce", per_replica),
-                            rounds,
-                            startup if loop == "asyncio" else None,
-                        )
-                    )
+                    sample = _ours(loop, strategy, "all_reduce", per_replica)
+                    ours[loop].append(_steady(sample, rounds))
+                    if loop == "asyncio" and nbytes == plan.sizes[0]:
+                        startup.append(sample(0))  # a run of no rounds: its start-up
             base_us = _median_us(base, rounds)
             floors = {"numpy floor (1 thread)": _median_us(floor1, rounds)}
             if threads:
@@ -323,7 +314,7 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
             for name, value in floors.items():
                 rows.append(Row("all_reduce", n, nbytes, "-", name, value, *best_floor))
             if nbytes == plan.sizes[0]:
-                # Reported, not a target: what starting one run costs (left out above).
+                # Reported, not a target: what starting a run costs (left out above).
                 us = statistics.median(startup) * 1e6
                 rows.append(
                     Row(
