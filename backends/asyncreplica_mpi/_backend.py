@@ -27,7 +27,6 @@ from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._group import (
-    INLINE_BYTES,
     THREAD_WAIT_BYTES,
     MPIProcessGroup,
     thread_multiple,
@@ -108,11 +107,11 @@ class MPIBackend(Backend):
     async def _move(self, nbytes: int, name: str, *args: Any, **kwargs: Any) -> None:
         """Run the MPI collective ``name`` (``"Allreduce"``, ...) on the data communicator.
 
-        Small transfers post the non-blocking variant and poll it from the loop. Large
-        ones call the blocking variant in a worker thread (mpi4py releases the GIL;
-        MPI runs with MPI_THREAD_MULTIPLE): MPICH's blocking algorithms are faster for
-        large messages, and posting a large non-blocking collective does much of its
-        copying on the calling thread, which would be the event loop's.
+        Transfers below :data:`THREAD_WAIT_BYTES` post the non-blocking variant and
+        poll it from the loop. Larger ones call the blocking variant in a worker thread
+        (mpi4py releases the GIL; MPI runs with MPI_THREAD_MULTIPLE): posting a large
+        non-blocking collective does much of its copying on the calling thread, which
+        would be the event loop's.
         """
         comm = self.group.data_comm
         if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
@@ -227,11 +226,14 @@ class MPIBackend(Backend):
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [np.asarray(leaf) for leaf in local[0]]
-        combined = await self._combine_inline(op, leaves)
+        combined = await self._combine_inline(op, leaves)  # read-only already
         if combined is None:
-            await self.group.settle()
-            combined = await self._combine_leaves(op, leaves)
-        return [[_readonly(c) for c in combined] for _ in values]
+            with self.group.committed():  # the data must move once agreed
+                await self.group.settle()
+                combined = await self._combine_leaves(op, leaves)
+            for c in combined:
+                c.flags.writeable = False  # a new array, or a new view of a pooled buffer
+        return [[c.view() for c in combined] for _ in values]  # read-only, as c is
 
     async def _combine_inline(
         self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
@@ -241,39 +243,40 @@ class MPIBackend(Backend):
         Every process gets every process's bytes and combines them in rank order, so
         the result is the same everywhere. None when they do not fit.
         """
-        sizes = [leaf.nbytes for leaf in leaves]
-        if sum(sizes) > INLINE_BYTES:
-            return None
-        payload = np.concatenate(
-            [np.ascontiguousarray(leaf).reshape(-1).view(np.uint8) for leaf in leaves]
-            or [np.empty(0, np.uint8)]
-        )
-        parts = await self.group.settle_with(payload)
+        parts = await self.group.settle_with(leaves)
         if parts is None:
             return None
+        # parts views the group's receive buffer, which the next exchange reuses: it is
+        # read here, without awaiting, into new arrays.
         ufunc = _UFUNCS[op]
+        processes = parts.shape[0]
         out = []
         start = 0
-        for leaf, size in zip(leaves, sizes, strict=True):
-            pieces = [
-                parts[r, start : start + size].copy().view(leaf.dtype).reshape(leaf.shape)
-                for r in range(parts.shape[0])
-            ]
-            start += size
-            acc = pieces[0]
-            for piece in pieces[1:]:
-                ufunc(acc, piece, out=acc)
+        for leaf in leaves:
+            stop = start + leaf.nbytes
+            dtype = leaf.dtype
+            first = parts[0, start:stop].view(dtype)
+            if processes == 1:
+                acc = first.copy()
+            else:
+                # In rank order: (p0 op p1) op p2 ..., into a new array.
+                acc = ufunc(first, parts[1, start:stop].view(dtype))
+                for r in range(2, processes):
+                    ufunc(acc, parts[r, start:stop].view(dtype), out=acc)
+            start = stop
             if op is ReduceOp.MEAN:
                 acc = np.true_divide(acc, self.group.num_replicas)
-            out.append(acc)
+            acc.flags.writeable = False  # frozen for good: results are views of it
+            out.append(acc if acc.shape == leaf.shape else acc.reshape(leaf.shape))
         return out
 
     async def all_gather(self, values: Sequence[Sequence[object]], axis: int) -> list[list[object]]:
         """Concatenate every replica's leaves along ``axis`` in global replica order."""
         _no_sparse(values, "all_gather")
         local = await self.inner.all_gather(values, axis)
-        await self.group.settle()
-        gathered = await self._gather_leaves([np.asarray(leaf) for leaf in local[0]], axis)
+        with self.group.committed():
+            await self.group.settle()
+            gathered = await self._gather_leaves([np.asarray(leaf) for leaf in local[0]], axis)
         return [[_readonly(g) for g in gathered] for _ in values]
 
     async def reduce_scatter(
@@ -303,15 +306,16 @@ class MPIBackend(Backend):
         signature = self.group.current
         if signature is None or signature.source is None or self.group.size == 1:
             return await self.inner.broadcast(values, num_replicas)
-        await self.group.settle()
-        root = self.group.process_of(signature.source)
-        arrays = [np.ascontiguousarray(np.asarray(v)) for v in values]
-        payload = np.concatenate(
-            [a.reshape(-1).view(np.uint8) for a in arrays] or [np.empty(0, np.uint8)]
-        )
-        if self.group.rank != root:
-            payload = np.empty_like(payload)
-        await self._move(payload.nbytes, "Bcast", payload, root=root)
+        with self.group.committed():
+            await self.group.settle()
+            root = self.group.process_of(signature.source)
+            arrays = [np.ascontiguousarray(np.asarray(v)) for v in values]
+            payload = np.concatenate(
+                [a.reshape(-1).view(np.uint8) for a in arrays] or [np.empty(0, np.uint8)]
+            )
+            if self.group.rank != root:
+                payload = np.empty_like(payload)
+            await self._move(payload.nbytes, "Bcast", payload, root=root)
         out: list[np.ndarray[Any, Any]] = []
         start = 0
         for a in arrays:
@@ -369,8 +373,9 @@ class MPIBackend(Backend):
 
 
 def _no_sparse(values: Sequence[Sequence[object]], what: str) -> None:
-    if values and any(isinstance(leaf, IndexedSlices) for leaf in values[0]):
-        raise NotImplementedError(
-            f"{what} of IndexedSlices across processes is not supported by the MPI "
-            "backend; convert them to dense arrays first"
-        )
+    for leaf in values[0] if values else ():
+        if isinstance(leaf, IndexedSlices):
+            raise NotImplementedError(
+                f"{what} of IndexedSlices across processes is not supported by the MPI "
+                "backend; convert them to dense arrays first"
+            )

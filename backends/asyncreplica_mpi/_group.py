@@ -4,19 +4,26 @@ See :mod:`._protocol` for the exchange itself. This module owns the communicator
 (two duplicates of the user's: one for agreement, one for data, so that neither
 ever shares traffic with the user's own), the polling of non-blocking requests from
 the event loop, and the goodbye exchange at interpreter exit.
+
+Cancellation: once a process has posted its part of an MPI collective it must finish
+it, or the processes fall out of step. Every wait between posting a request and its
+completion is therefore shielded from cancellation, and so is every wait between an
+agreement and the data movement it allows (see :meth:`MPIProcessGroup.collective`).
+A wait that completes at once needs no shield: nothing can cancel code that does not
+yield to the loop, which is what makes the common case cheap.
 """
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import collections
 import contextlib
-import hashlib
 import json
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Hashable
+from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -33,15 +40,18 @@ from asyncreplica import (
 from asyncreplica.abc import CollectiveKind, ProcessGroup, Signature
 
 from ._protocol import (
+    HEADER,
+    HEADER_BYTES,
     HEADER_WORDS,
     MAGIC,
     Status,
+    at_position,
     describe_exception,
     differing_fields,
     fingerprint,
-    header,
     key_text,
     outcome_message,
+    position_code,
     rebuild_signature,
     signature_fields,
 )
@@ -56,17 +66,23 @@ __all__ = [
 
 #: A partial result up to this size travels inside the agreement exchange.
 INLINE_BYTES = 256
-INLINE_WORDS = INLINE_BYTES // 8
+_ROW_BYTES = HEADER_BYTES + INLINE_BYTES  # one process's part of an exchange
 
 _T = TypeVar("_T")
 
-# Polling: checks that yield to the loop in between, for up to _SPIN_SECONDS, then
-# sleeps that grow to _MAX_SLEEP. MPICH progresses only inside MPI calls, so Test()
-# drives it: a process that sleeps stalls its peers' collectives too, and the loop's
-# timers cannot sleep less than about a millisecond, hence the generous spin (MPI's own
-# blocking calls spin for ever).
+# Polling: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
+# complete the request within them, and a wait that never yields needs no shield from
+# cancellation, see the module docstring), then tests that yield to the loop in between,
+# for up to _SPIN_SECONDS, then sleeps that grow to _MAX_SLEEP. MPICH progresses only
+# inside MPI calls, so Test() drives it: a process that sleeps stalls its peers'
+# collectives too, and the loop's timers cannot sleep less than about a millisecond,
+# hence the generous spin (MPI's own blocking calls spin for ever).
+_BUSY_SECONDS = 20e-6
 _SPIN_SECONDS = 0.01
 _MAX_SLEEP = 0.001
+
+# The per-signature and per-position caches are cleared past this many entries.
+_MAX_CACHED = 4096
 
 # The last uncaught exception (from sys.excepthook), told to peers at exit.
 _uncaught: list[str] = []
@@ -94,32 +110,60 @@ def _goodbye_all() -> None:
         group.goodbye()
 
 
-#: Requests moving at least this many bytes are waited for in a worker thread: MPI's
-#: blocking wait progresses a large transfer much faster than polling from the loop,
-#: and mpi4py releases the GIL meanwhile (MPI runs with MPI_THREAD_MULTIPLE).
-THREAD_WAIT_BYTES = 256 * 1024
+#: Requests moving at least this many bytes are waited for in a worker thread (mpi4py
+#: releases the GIL meanwhile; MPI runs with MPI_THREAD_MULTIPLE): posting and testing a
+#: large non-blocking collective does its copying on the calling thread, which would
+#: block the loop for milliseconds. Below it, polling from the loop is as fast or faster
+#: (the hand-over to a thread costs about 100 µs) and blocks it for a few hundred µs at
+#: most, as the local backend's reductions do below its own offload size (4 MiB).
+THREAD_WAIT_BYTES = 2 << 20
+
+
+def _spin(test: Callable[[], bool]) -> bool:
+    """Call ``test`` for up to _BUSY_SECONDS without yielding; whether it returned True."""
+    if test():
+        return True
+    until = time.perf_counter() + _BUSY_SECONDS
+    while time.perf_counter() < until:
+        if test():
+            return True
+    return False
+
+
+async def _poll(test: Callable[[], bool]) -> None:
+    """Call ``test`` until it returns True, yielding to the loop in between."""
+    # On asyncio, a plain sleep(0) is anyio's checkpoint without the look-up of the
+    # running library (one poll per loop iteration: its cost is the wait's resolution).
+    on_asyncio = asyncio._get_running_loop() is not None
+    spin_until = time.perf_counter() + _SPIN_SECONDS
+    delay = 1e-4
+    while not test():
+        if time.perf_counter() < spin_until:
+            if on_asyncio:
+                await asyncio.sleep(0)
+            else:
+                await anyio.lowlevel.checkpoint()
+        else:
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
 
 
 async def wait_request(request: Any, nbytes: int = 0) -> None:
     """Wait for an MPI request without blocking the event loop.
 
+    The caller shields the wait from cancellation (a posted request must complete).
+
     Args:
         request: The request.
         nbytes: How many bytes it moves; large transfers are waited for in a thread.
     """
-    if request.Test():
-        return
+    test = request.Test
     if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
-        await anyio.to_thread.run_sync(request.Wait)
+        if not test():
+            await anyio.to_thread.run_sync(request.Wait)
         return
-    spin_until = time.perf_counter() + _SPIN_SECONDS
-    delay = 1e-4
-    while not request.Test():
-        if time.perf_counter() < spin_until:
-            await anyio.lowlevel.checkpoint()
-        else:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
+    if not _spin(test):
+        await _poll(test)
 
 
 _serials = iter(range(1 << 62))
@@ -133,6 +177,17 @@ def thread_multiple() -> bool:
 
         _thread_level.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
     return _thread_level[0]
+
+
+class _Expired(Exception):
+    """An exchange's deadline (the group's timeout) passed before it completed."""
+
+
+# What a collective agrees on: its fields (with the first position's text), the detail
+# shown on a mismatch, its fingerprint at its position, and the position.
+_Agreement = tuple[dict[str, Any], dict[str, Any], int, Hashable]
+
+_NO_SHIELD = contextlib.nullcontext()
 
 
 class MPIProcessGroup(ProcessGroup):
@@ -180,18 +235,37 @@ class MPIProcessGroup(ProcessGroup):
         self.timeout = timeout
         self.current: Signature | None = None  # the collective being dispatched
         # Its agreement, until the backend makes it (see settle, settle_with).
-        self._deferred: tuple[dict[str, Any], dict[str, Any], int] | None = None
-        self.inline_parts: np.ndarray[Any, Any] | None = None
+        self._deferred: _Agreement | None = None
+        self._shielded = False  # whether collective() shields the dispatch itself
         self._busy = False
         self._waiters: collections.deque[anyio.Event] = collections.deque()
-        self._positions: dict[Hashable, str] = {}
+        self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._closed = False
         self._serial = next(_serials)
-        self._fields_cache: dict[Signature, tuple[dict[str, Any], int, dict[str, Any]]] = {}
+        self._fields_cache: dict[
+            Signature, tuple[dict[str, Any], int, dict[str, Any], bool, bool]
+        ] = {}
+        # Every exchange moves one row per process: the header, then room for a small
+        # payload (a small all_reduce's partial result travels with its agreement). The
+        # rows are reused: what an exchange received is read before the next one starts.
+        self._send = bytearray(_ROW_BYTES)
+        self._header = memoryview(self._send)[:HEADER_BYTES]
+        self._recv = self._send if self.size == 1 else bytearray(_ROW_BYTES * self.size)
+        rows = np.frombuffer(self._recv, np.uint8).reshape(self.size, _ROW_BYTES)
+        self._parts = rows[:, HEADER_BYTES:]
+        self._heads = rows.view(np.int64)[:, :HEADER_WORDS]
+        self._row_starts = range(0, _ROW_BYTES * self.size, _ROW_BYTES)
+        self._in_flight = False  # an exchange was posted and has not completed
+        self._gather: Any = None
+        if self.size > 1:
+            # A persistent allgather costs less to start than an Iallgather to post
+            # (creating it is collective, like this constructor).
+            with contextlib.suppress(NotImplementedError):
+                self._gather = self._ctl.Allgather_init(self._send, self._recv)
         _groups.add(self)
         _install_hooks()
 
@@ -211,39 +285,48 @@ class MPIProcessGroup(ProcessGroup):
 
     # -- the exchange -------------------------------------------------------------------
 
-    def _exchange(
-        self,
-        status: Status,
-        fields: dict[str, Any] | None,
-        detail: dict[str, Any],
-        fp: int = 0,
-        inline: np.ndarray[Any, Any] | None = None,
-    ) -> Generator[Any, None, list[dict[str, Any]] | None]:
-        MPI = self._MPI
-        if fields is not None and not fp:
-            fp = fingerprint(fields)
-        self._number += 1
-        self.inline_parts = None
+    def _post(self, status: Status, fp: int, payload: Sequence[np.ndarray[Any, Any]] = ()) -> Any:
+        """Start this process's part of the next exchange; its request (None alone).
+
+        ``payload``: arrays whose bytes (C order) follow the header, back to back.
+        """
+        number = self._number
+        self._number = number + 1
+        send = self._send
+        HEADER.pack_into(send, 0, MAGIC, status, fp, number)
+        start = HEADER_BYTES
+        for array in payload:
+            data = array.tobytes()
+            end = start + len(data)
+            send[start:end] = data  # the same length: the row never resizes
+            start = end
         if self.size == 1:
-            if inline is not None:
-                self.inline_parts = inline.reshape(1, -1)
             return None  # nobody to disagree with
-        # Every exchange has the same size: the header, then room for a small payload
-        # (a small all_reduce's partial result travels with its agreement).
-        send = np.zeros(HEADER_WORDS + INLINE_WORDS, np.int64)
-        send[:HEADER_WORDS] = header(status, fp, self._number - 1)
-        if inline is not None:
-            send[HEADER_WORDS:].view(np.uint8)[: inline.size] = inline
-        recv = np.empty((self.size, HEADER_WORDS + INLINE_WORDS), np.int64)
-        yield self._ctl.Iallgather(send, recv)
-        heads = recv[:, :HEADER_WORDS]
-        if (heads == heads[0]).all():
-            if inline is not None:
-                # Same fingerprint, so the same payload size on every process.
-                self.inline_parts = recv[:, HEADER_WORDS:].view(np.uint8)[:, : inline.size]
-            return None
-        recv = heads
-        if (recv[:, 0] != MAGIC).any():
+        self._in_flight = True
+        gather = self._gather
+        if gather is None:
+            return self._ctl.Iallgather(send, self._recv)
+        gather.Start()
+        return gather
+
+    def _unanimous(self) -> bool:
+        """After the exchange completed: whether every process sent this one's header."""
+        self._in_flight = False
+        if self.size > 16:
+            heads = self._heads
+            return bool((heads == heads[0]).all())
+        recv, mine = self._recv, self._header
+        for start in self._row_starts:  # noqa: SIM110 -- a loop costs less than all()
+            if not recv.startswith(mine, start):
+                return False
+        return True
+
+    def _details(
+        self, status: Status, fields: dict[str, Any] | None, detail: dict[str, Any]
+    ) -> Generator[Any, None, list[dict[str, Any]]]:
+        """After headers differ: every process's JSON detail, in rank order (two rounds)."""
+        MPI = self._MPI
+        if (self._heads[:, 0] != MAGIC).any():
             self._broken = "a peer sent a malformed header"
             raise BackendError(
                 "asyncreplica received a malformed message from another process: the "
@@ -267,11 +350,37 @@ class MPIProcessGroup(ProcessGroup):
             json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
         ]
 
-    async def _drive(self, steps: Generator[Any, None, _T]) -> _T:
+    async def _wait(self, request: Any, deadline: float | None) -> None:
+        """Wait for a posted request that :func:`_spin` did not see complete.
+
+        The wait is shielded from cancellation: the request must complete.
+
+        Raises:
+            _Expired: ``deadline`` (``anyio.current_time()``) passed first.
+        """
+        test = request.Test
+        try:
+            with anyio.CancelScope(shield=True):
+                if deadline is None:
+                    await _poll(test)
+                    return
+                with anyio.CancelScope(deadline=deadline):
+                    await _poll(test)
+                    return
+            raise _Expired
+        except BaseException:
+            # Abandoned while posted (a timeout, or an interruption no shield stops):
+            # the processes are out of step.
+            if self._broken is None:
+                self._broken = "a cross-process exchange was abandoned"
+            raise
+
+    async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
         try:
             request = next(steps)
             while True:
-                await wait_request(request)
+                if not _spin(request.Test):
+                    await self._wait(request, deadline)
                 request = steps.send(None)
         except StopIteration as stop:
             result: _T = stop.value
@@ -315,40 +424,53 @@ class MPIProcessGroup(ProcessGroup):
         status: Status,
         fields: dict[str, Any] | None,
         detail: dict[str, Any],
-        fp: int = 0,
-        inline: np.ndarray[Any, Any] | None = None,
+        fp: int,
+        payload: Sequence[np.ndarray[Any, Any]] = (),
+        position: Hashable = None,
     ) -> list[dict[str, Any]] | None:
-        """One exchange, bounded by the timeout (callers shield it from cancellation)."""
-        self._check_usable()
-        steps = self._exchange(status, fields, detail, fp, inline)
-        if self.timeout is None:
-            details = await self._drive(steps)
-        else:
-            with anyio.move_on_after(self.timeout) as scope:
-                details = await self._drive(steps)
-            if scope.cancelled_caught:
-                self._broken = "a cross-process exchange timed out"
-                what = "" if fields is None else f" at their {fields['position']}"
-                raise CollectiveTimeoutError(
-                    0,
-                    float(self.timeout or 0),
-                    {},
-                    {},
-                    message=(
-                        f"The other processes did not all reach the same point{what} within "
-                        f"{self.timeout} s (this is process {self.rank} of {self.size}).\n\n"
-                        "A process that is alive but busy (I/O, a long computation) or stuck "
-                        "delays every other one. The processes are now out of step: the job "
-                        "cannot continue.\nSee docs/errors.md#collectivetimeouterror in the "
-                        "asyncreplica documentation."
-                    ),
-                )
-        if details is not None:
-            # Every process sees the same details and raises: the run ends everywhere.
-            self._run_ended = True
-            gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
-            if gone:
-                self._departed = gone
+        """One exchange, bounded by the timeout; every process's detail if they differ.
+
+        ``position`` (when not None) completes ``fields`` for the details. The waits
+        are shielded; the caller shields what must follow the agreement.
+        """
+        if self._departed or self._broken is not None:
+            self._check_usable()
+        deadline = None if self.timeout is None else anyio.current_time() + self.timeout
+        request = self._post(status, fp, payload)
+        if request is None:
+            return None
+        try:
+            if not _spin(request.Test):
+                await self._wait(request, deadline)
+            if self._unanimous():
+                return None
+            if position is not None and fields is not None:
+                fields = {**fields, "position": key_text(position)}
+            details = await self._drive(self._details(status, fields, detail), deadline)
+        except _Expired:
+            if position is not None and fields is not None:
+                fields = {**fields, "position": key_text(position)}
+            self._broken = "a cross-process exchange timed out"
+            what = "" if fields is None else f" at their {fields['position']}"
+            raise CollectiveTimeoutError(
+                0,
+                float(self.timeout or 0),
+                {},
+                {},
+                message=(
+                    f"The other processes did not all reach the same point{what} within "
+                    f"{self.timeout} s (this is process {self.rank} of {self.size}).\n\n"
+                    "A process that is alive but busy (I/O, a long computation) or stuck "
+                    "delays every other one. The processes are now out of step: the job "
+                    "cannot continue.\nSee docs/errors.md#collectivetimeouterror in the "
+                    "asyncreplica documentation."
+                ),
+            ) from None
+        # Every process sees the same details and raises: the run ends everywhere.
+        self._run_ended = True
+        gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
+        if gone:
+            self._departed = gone
         return details
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
@@ -378,37 +500,46 @@ class MPIProcessGroup(ProcessGroup):
         )
 
     def _fields(
-        self, signature: Signature, position: Hashable
-    ) -> tuple[dict[str, Any], int, dict[str, Any]]:
-        """The fields to agree on, their fingerprint, and the detail shown on a mismatch.
+        self, signature: Signature
+    ) -> tuple[dict[str, Any], int, dict[str, Any], bool, bool]:
+        """What to agree on for ``signature``, whatever its position (cached).
 
-        Cached per signature: the steady state hashes the signature and, for a position
-        other than 0, fingerprints two short strings.
+        Returns:
+            The fields (with the first position's text), their fingerprint (see
+            :func:`at_position` for the position's), the detail shown on a mismatch,
+            whether dispatching it moves no data beyond the agreement exchange (a
+            barrier, a small dense all_reduce), and whether it is a merge_call.
         """
         cached = self._fields_cache.get(signature)
-        if cached is None:
-            if len(self._fields_cache) > 4096:
-                self._fields_cache.clear()
-            fields = signature_fields(signature, 0, check_call_sites=self.check_call_sites)
-            site = signature.call_site
-            detail = {
-                "describe": signature.describe(),
-                "site": None
-                if site is None
-                else f"{site.filename}:{site.lineno} in {site.function}",
-            }
-            cached = self._fields_cache[signature] = (fields, fingerprint(fields), detail)
-        fields, base, detail = cached
-        if position == 0:
-            return fields, base, detail
-        text = self._positions.get(position)
-        if text is None:
-            if len(self._positions) > 4096:
+        if cached is not None:
+            return cached
+        if len(self._fields_cache) > _MAX_CACHED:
+            self._fields_cache.clear()
+        fields = signature_fields(signature, 0, check_call_sites=self.check_call_sites)
+        site = signature.call_site
+        detail = {
+            "describe": signature.describe(),
+            "site": None if site is None else f"{site.filename}:{site.lineno} in {site.function}",
+        }
+        cached = self._fields_cache[signature] = (
+            fields,
+            fingerprint(fields),
+            detail,
+            _light(signature),
+            signature.kind is CollectiveKind.MERGE_CALL,
+        )
+        return cached
+
+    def _at(self, base: int, position: Hashable) -> int:
+        """``base`` (a signature's fingerprint) at ``position``."""
+        if type(position) is int:
+            return at_position(base, position)
+        code = self._positions.get(position)
+        if code is None:
+            if len(self._positions) > _MAX_CACHED:
                 self._positions.clear()
-            text = self._positions[position] = key_text(position)
-        fields = {**fields, "position": text}
-        digest = hashlib.blake2b(f"{base}@{text}".encode(), digest_size=8).digest()
-        return fields, int.from_bytes(digest, "little", signed=True), detail
+            code = self._positions[position] = position_code(position)
+        return at_position(base, code)
 
     # -- what the runtime calls ----------------------------------------------------------
 
@@ -446,43 +577,63 @@ class MPIProcessGroup(ProcessGroup):
     ) -> _T:
         """Agree on ``signature`` at ``position`` with every process, then run ``local``.
 
-        The exchange and the data movement are shielded from cancellation: once a
-        process has posted its part of an MPI collective, it must finish it, or the
-        processes fall out of step.
+        Once a process has posted its part of an MPI collective it must finish it, or
+        the processes fall out of step: the exchange and the data movement are shielded
+        from cancellation. A collective that moves nothing beyond its agreement (a
+        barrier, a small all_reduce whose data travels with it) yields to the loop only
+        inside the exchange, whose waits shield themselves; any other dispatch is
+        shielded whole, as the backend's data movement follows the agreement.
         """
-        fields, fp, detail = self._fields(signature, position)
-        merge = signature.kind is CollectiveKind.MERGE_CALL
-        await self._acquire()
-        try:
-            with anyio.CancelScope(shield=True):
-                if merge:
-                    await self._agree_or_raise(fields, detail, fp)
-                else:
-                    # The backend settles the agreement before it moves data (a small
-                    # all_reduce sends its partial result along with it).
-                    self._deferred = (fields, detail, fp)
-                    self.current = signature
-                    try:
-                        result = await local()
-                        await self.settle()  # if local() moved nothing
-                    finally:
-                        self.current = None
-                        self._deferred = None
-        finally:
-            self._release()
+        fields, base, detail, light, merge = self._fields(signature)
+        fp = at_position(base, position) if type(position) is int else self._at(base, position)
+        if self._busy:
+            await self._acquire()
+        else:
+            self._busy = True
         if merge:
+            try:
+                await self._agree_or_raise((fields, detail, fp, position))
+            finally:
+                self._release()
             # merge_fn runs unlocked: its strategy.reduce calls take the lock themselves.
             return await local()
+        try:
+            # The backend settles the agreement before it moves data (a small
+            # all_reduce sends its partial result along with it).
+            self._deferred = (fields, detail, fp, position)
+            self.current = signature
+            try:
+                if light:
+                    result = await local()
+                    if self._deferred is not None:
+                        await self.settle()  # local() moved nothing
+                else:
+                    with anyio.CancelScope(shield=True):
+                        self._shielded = True
+                        result = await local()
+                        await self.settle()  # if local() moved nothing
+            finally:
+                self.current = None
+                self._deferred = None
+                self._shielded = False
+        finally:
+            self._release()
         return result
 
+    def committed(self) -> contextlib.AbstractContextManager[Any]:
+        """A shield for what follows an agreement (the data movement), where needed.
+
+        The backend enters it before it settles an agreement that data movement
+        follows; it shields nothing (costs nothing) when the dispatch is shielded
+        whole already.
+        """
+        return _NO_SHIELD if self._shielded else anyio.CancelScope(shield=True)
+
     async def _agree_or_raise(
-        self,
-        fields: dict[str, Any],
-        detail: dict[str, Any],
-        fp: int = 0,
-        inline: np.ndarray[Any, Any] | None = None,
+        self, agreement: _Agreement, payload: Sequence[np.ndarray[Any, Any]] = ()
     ) -> None:
-        details = await self._agree(Status.COLLECTIVE, fields, detail, fp, inline)
+        fields, detail, fp, position = agreement
+        details = await self._agree(Status.COLLECTIVE, fields, detail, fp, payload, position)
         if details is not None:
             self._raise_for(details)
 
@@ -491,24 +642,32 @@ class MPIProcessGroup(ProcessGroup):
         deferred = self._deferred
         if deferred is not None:
             self._deferred = None
-            fields, detail, fp = deferred
-            await self._agree_or_raise(fields, detail, fp)
+            await self._agree_or_raise(deferred)
 
-    async def settle_with(self, payload: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """Agree and exchange a small payload at once; every process's payload, by rank.
+    async def settle_with(
+        self, arrays: Sequence[np.ndarray[Any, Any]]
+    ) -> np.ndarray[Any, Any] | None:
+        """Agree and exchange a small payload at once: every process's bytes, by rank.
+
+        The payload is the bytes of ``arrays`` (C order), back to back. Returns a
+        ``(processes, nbytes)`` uint8 view of the group's receive buffer, valid until
+        the next exchange: read it before awaiting anything, and hand out copies.
 
         Returns None (having made no exchange) when there is no deferred agreement or
         the payload does not fit: the caller settles and moves its data as usual.
         """
         deferred = self._deferred
-        if deferred is None or payload.size > INLINE_BYTES:
+        nbytes = 0
+        for array in arrays:
+            nbytes += array.nbytes
+        if deferred is None or nbytes > INLINE_BYTES:
             return None
         self._deferred = None
-        fields, detail, fp = deferred
-        await self._agree_or_raise(fields, detail, fp, payload)
-        parts = self.inline_parts
-        assert parts is not None
-        return parts
+        fields, detail, fp, position = deferred
+        details = await self._agree(Status.COLLECTIVE, fields, detail, fp, arrays, position)
+        if details is not None:
+            self._raise_for(details)
+        return self._parts[:, :nbytes]
 
     async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
@@ -516,10 +675,16 @@ class MPIProcessGroup(ProcessGroup):
         await self._acquire()
         try:
             with anyio.CancelScope(shield=True):
-                details = await self._agree(Status.COLLECTIVE, fields, detail)
-                if details is not None:
-                    self._raise_for(details)
-                result = await local()
+                self._shielded = True
+                try:
+                    details = await self._agree(
+                        Status.COLLECTIVE, fields, detail, fingerprint(fields)
+                    )
+                    if details is not None:
+                        self._raise_for(details)
+                    result = await local()
+                finally:
+                    self._shielded = False
         finally:
             self._release()
         return result
@@ -538,8 +703,7 @@ class MPIProcessGroup(ProcessGroup):
         detail = {"error": None if error is None else describe_exception(error)}
         await self._acquire()
         try:
-            with anyio.CancelScope(shield=True):
-                details = await self._agree(status, None, detail)
+            details = await self._agree(status, None, detail, 0)
         finally:
             self._release()
         self._run_ended = True
@@ -560,6 +724,8 @@ class MPIProcessGroup(ProcessGroup):
             return
         if self._departed:
             return  # a peer has gone: nobody is left to say goodbye to
+        if self._in_flight and self._broken is None:
+            self._broken = "an exchange was interrupted"
         if self._broken is not None:
             print(
                 f"asyncreplica: process {self.rank}: the processes are out of step "
@@ -570,7 +736,12 @@ class MPIProcessGroup(ProcessGroup):
             MPI.COMM_WORLD.Abort(1)
             return
         detail = {"error": _uncaught[-1] if _uncaught else None}
-        details = self._drive_blocking(self._exchange(Status.EXITED, None, detail))
+        request = self._post(Status.EXITED, 0)
+        details = None
+        if request is not None:
+            request.Wait()
+            if not self._unanimous():
+                details = self._drive_blocking(self._details(Status.EXITED, None, detail))
         if details is not None:
             waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
             if waiting:
@@ -581,9 +752,31 @@ class MPIProcessGroup(ProcessGroup):
                     file=sys.stderr,
                     flush=True,
                 )
+        with contextlib.suppress(Exception):  # freeing at exit is best effort
+            if self._gather is not None:
+                self._gather.Free()
         for comm in (self._ctl, self._data):
-            with contextlib.suppress(Exception):  # freeing at exit is best effort
+            with contextlib.suppress(Exception):
                 comm.Free()
+
+
+def _light(signature: Signature) -> bool:
+    """Whether dispatching ``signature`` moves no data beyond its agreement exchange."""
+    kind = signature.kind
+    if kind is CollectiveKind.BARRIER:
+        return True
+    if kind is not CollectiveKind.ALL_REDUCE and kind is not CollectiveKind.REDUCE_SCATTER:
+        return False
+    nbytes = 0
+    for spec in signature.leaves:
+        if spec.sparse:
+            return False
+        try:
+            itemsize = np.dtype(spec.dtype).itemsize
+        except TypeError:
+            return False
+        nbytes += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
+    return nbytes <= INLINE_BYTES
 
 
 class TraceMerger:

@@ -1,10 +1,11 @@
 """The cross-process agreement protocol, as pure functions of plain data.
 
 Every process of a group takes part in the same sequence of *exchanges* on its
-control communicator. An exchange is one ``Iallgather`` of a fixed header per process
-(:data:`HEADER_WORDS` int64 words): a status and the fingerprint of what the process
-is about to do. When every header is identical, the processes agree and go on (a
-collective moves its data on a second communicator). When they differ, a second round
+control communicator. An exchange is one allgather of a fixed-size row per process: a
+header (:data:`HEADER_WORDS` int64 words: a status, the fingerprint of what the process
+is about to do, and the exchange's number), then room for a small payload. When every
+header is identical, the processes agree and go on (a collective moves its data on a
+second communicator, or travelled as the payload). When they differ, a second round
 gathers one JSON *detail* per process (what it called, where, or how it failed), and
 every process builds the same error from them. No pickled object is ever received.
 
@@ -25,26 +26,34 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from asyncreplica.abc import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 
 __all__ = [
+    "HEADER",
+    "HEADER_BYTES",
     "HEADER_WORDS",
     "MAGIC",
     "Status",
+    "at_position",
     "cross_fields",
     "describe_exception",
     "fingerprint",
     "header",
     "outcome_message",
+    "position_code",
     "signature_fields",
 ]
 
 DOCS = "docs/errors.md"
 MAGIC = 0x61724D5049  # "arMPI": a header from something else is caught at once
 HEADER_WORDS = 4  # magic, status, fingerprint, exchange number
+#: The header's layout (native int64 words, as :func:`header` lists them).
+HEADER = struct.Struct(f"={HEADER_WORDS}q")
+HEADER_BYTES = HEADER.size
 
 
 class Status(enum.IntEnum):
@@ -59,6 +68,31 @@ class Status(enum.IntEnum):
 def header(status: Status, fp: int, number: int) -> list[int]:
     """The int64 words a process contributes to an exchange."""
     return [MAGIC, int(status), fp, number]
+
+
+_MASK = (1 << 64) - 1
+_ODD = 0x9E3779B97F4A7C15  # odd: multiplying by it is a bijection modulo 2**64
+
+
+def position_code(position: object) -> int:
+    """A 64-bit number for a collective's position (stable across processes and runs).
+
+    An index is its own code; any other key (``(name, k)``) is hashed from its text.
+    """
+    if type(position) is int:
+        return position
+    digest = hashlib.blake2b(key_text(position).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
+def at_position(base: int, code: int) -> int:
+    """The fingerprint of a collective whose fields fingerprint to ``base`` at ``code``.
+
+    For one ``base``, distinct codes (modulo 2**64) give distinct fingerprints; for
+    distinct bases, a collision is as unlikely as between two fingerprints.
+    """
+    value = (base + code * _ODD) & _MASK
+    return value - (1 << 64) if value >> 63 else value
 
 
 def _ordinal(n: int) -> str:

@@ -259,3 +259,42 @@ def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path
     ) in logs[0]
     assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
     assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "backend"),
+    [
+        ("small", "asyncio"),
+        ("barrier", "asyncio"),
+        ("large", "asyncio"),
+        ("gather", "asyncio"),
+        ("small", "trio"),
+        ("large", "trio"),
+    ],
+)
+def test_a_run_cancelled_while_waiting_finishes_its_exchange(
+    kind: str, backend: str, tmp_path: Path
+) -> None:
+    # Process 0 cancels its run while its first collective waits for process 1. Once
+    # posted, the collective must complete (its waits are shielded, whether it moves
+    # data after the agreement or not): process 0 finishes it, then process 1 sees
+    # process 0 fail, and both processes are still in step for another run.
+    rc, logs, output = launch(2, "cancel.py", kind, backend, tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {"small": "6-6/2", "large": "6-6/131072", "gather": "0-2/3", "barrier": "none"}[kind]
+    assert "cancelled True" in logs[0], logs[0]
+    assert f"first ['{want}']" in logs[0], logs[0]  # the replica that dispatched it
+    assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
+    assert f"first ['{want}']" in logs[1], logs[1]
+    assert "again [3.0, 3.0]" in logs[0], logs[0]
+    assert "again [3.0]" in logs[1], logs[1]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_small_all_reduces_travel_with_their_agreement_intact(n: int, tmp_path: Path) -> None:
+    # Every exchange reuses one buffer: results must not alias it, leaves of mixed
+    # dtypes at odd offsets must come back intact, and a scalar's MEAN is an array.
+    rc, _, output = launch(n, "inline.py", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        assert f"rank={rank} done" in output, output
