@@ -138,6 +138,7 @@ def _numpy_floor(inputs: list[Array], rounds: int, threads: int = 1) -> float:
                 np.add(block, a[b:e], out=block)
 
     bounds = [size * t // threads for t in range(threads + 1)]
+    part(0, size)  # untimed: the output's pages are touched once, as a reused buffer's are
     with ThreadPoolExecutor(max(threads - 1, 1)) as pool:
         start = time.perf_counter()
         for _ in range(rounds):
@@ -151,6 +152,7 @@ def _numpy_floor(inputs: list[Array], rounds: int, threads: int = 1) -> float:
 def _bytes_floor(inputs: list[Array], rounds: int) -> float:
     """One copy of each input into one output (what all_gather must move)."""
     out = np.empty(sum(a.size for a in inputs), dtype=inputs[0].dtype)
+    out.fill(0)  # untimed: the output's pages are touched once, as a reused buffer's are
     start = time.perf_counter()
     for _ in range(rounds):
         offset = 0
@@ -268,7 +270,7 @@ class Target:
 def _rounds(plan: Plan, nbytes: int, n: int) -> int:
     # At least 20 rounds below 64 MiB per round, so that the steady time (a difference
     # of two runs, see _steady) stands well above the noise of a run's start-up.
-    least = 2 if nbytes * n >= 64 << 20 else 20
+    least = 4 if nbytes * n >= 64 << 20 else 20
     return int(min(2000, max(least, plan.budget_bytes // max(nbytes * n, 1))))
 
 
@@ -444,6 +446,7 @@ def _measure_moves(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
 def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     n, leaves, leaf_bytes = 4, 1000, 1024
     rounds = plan.batch_rounds
+    apart_rounds = max(2, rounds // 4)  # 1000 separate all_reduces: tens of ms a round
     progress(f"batched all_reduce: {leaves} x 1 KiB x {n} replicas ({rounds} rounds)")
     strategy = ar.MirroredStrategy(_devices(n))
     batch = ar.PerReplica(
@@ -465,10 +468,14 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     single: list[float] = []
     apart: list[float] = []
     for _ in range(plan.repeat):  # interleaved
+        # Rounds for each system such that a sample takes tens of milliseconds: the
+        # steady time is a difference of two runs and must stand above their noise.
         batched.append(_steady(_ours("asyncio", strategy, "all_reduce", batch), rounds))
-        single.append(_steady(_ours("asyncio", strategy, "all_reduce", one), rounds))
-        apart.append(_steady(lambda r: _run_ours("asyncio", strategy, separate(r), batch), rounds))
-    single_us = _median_us(single, rounds)
+        single.append(_steady(_ours("asyncio", strategy, "all_reduce", one), 10 * rounds))
+        apart.append(
+            _steady(lambda r: _run_ours("asyncio", strategy, separate(r), batch), apart_rounds)
+        )
+    single_us = _median_us(single, 10 * rounds)
     batched_us = _median_us(batched, rounds)
     return [
         Row(
@@ -488,7 +495,7 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             leaves * leaf_bytes,
             "asyncio",
             "asyncreplica",
-            _median_us(apart, rounds),
+            _median_us(apart, apart_rounds),
             "batched",
             batched_us,
             apart,

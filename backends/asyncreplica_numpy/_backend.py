@@ -565,8 +565,8 @@ class NumpyBackend(Backend):
         """Concatenate each leaf along ``axis``; see :meth:`Backend.all_gather`.
 
         Outputs of :data:`POOL_BYTES` and more come from the pool (a fresh large
-        buffer costs its page faults on every call), and from :data:`OFFLOAD_BYTES`
-        the copy runs off the event loop.
+        buffer costs its page faults on every call), and when a replica's value has
+        :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
@@ -584,7 +584,9 @@ class NumpyBackend(Backend):
         shape = list(first.shape)
         shape[axis] = sum(a.shape[axis] for a in arrays)
         buf = self._buffer(tuple(shape), np.result_type(*arrays))
-        if nbytes >= OFFLOAD_BYTES:
+        if max(a.nbytes for a in arrays) >= OFFLOAD_BYTES:
+            # By the size of one replica's value, as all_reduce decides by a leaf's:
+            # handing over to a thread costs a few hundred µs on a small machine.
             # Off the event loop, so other coroutines keep running meanwhile.
             await _off_loop(lambda: np.concatenate(arrays, axis=axis, out=buf))
         else:
