@@ -289,6 +289,11 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
             floor2: list[float] = []
             ours: dict[str, list[float]] = {loop: [] for loop in plan.loops}
             startup: list[float] = []
+            # One untimed round of each first: the allocator's first large blocks and
+            # the pool's first buffers cost page faults no later round pays.
+            _futures(inputs)(1)
+            for loop in plan.loops:
+                _ours(loop, strategy, "all_reduce", per_replica)(1)
             for _ in range(plan.repeat):  # interleaved, so drift hits every system alike
                 base.append(_steady(_futures(inputs), rounds))
                 floor1.append(_numpy_floor(inputs, rounds))
