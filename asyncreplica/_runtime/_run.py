@@ -485,14 +485,8 @@ class Run:
         except CollectiveError as exc:
             self._fail(replica, exc)
             raise
-        # _arrive_at, inline.
-        slots = self._slots
-        slot = slots.get(key)
-        if slot is None:
-            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
-        slot.payloads[replica] = call.payload
+        slot = self._arrive_at(key, replica, call.payload, complete)
         if complete:
-            del slots[key]
             return self._dispatch(call, key, slot).__await__()
         if ledger.all_waiting():
             self._check_deadlock(replica, current=self._current_task())
