@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import math
 import operator
 import os
 import sys
@@ -11,6 +12,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
@@ -484,14 +486,28 @@ class NumpyBackend(Backend):
             for r in range(1, n):
                 out[r][j] = base.view()
 
-    def _buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
-        """An output buffer: a pooled one no replica still views, or a new one."""
+    async def _buffer(self, shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+        """An output buffer: a pooled one no replica still views, or a new one.
+
+        When every pooled buffer of the shape is still viewed and the buffer is of
+        :data:`OFFLOAD_BYTES` or more, the loop gets one turn first: the replica
+        dispatching this collective was usually woken by a callback that still holds
+        its previous result (an asyncio handle holds the future it completed until the
+        loop's next turn), and that one view would otherwise make a training loop
+        alternate between two buffers, with twice the memory traffic. Smaller buffers
+        alternate: two of them stay in cache, and a turn of the loop costs more.
+        """
         pooled = self._pool.setdefault((shape, dtype.str), [])
-        for buf in pooled:
-            # The pool's list, this loop and getrefcount's argument: nobody else.
-            if sys.getrefcount(buf) == 3:
-                buf.flags.writeable = True
-                return buf
+        wait = dtype.itemsize * math.prod(shape) >= OFFLOAD_BYTES
+        for attempt in range(2):
+            for buf in pooled:
+                # The pool's list, this loop and getrefcount's argument: nobody else.
+                if sys.getrefcount(buf) == 3:
+                    buf.flags.writeable = True
+                    return buf
+            if wait and not attempt and pooled:
+                # Not a cancellation point: the dispatch must finish once it started.
+                await anyio.lowlevel.cancel_shielded_checkpoint()
         buf = np.empty(shape, dtype)
         if len(pooled) < _POOL_PER_SHAPE:
             pooled.append(buf)
@@ -504,7 +520,7 @@ class NumpyBackend(Backend):
             op is ReduceOp.MEAN and first.dtype.kind not in "fc"
         ):
             return _combine(op, arrays)
-        out = self._buffer(first.shape, first.dtype)
+        out = await self._buffer(first.shape, first.dtype)
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = out.reshape(-1)
         ufunc = _BINARY[op]
@@ -583,7 +599,7 @@ class NumpyBackend(Backend):
         first = arrays[0]
         shape = list(first.shape)
         shape[axis] = sum(a.shape[axis] for a in arrays)
-        buf = self._buffer(tuple(shape), np.result_type(*arrays))
+        buf = await self._buffer(tuple(shape), np.result_type(*arrays))
         if max(a.nbytes for a in arrays) >= OFFLOAD_BYTES:
             # By the size of one replica's value, as all_reduce decides by a leaf's:
             # handing over to a thread costs a few hundred µs on a small machine.
@@ -623,7 +639,7 @@ class NumpyBackend(Backend):
         for v in values:
             array = _as_array(v)
             if array.nbytes >= POOL_BYTES:
-                copy = self._buffer(array.shape, array.dtype)
+                copy = await self._buffer(array.shape, array.dtype)
                 np.copyto(copy, array)
             else:
                 copy = np.array(array, copy=True)

@@ -5,6 +5,9 @@ Counts and identities only, never timings (docs/performance.md has the speed).
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import asyncreplica_numpy._backend as nb
 import numpy as np
 import pytest
@@ -168,3 +171,83 @@ async def test_a_large_all_gather_copies_off_the_event_loop_and_reuses_its_outpu
     again = await backend.all_gather([[a] for a in inputs], 0)
     assert id(again[0][0].base) == buffer
     await backend.aclose()
+
+
+def _run_on(loop: str, main: Callable[[], Awaitable[None]]) -> None:
+    if loop == "asyncio":
+        asyncio.run(main())
+    elif loop == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        uvloop.run(main())
+    else:
+        trio = pytest.importorskip("trio")
+        trio.run(main)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+@pytest.mark.parametrize("kind", ["all_reduce", "all_gather", "broadcast", "reduce_scatter"])
+def test_a_loop_that_drops_its_results_writes_one_buffer_every_step(
+    monkeypatch: pytest.MonkeyPatch, kind: str, loop: str
+) -> None:
+    # The replica that dispatches step i+1 was woken by a loop callback that still
+    # held its step-i result; without a turn of the loop before taking a buffer, the
+    # pool alternated between two large buffers (twice the memory traffic).
+    monkeypatch.setattr(nb, "POOL_BYTES", 1024)
+    monkeypatch.setattr(nb, "OFFLOAD_BYTES", 2048)
+    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2", "CPU:3"])
+    inputs = _inputs(4, 1024)  # 8 KiB per replica: every output is pooled and waits a turn
+    buffers: list[set[int]] = [set() for _ in range(4)]
+    steps = 8
+
+    async def step(x: np.ndarray) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        mine = buffers[ctx.replica_id_in_sync_group]
+        for _ in range(steps):
+            if kind == "all_reduce":
+                result = await ctx.all_reduce(ar.ReduceOp.SUM, x)
+            elif kind == "all_gather":
+                result = await ctx.all_gather(x, axis=0)
+            elif kind == "broadcast":
+                result = await ctx.broadcast(x)
+            else:
+                result = await ctx.reduce_scatter(ar.ReduceOp.SUM, x, axis=0)
+            base = result.base
+            while base.base is not None:  # a reduce_scatter chunk is a view of a view
+                base = base.base
+            mine.add(id(base))
+            del result, base
+
+    async def main() -> None:
+        await strategy.run(step, args=(ar.PerReplica(inputs),))
+
+    _run_on(loop, main)
+    assert [len(ids) for ids in buffers] == [1, 1, 1, 1]
+    assert len(set.union(*buffers)) == 1
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "trio"])
+def test_a_held_result_is_never_overwritten_by_the_next_step(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    monkeypatch.setattr(nb, "POOL_BYTES", 1024)
+    monkeypatch.setattr(nb, "OFFLOAD_BYTES", 2048)
+    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+    held: list[tuple[float, np.ndarray]] = []
+
+    async def step(x: np.ndarray) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        for i in range(6):
+            result = await ctx.all_reduce(ar.ReduceOp.SUM, x + i)
+            if ctx.replica_id_in_sync_group == i % 2:
+                held.append((float(i), result))  # kept by one replica only
+
+    async def main() -> None:
+        values = ar.PerReplica([np.full(1024, float(r)) for r in range(2)])
+        await strategy.run(step, args=(values,))
+
+    _run_on(loop, main)
+    assert len(held) == 6
+    for i, result in held:
+        np.testing.assert_array_equal(result, np.full(1024, 1.0 + 2 * i))
