@@ -10,7 +10,12 @@ Compares, per all_reduce of 8 bytes (2 x float32) across N replicas on asyncio:
   described, since that also validates them and the backend needs it: what a
   collective would cost if replicas' collectives were not checked against each other;
 * ``full checks``: asyncreplica with every check on (the default);
-* ``full + tracing``: the same inside ``strategy.trace(...)`` (the Perfetto recorder).
+* ``full + tracing``: the same inside ``strategy.trace(...)`` (the Perfetto recorder);
+* ``bare arrival``: asyncreplica's run, replica tasks and numpy backend, with each
+  arrival (``ReplicaContext.all_reduce`` and its ``await``: validation, ledger,
+  signature, call path, slot and waiter) replaced, for the measurement only, by a bare
+  futures rendezvous in Python: what everything else costs, so the least an arrival
+  compiled to C could bring the whole to.
 
 Run: ``python benchmarks/bench_checks.py [--replicas 8] [--rounds 2000] [--repeat 5]``.
 Prints the best of the repeats in microseconds per collective, and the ratios.
@@ -22,6 +27,8 @@ import argparse
 import asyncio
 import tempfile
 import time
+from collections.abc import Generator
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -93,6 +100,51 @@ def _restore(saved: list[tuple[object, str, object]]) -> None:
         setattr(owner, name, value)
 
 
+class _BareArrival:
+    """``ctx.all_reduce(op, x)`` as a bare futures rendezvous over the run's backend."""
+
+    __slots__ = ("ctx", "value")
+    rounds: ClassVar[dict[int, list[Any]]] = {}  # id(run) -> [arrived, payloads, waiters]
+
+    def __init__(self, ctx: Any, value: Any) -> None:
+        self.ctx = ctx
+        self.value = value
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        run = self.ctx._run
+        state = self.rounds.get(id(run))
+        if state is None:
+            state = self.rounds[id(run)] = [0, [None] * run.num_replicas, []]
+        replica = self.ctx._replica_id
+        state[1][replica] = [self.value]
+        state[0] += 1
+        if state[0] == run.num_replicas:
+            return self._dispatch(run, state, replica).__await__()
+        waiter = run._loop.create_future()
+        state[2].append((replica, waiter))
+        return waiter.__await__()  # type: ignore[no-any-return]
+
+    @staticmethod
+    async def _dispatch(run: Any, state: list[Any], replica: int) -> Any:
+        results = await run.backend.all_reduce(ar.ReduceOp.SUM, state[1])
+        waiters = state[2]
+        state[:] = [0, [None] * run.num_replicas, []]
+        for r, waiter in waiters:
+            waiter.set_result(results[r][0])
+        return results[replica][0]
+
+
+def _bare_arrival() -> list[tuple[object, str, object]]:
+    """Replace each arrival by :class:`_BareArrival` (for this measurement only)."""
+    from asyncreplica._runtime._context import ReplicaContext
+
+    saved: list[tuple[object, str, object]] = [
+        (ReplicaContext, "all_reduce", ReplicaContext.all_reduce)
+    ]
+    ReplicaContext.all_reduce = lambda self, op, value, *a, **k: _BareArrival(self, value)  # type: ignore[method-assign]
+    return saved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, default=8)
@@ -110,6 +162,7 @@ def main() -> None:
         "no call sites": [],
         "full checks": [],
         "full + tracing": [],
+        "bare arrival": [],
     }
     for _ in range(args.repeat):  # interleaved, so drift hits every system alike
         times["bare"].append(asyncio.run(bare(n, rounds, value)))
@@ -122,6 +175,12 @@ def main() -> None:
         times["full checks"].append(asyncio.run(ours(full, rounds, value)))
         with tempfile.TemporaryDirectory() as tmp, full.trace(f"{tmp}/trace.json"):
             times["full + tracing"].append(asyncio.run(ours(full, rounds, value)))
+        saved = _bare_arrival()
+        try:
+            times["bare arrival"].append(asyncio.run(ours(full, rounds, value)))
+        finally:
+            _restore(saved)
+            _BareArrival.rounds.clear()
     # The minimum: on a shared machine, noise only ever adds time.
     medians = {k: min(v) / rounds * 1e6 for k, v in times.items()}
     print(f"small all_reduce (8 B), {n} replicas, asyncio, {rounds} rounds x {args.repeat}")

@@ -27,12 +27,23 @@ def test_quick_bench_writes_a_table_and_json(
     assert ("all_gather", "asyncreplica") in systems
     assert ("scale (per replica)", "asyncreplica") in systems
     assert ("tracing on", "asyncreplica + trace") in systems
+    # The minimal implementations each target is also read against, measured in the run.
+    assert ("batched 1000 x 1 KiB", "numpy, per leaf (floor)") in systems
+    for kind in ("all_gather", "broadcast", "reduce_scatter"):
+        assert (kind, "futures") in systems
     assert all(r["median_us"] > 0 and r["baseline_us"] > 0 for r in rows)
     figures = [t["figure"] for t in report["targets"]]
     assert any(f.startswith("all_reduce 8 B x 8 vs futures") for f in figures)
     assert any(f.startswith("RSS growth") for f in figures)
     assert any(f.startswith("RSS added by") for f in figures)
     assert all(isinstance(t["met"], bool) for t in report["targets"])
+    references = {t["figure"]: t["reference"] for t in report["targets"]}
+    for figure, reference in references.items():
+        if figure.startswith(("batched", "per-replica cost", "all_gather", "broadcast")):
+            assert reference is not None and reference > 0, figure
+        if figure.startswith(("all_reduce 8 B", "RSS")):
+            assert reference is None, figure
+    assert "\nreference: the same figure for a minimal implementation" in table
     assert "\nall_reduce 8 B x 8 vs futures rendezvous" in table
     # With the [mpi] extra (the [test] extra has it), the run includes raw mpi4py.
     if importlib.util.find_spec("mpi4py") is not None:
