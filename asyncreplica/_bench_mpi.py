@@ -10,10 +10,17 @@ the same processes and interleaved:
 * ``raw``: ``comm.Allreduce`` of the same per-process buffer with mpi4py (blocking, on
   a duplicate of COMM_WORLD): what MPI alone costs;
 * ``checks``: ``ctx.barrier()``, which moves no data: the local rendezvous plus the
-  processes' agreement exchange, i.e. what the checks cost on top of the data.
+  processes' agreement exchange, i.e. what the checks cost on top of the data;
+* ``local``: the local reduction alone, with plain numpy: the process's ``--replicas``
+  inputs of that size (one array each, as ours gets) summed in replica order into one
+  preallocated output, in cache-sized blocks: what ours does before MPI sees the data,
+  and raw MPI does not do at all.
 
 Medians of ``--repeat`` samples of ``--rounds`` collectives each; rank 0 prints the
-table (``ours / raw`` and ``ours - raw`` in microseconds) and writes ``--json``.
+table (``ours / raw`` and ``ours - raw`` in microseconds, the local sum, and
+``floor / raw`` = ``(local + raw) / raw``: the least ``ours / raw`` a hierarchical
+all_reduce can reach when the local sum and the transfer cannot overlap) and writes
+``--json``.
 Unlike the library runtime, this module imports numpy and mpi4py: it is a program.
 """
 
@@ -31,6 +38,8 @@ import numpy as np
 
 import asyncreplica as ar
 
+from ._bench import _blocked_sum, _timed
+
 __all__ = ["SIZES", "main", "measure"]
 
 #: Message sizes in bytes (float32 elements x 4).
@@ -44,9 +53,9 @@ def _rounds_for(size: int, rounds: int) -> int:
 
 
 async def _time_ours(
-    strategy: ar.MultiWorkerMirroredStrategy, value: np.ndarray[Any, Any], rounds: int
+    strategy: ar.MultiWorkerMirroredStrategy, inputs: list[np.ndarray[Any, Any]], rounds: int
 ) -> float:
-    async def step() -> float:
+    async def step(value: np.ndarray[Any, Any]) -> float:
         ctx = ar.get_replica_context()
         assert ctx is not None
         await ctx.all_reduce("SUM", value)  # warm-up: caches, buffers
@@ -55,7 +64,9 @@ async def _time_ours(
             await ctx.all_reduce("SUM", value)
         return (time.perf_counter() - start) / rounds
 
-    result = await strategy.run(step)
+    # Each local replica its own input, as the local floor's (one shared array would be
+    # read from memory once by a cache-blocked sum, not once per replica).
+    result = await strategy.run(step, args=(ar.PerReplica(inputs),))
     return float(max(strategy.experimental_local_results(result)))
 
 
@@ -83,10 +94,16 @@ def _time_raw(comm: Any, value: np.ndarray[Any, Any], rounds: int) -> float:
     return (time.perf_counter() - start) / rounds
 
 
+def _time_local(inputs: list[np.ndarray[Any, Any]], rounds: int) -> float:
+    # The best local reduction numpy does here: the sum in replica order into one
+    # preallocated output, in cache-sized blocks (a copy for one replica).
+    return _timed(_blocked_sum(inputs), rounds) / rounds
+
+
 async def measure(
     sizes: tuple[int, ...], replicas: int, rounds: int, repeat: int
 ) -> list[dict[str, Any]]:
-    """Time ours, raw and checks for each size; every process returns the same rows.
+    """Time ours, raw, checks and local for each size; every process returns the same rows.
 
     Args:
         sizes: Message sizes in bytes (per replica; float32).
@@ -96,7 +113,8 @@ async def measure(
 
     Returns:
         One row per size: ``size``, ``ours_s``, ``raw_s``, ``checks_s``, ``ratio``,
-        ``extra_us``.
+        ``extra_us``, ``local_s`` (the local numpy sum alone) and ``floor_ratio``
+        (``(local_s + raw_s) / raw_s``).
     """
     from mpi4py import MPI
 
@@ -104,18 +122,24 @@ async def measure(
     strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(replicas)])
     rows = []
     for size in sizes:
-        value = np.ones(max(size // 4, 1), np.float32)
+        count = max(size // 4, 1)
+        value = np.ones(count, np.float32)
+        inputs = [np.full(count, i + 1, np.float32) for i in range(replicas)]
         n = _rounds_for(size, rounds)
-        ours, raw, checks = [], [], []
+        ours: list[float] = []
+        raw: list[float] = []
+        checks: list[float] = []
+        summed: list[float] = []
         for _ in range(repeat):
-            ours.append(await _time_ours(strategy, value, n))
+            ours.append(await _time_ours(strategy, inputs, n))
             raw.append(_time_raw(comm, value, n))
             checks.append(await _time_checks(strategy, n))
+            summed.append(_time_local(inputs, n))
         # The slowest process sets the pace: agree on the maxima of the medians.
-        local = np.array([statistics.median(x) for x in (ours, raw, checks)])
+        local = np.array([statistics.median(x) for x in (ours, raw, checks, summed)])
         worst = np.empty_like(local)
         comm.Allreduce(local, worst, op=MPI.MAX)
-        o, r, c = (float(v) for v in worst)
+        o, r, c, s = (float(v) for v in worst)
         rows.append(
             {
                 "size": size,
@@ -124,6 +148,8 @@ async def measure(
                 "checks_s": c,
                 "ratio": o / r,
                 "extra_us": (o - r) * 1e6,
+                "local_s": s,
+                "floor_ratio": (s + r) / r,
             }
         )
         if comm.Get_rank() == 0:
@@ -148,17 +174,23 @@ def table(rows: list[dict[str, Any]], processes: int, replicas: int) -> str:
         ),
         (
             f"{'size':>8}  {'ours':>10}  {'raw MPI':>10}  {'ours/raw':>8}  {'ours-raw':>10}  "
-            f"{'checks':>10}"
+            f"{'checks':>10}  {'local sum':>10}  {'floor/raw':>9}"
         ),
     ]
     for row in rows:
         lines.append(
             f"{_size(row['size']):>8}  {row['ours_s'] * 1e6:>8.1f}us  {row['raw_s'] * 1e6:>8.1f}us"
             f"  {row['ratio']:>7.2f}x  {row['extra_us']:>8.1f}us  {row['checks_s'] * 1e6:>8.1f}us"
+            f"  {row['local_s'] * 1e6:>8.1f}us  {row['floor_ratio']:>8.2f}x"
         )
     lines.append(
         "raw MPI: mpi4py comm.Allreduce of the same per-process buffer; checks: ctx.barrier() "
         "(local rendezvous + cross-process agreement, no data)"
+    )
+    lines.append(
+        f"local sum: numpy sum of the process's {replicas} inputs in replica order into one "
+        "preallocated output, cache-blocked; floor/raw: (local sum + raw) / raw, the least ours/raw without "
+        "overlapping the two"
     )
     return "\n".join(lines)
 

@@ -231,7 +231,10 @@ def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "across 2 MPI processes x 4 replicas" in proc.stdout
-    assert proc.stdout.count("ours/raw") == 1  # only rank 0 prints
+    assert proc.stdout.count("all_reduce(SUM) float32 across") == 1  # only rank 0 prints
+    header = proc.stdout.splitlines()[1]
+    assert "ours/raw" in header
+    assert "floor/raw" in header
     data = json.loads(out.read_text())
     assert (data["processes"], data["replicas"]) == (2, 4)
     assert [row["size"] for row in data["rows"]] == [8, 1 << 20]
@@ -240,6 +243,8 @@ def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
         assert row["raw_s"] > 0
         assert row["checks_s"] > 0
         assert row["ratio"] == pytest.approx(row["ours_s"] / row["raw_s"])
+        assert row["local_s"] > 0
+        assert row["floor_ratio"] == pytest.approx((row["local_s"] + row["raw_s"]) / row["raw_s"])
 
 
 def test_gpu_devices_are_refused_before_any_mpi_call() -> None:
