@@ -40,7 +40,8 @@ def test_quick_bench_writes_a_table_and_json(
     references = {t["figure"]: t["reference"] for t in report["targets"]}
     for figure, reference in references.items():
         if figure.startswith(("batched", "per-replica cost", "all_gather", "broadcast")):
-            assert reference is not None and reference > 0, figure
+            assert reference is not None, figure
+            assert reference > 0, figure
         if figure.startswith(("all_reduce 8 B", "RSS")):
             assert reference is None, figure
     assert "\nreference: the same figure for a minimal implementation" in table
