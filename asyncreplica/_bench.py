@@ -811,9 +811,9 @@ def _targets_table(targets: list[Target]) -> str:
     for t in targets:
         value = f"{t.value:.2f} {t.unit}"
         reference = "" if t.reference is None else f"{t.reference:.2f} x {t.reference_system}"
-        lines.append(
-            f"{t.figure:<48}{value:>16}  {t.target:<20}{'yes' if t.met else 'NO':<5}{reference:>24}"
-        )
+        met = "yes" if t.met else "NO"
+        line = f"{t.figure:<48}{value:>16}  {t.target:<20}{met:<5}{reference:>24}"
+        lines.append(line.rstrip())
     lines.append(
         "reference: the same figure for a minimal implementation measured in this run: the "
         "bare futures\nrendezvous doing the same work (every replica gets the same array), "
