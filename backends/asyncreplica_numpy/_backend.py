@@ -494,7 +494,7 @@ class NumpyBackend(Backend):
         dispatching this collective was usually woken by a callback that still holds
         its previous result (an asyncio handle holds the future it completed until the
         loop's next turn), and that one view would otherwise make a training loop
-        alternate between two buffers, with twice the memory traffic. Smaller buffers
+        alternate between two buffers, keeping twice the memory. Smaller buffers
         alternate: two of them stay in cache, and a turn of the loop costs more.
         """
         pooled = self._pool.setdefault((shape, dtype.str), [])

@@ -191,7 +191,7 @@ def test_a_loop_that_drops_its_results_writes_one_buffer_every_step(
 ) -> None:
     # The replica that dispatches step i+1 was woken by a loop callback that still
     # held its step-i result; without a turn of the loop before taking a buffer, the
-    # pool alternated between two large buffers (twice the memory traffic).
+    # pool alternated between two large buffers (twice the memory).
     monkeypatch.setattr(nb, "POOL_BYTES", 1024)
     monkeypatch.setattr(nb, "OFFLOAD_BYTES", 2048)
     strategy = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2", "CPU:3"])
