@@ -189,8 +189,8 @@ def table(rows: list[dict[str, Any]], processes: int, replicas: int) -> str:
     )
     lines.append(
         f"local sum: numpy sum of the process's {replicas} inputs in replica order into one "
-        "preallocated output, cache-blocked; floor/raw: (local sum + raw) / raw, the least ours/raw without "
-        "overlapping the two"
+        "preallocated output, cache-blocked; floor/raw: (local sum + raw) / raw, the least "
+        "ours/raw without overlapping the two"
     )
     return "\n".join(lines)
 

@@ -56,12 +56,17 @@ def launch(n: int, program: str, *args: str, tmp_path: Path) -> tuple[int, dict[
     return proc.returncode, logs, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("n", [2, 3])
-def test_every_collective_matches_numpy(n: int, tmp_path: Path) -> None:
-    rc, _, output = launch(n, "collectives.py", tmp_path=tmp_path)
+def _every_rank_finishes(n: int, program: str, tmp_path: Path) -> None:
+    """Launch ``program`` on ``n`` processes; it must exit 0 with every rank done."""
+    rc, _, output = launch(n, program, tmp_path=tmp_path)
     assert rc == 0, output
     for rank in range(n):
         assert f"rank={rank} done" in output, output
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_collective_matches_numpy(n: int, tmp_path: Path) -> None:
+    _every_rank_finishes(n, "collectives.py", tmp_path)
 
 
 def test_collectives_on_trio(tmp_path: Path) -> None:
@@ -299,7 +304,4 @@ def test_a_run_cancelled_while_waiting_finishes_its_exchange(
 def test_small_all_reduces_travel_with_their_agreement_intact(n: int, tmp_path: Path) -> None:
     # Every exchange reuses one buffer: results must not alias it, leaves of mixed
     # dtypes at odd offsets must come back intact, and a scalar's MEAN is an array.
-    rc, _, output = launch(n, "inline.py", tmp_path=tmp_path)
-    assert rc == 0, output
-    for rank in range(n):
-        assert f"rank={rank} done" in output, output
+    _every_rank_finishes(n, "inline.py", tmp_path)
