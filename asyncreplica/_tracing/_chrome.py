@@ -152,18 +152,19 @@ class _Builder:
 
     def add_run(self, run: _RunState) -> None:
         end = run.end if run.end is not None else run.begin
+        status = "cancelled" if run.cancelled else "failed" if run.failed else "ok"
         self.slice(
             ("runs", 0),
             run.begin,
             end,
             {
-                "name": f"run {run.index}" + (" (failed)" if run.failed else ""),
+                "name": f"run {run.index}" + ("" if status == "ok" else f" ({status})"),
                 "cat": "run",
                 "args": {
                     "run": run.index,
                     "num_replicas": run.num_replicas,
                     "devices": list(run.devices),
-                    "status": "failed" if run.failed else "ok",
+                    "status": status,
                 },
             },
         )
@@ -172,9 +173,7 @@ class _Builder:
         arrived = [t for t in record.arrivals if t is not None]
         first, last_arrival = min(arrived), max(arrived)
         complete = record.closed_at is None
-        reference = next(s for s in record.signatures if s is not None)
-        label, described = self.describe(reference)
-        common: dict[str, Any] = dict(described)
+        common: dict[str, Any] = {}
         if isinstance(record.key, int):
             common["position"] = record.key
         else:
@@ -184,13 +183,19 @@ class _Builder:
             run=record.run,
             collective=record.id,
             late_us=round((last_arrival - first) / 1000, 3) if complete else None,
-            status="completed" if complete else "never completed: the run failed",
+            status="completed"
+            if complete
+            else "never completed: the run was cancelled"
+            if record.cancelled
+            else "never completed: the run failed",
         )
-        name = label if complete else f"{label} (never completed)"
         late_slice: dict[str, Any] | None = None
         for replica, start in enumerate(record.arrivals):
-            if start is None:
+            signature = record.signatures[replica]
+            if start is None or signature is None:
                 continue
+            # Each replica's slice shows its own call: after a mismatch they differ.
+            label, described = self.describe(signature)
             resumed = record.resumes[replica]
             end = resumed if resumed is not None else record.closed_at or start
             waited = (last_arrival if complete else end) - start
@@ -199,12 +204,13 @@ class _Builder:
                 start,
                 end,
                 {
-                    "name": name,
+                    "name": label if complete else f"{label} (never completed)",
                     "cat": "collective",
                     "args": {
+                        **described,
                         **common,
                         "replica": replica,
-                        "call_site": self.where(record.signatures[replica]),
+                        "call_site": self.where(signature),
                         "waited_us": round(waited / 1000, 3),
                         "arrived_last": replica == record.last,
                         "mismatched": replica == record.rejected,
@@ -215,6 +221,10 @@ class _Builder:
                 late_slice = event
         if record.d0 is not None:
             d1 = record.d1 if record.d1 is not None else record.closed_at or record.d0
+            reference = None if record.last is None else record.signatures[record.last]
+            if reference is None:
+                reference = next(s for s in record.signatures if s is not None)
+            label, described = self.describe(reference)
             dispatch = self.slice(
                 ("backend", 0),
                 record.d0,
@@ -222,7 +232,7 @@ class _Builder:
                 {
                     "name": label,
                     "cat": "dispatch",
-                    "args": {**common, "dispatched_by": record.last},
+                    "args": {**described, **common, "dispatched_by": record.last},
                 },
             )
             if late_slice is not None:

@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from time import perf_counter_ns, time_ns
 from typing import TYPE_CHECKING, Any
 
+from .._core._ledger import ReplicaState
 from ._chrome import _Builder
 from ._records import _Collective, _failure, _RunState
 
@@ -48,6 +49,12 @@ AUTOSAVE_OVERHEAD = 0.1
 logger = logging.getLogger("asyncreplica")
 
 PathLike = str | os.PathLike[str]
+
+
+def _key(position: int, signature: Signature) -> Key:
+    """The key of a replica's collective at ``position`` (by name when it has one)."""
+    return position if signature.name is None else (signature.name, position)
+
 
 # The run each tracer is recording, for the task that reads it: replica tasks inherit
 # it from the task that started the run, so concurrent runs on one tracer stay apart.
@@ -118,13 +125,18 @@ class ChromeTracer:
         state = self._state()
         if state is None:
             return
+        record = self._open(state, key)
+        record.arrivals[replica] = now
+        record.signatures[replica] = signature
+        record.pending += 1
+
+    def _open(self, state: _RunState, key: Key) -> _Collective:
+        """The record of collective ``key`` of the run ``state`` (created if new)."""
         record = state.open.get(key)
         if record is None:
             record = state.open[key] = _Collective(self._ids, state.index, key, state.num_replicas)
             self._ids += 1
-        record.arrivals[replica] = now
-        record.signatures[replica] = signature
-        record.pending += 1
+        return record
 
     def dispatch_begin(self, key: Key, replica: int, signature: Signature) -> None:
         """Record that ``replica``, the last to arrive, dispatches ``key``."""
@@ -164,38 +176,72 @@ class ChromeTracer:
             state.failed = True
         try:
             if state is not None:
-                self._rejected(state, error, now)
+                self._refused(state, error, report, now)
             self._failures.append(_failure(error, report, now, state))
         except Exception:  # never raise into the run  # pragma: no cover
             logger.exception("asyncreplica tracing could not record a failure")
         self._dirty = True
 
-    def _rejected(self, state: _RunState, error: BaseException, now: int) -> None:
-        """Show the arrival that a mismatch refused (the run never reported it)."""
-        signatures = getattr(error, "signatures", None)
+    def _refused(
+        self, state: _RunState, error: BaseException, report: Report | None, now: int
+    ) -> None:
+        """Give every replica left waiting its pending slice, from ``now`` on.
+
+        An arrival that the ledger refused (a mismatch, a collective after a replica
+        finished) raised before the run could report it; the error and the report
+        still say where each replica waits.
+        """
         position = getattr(error, "position", None)
-        if not isinstance(signatures, dict) or not isinstance(position, int):
-            return
         name = getattr(error, "name", None)
-        key: Key = position if name is None else (name, position)
-        record = state.open.get(key)
-        if record is None:
-            return
-        for replica, signature in signatures.items():
-            if 0 <= replica < len(record.arrivals) and record.arrivals[replica] is None:
+        key: Key | None = None
+        if isinstance(position, int) and (name is None or isinstance(name, str)):
+            key = position if name is None else (name, position)
+        rows = {} if report is None else {row.replica_id: row for row in report.rows}
+        found: list[tuple[int, Key, Signature, bool]] = []
+        signatures = getattr(error, "signatures", None)
+        if key is not None and isinstance(signatures, dict):  # a mismatch
+            found += [(r, key, sig, True) for r, sig in signatures.items()]
+        waiting = getattr(error, "waiting", None)
+        if key is not None and isinstance(waiting, frozenset):  # a replica exited
+            for replica in waiting:
+                row = rows.get(replica)
+                if row is None:
+                    continue
+                # What it waits at: its report row, or else the latest of its history.
+                sig = row.signature
+                if sig is None or _key(row.position, sig) != key:
+                    sig = row.history[-1][1] if row.history else None
+                if sig is not None:
+                    found.append((replica, key, sig, False))
+        for row in rows.values():
+            sig = row.signature
+            if row.state is ReplicaState.WAITING and sig is not None:
+                found.append((row.replica_id, _key(row.position, sig), sig, False))
+        for replica, at, signature, mismatch in found:
+            if not 0 <= replica < state.num_replicas:
+                continue
+            record = self._open(state, at)
+            if record.arrivals[replica] is None:
                 record.arrivals[replica] = now
                 record.signatures[replica] = signature
-                record.rejected = replica
+                if mismatch:
+                    record.rejected = replica
 
-    def run_end(self) -> None:
-        """Finish recording the run: close what never completed; autosave."""
+    def run_end(self, *, cancelled: bool = False) -> None:
+        """Finish recording the run: close what never completed; autosave.
+
+        Args:
+            cancelled: The run was cancelled by a scope around it (not a failure).
+        """
         now = perf_counter_ns()
         state = self._state()
         if state is None:
             return
         state.end = now
+        state.cancelled = cancelled
         for record in sorted(state.open.values(), key=lambda r: r.id):
             record.closed_at = now
+            record.cancelled = cancelled
             self._push(record)
         state.open.clear()
         self._active.remove(state)

@@ -18,7 +18,17 @@ if TYPE_CHECKING:
 class _RunState:
     """One run being recorded, and, once ended, its record in the ring buffer."""
 
-    __slots__ = ("begin", "devices", "end", "failed", "index", "num_replicas", "open", "outer")
+    __slots__ = (
+        "begin",
+        "cancelled",
+        "devices",
+        "end",
+        "failed",
+        "index",
+        "num_replicas",
+        "open",
+        "outer",
+    )
 
     def __init__(
         self,
@@ -34,6 +44,7 @@ class _RunState:
         self.begin = begin
         self.end: int | None = None
         self.failed = False
+        self.cancelled = False  # by a scope around Strategy.run
         self.open: dict[Key, _Collective] = {}
         self.outer = outer  # the run this one is nested in (a run from a merge_fn)
 
@@ -43,6 +54,7 @@ class _Collective:
 
     __slots__ = (
         "arrivals",
+        "cancelled",
         "closed_at",
         "d0",
         "d1",
@@ -68,6 +80,7 @@ class _Collective:
         self.d1: int | None = None  # dispatch ended
         self.pending = 0  # replicas arrived and not yet resumed
         self.closed_at: int | None = None  # run end, for a collective that never completed
+        self.cancelled = False  # it never completed because the run was cancelled
         self.rejected: int | None = None  # the replica whose arrival a mismatch refused
 
     def cost(self) -> int:

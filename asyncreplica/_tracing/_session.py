@@ -57,9 +57,9 @@ class _Tee:
         for t in self.tracers:
             t.failed(error, report)
 
-    def run_end(self) -> None:
+    def run_end(self, *, cancelled: bool = False) -> None:
         for t in self.tracers:
-            t.run_end()
+            t.run_end(cancelled=cancelled)
 
 
 def _attach(strategy: Strategy, tracer: ChromeTracer) -> Tracer | None:

@@ -153,9 +153,38 @@ def summarize(path: PathLike) -> str:
             at = f" at {row['call_site']}" if row.get("call_site") else ""
             what = f" {row['collective']}{at}" if row.get("collective") else ""
             lines.append(f"  replica {row.get('replica')}: {row.get('state')}{what}")
+    lines += _cancelled(trace, slices)
     if not slices and not _failures(trace):
         lines.append("No collectives were recorded.")
     return "\n".join(lines)
+
+
+def _cancelled(trace: Mapping[str, Any], slices: list[_Slice]) -> list[str]:
+    """Lines for each run cancelled from outside, with the collectives left pending."""
+    lines: list[str] = []
+    for run in _collectives(trace, "run"):
+        if run.args.get("status") != "cancelled":
+            continue
+        index = run.args.get("run")
+        pending = sorted(
+            (
+                s
+                for s in slices
+                if s.args.get("run") == index and s.args.get("status", "completed") != "completed"
+            ),
+            key=lambda s: (s.args.get("replica", -1), s.start),
+        )
+        lines += ["", f"Run {index} was cancelled by a scope around Strategy.run (not a failure)"]
+        if not pending:
+            lines[-1] += "; no collective was in flight."
+            continue
+        lines[-1] += "; collectives in flight:"
+        for s in pending:
+            at = f" at {s.args['call_site']}" if s.args.get("call_site") else ""
+            label = s.name.removesuffix(" (never completed)")
+            value = f" on {s.args['value']}" if s.args.get("value") else ""
+            lines.append(f"  replica {s.args.get('replica')}: waiting {label}{value}{at}")
+    return lines
 
 
 def _slowest(groups: Mapping[Any, list[_Slice]]) -> tuple[_Slice, float] | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import threading
 from collections.abc import Callable
 
@@ -356,6 +357,89 @@ async def test_a_helper_task_that_ends_without_its_collective_completes_the_dead
     with pytest.raises(ar.CollectiveDeadlockError) as info:
         await s.run(step)
     assert info.value.cycle == ((0, "x"), (1, "y"))
+
+
+class _Stop(BaseException):
+    """A BaseException of the user's own (not an Exception)."""
+
+
+@pytest.mark.parametrize("kind", [SystemExit, KeyboardInterrupt, _Stop])
+async def test_a_base_exception_in_a_replica_is_raised_itself_with_a_note(
+    kind: type[BaseException],
+) -> None:
+    s = strategy()
+    stop = kind("stop")
+    after: list[int] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            raise stop
+        await ctx.all_reduce("sum", 2.0)
+        after.append(ctx.replica_id_in_sync_group)
+
+    with pytest.raises(kind) as info:
+        await s.run(step)
+    assert info.value is stop  # not a (nested) BaseExceptionGroup: `except kind` catches it
+    assert info.value.__notes__ == ["(raised in replica 1 of 3 in MirroredStrategy.run)"]
+    assert after == []  # the others were cancelled at their second collective
+
+    async def good() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", 1.0)
+
+    assert s.experimental_local_results(await s.run(good)) == (3.0, 3.0, 3.0)
+
+
+async def test_a_base_exception_beside_an_exception_comes_as_a_group() -> None:
+    s = strategy(3)
+    released = anyio.Event()
+    stop = _Stop("stop")
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        rid = ctx.replica_id_in_sync_group
+        if rid == 0:
+            await anyio.wait_all_tasks_blocked()
+            released.set()
+            raise stop
+        with anyio.CancelScope(shield=True):
+            await released.wait()
+            if rid == 2:
+                raise ValueError("boom 2")
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        await s.run(step)
+    assert info.value.exceptions[0] is stop
+    assert [type(e) for e in info.value.exceptions] == [_Stop, ValueError]
+
+
+def test_ctrl_c_under_trio_while_replicas_wait_raises_keyboard_interrupt() -> None:
+    trio = pytest.importorskip("trio")
+    s = strategy(3)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            # Ctrl-C while no replica's code runs: trio delivers the KeyboardInterrupt to
+            # the task that awaits strategy.run.
+            token = trio.lowlevel.current_trio_token()
+            token.run_sync_soon(signal.raise_signal, signal.SIGINT)
+            await trio.sleep_forever()
+        await ctx.all_reduce("sum", 2.0)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        trio.run(s.run, step)
+    assert info.value.__notes__ == [
+        "(raised while MirroredStrategy.run waited for its 3 replicas, which were cancelled)"
+    ]
 
 
 def _in_threads(*targets: Callable[[], None]) -> list[BaseException]:
