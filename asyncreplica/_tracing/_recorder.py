@@ -188,8 +188,8 @@ class ChromeTracer:
         """Give every replica left waiting its pending slice, from ``now`` on.
 
         An arrival that the ledger refused (a mismatch, a collective after a replica
-        finished) raised before the run could report it; the error and the report
-        still say where each replica waits.
+        finished) raised before the run could report it; the error and its report
+        still say where each replica waits. A mismatch marks the refused arrival.
         """
         position = getattr(error, "position", None)
         name = getattr(error, "name", None)
@@ -197,22 +197,20 @@ class ChromeTracer:
         if isinstance(position, int) and (name is None or isinstance(name, str)):
             key = position if name is None else (name, position)
         rows = {} if report is None else {row.replica_id: row for row in report.rows}
+
+        def waits(replica: int) -> bool:
+            # This run's ledger has it waiting (ids of other processes are not ours).
+            row = rows.get(replica)
+            return row is not None and row.state is ReplicaState.WAITING
+
         found: list[tuple[int, Key, Signature, bool]] = []
         signatures = getattr(error, "signatures", None)
         if key is not None and isinstance(signatures, dict):  # a mismatch
-            found += [(r, key, sig, True) for r, sig in signatures.items()]
-        waiting = getattr(error, "waiting", None)
-        if key is not None and isinstance(waiting, frozenset):  # a replica exited
-            for replica in waiting:
-                row = rows.get(replica)
-                if row is None:
-                    continue
-                # What it waits at: its report row, or else the latest of its history.
-                sig = row.signature
-                if sig is None or _key(row.position, sig) != key:
-                    sig = row.history[-1][1] if row.history else None
-                if sig is not None:
-                    found.append((replica, key, sig, False))
+            found += [
+                (r, key, sig, True) for r, sig in signatures.items() if report is None or waits(r)
+            ]
+        # Every other replica the report has waiting (a ReplicaExitedError raised at an
+        # arrival, after another replica finished, refused that arrival).
         for row in rows.values():
             sig = row.signature
             if row.state is ReplicaState.WAITING and sig is not None:
