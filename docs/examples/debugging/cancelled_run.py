@@ -30,5 +30,10 @@ with tempfile.TemporaryDirectory() as tmp:
     text = summarize(path)  # as `asyncreplica trace summarize train.json`
     print(text)
     assert "Run 0 was cancelled by a scope around Strategy.run (not a failure)" in text
-    assert "replica 0: waiting all_reduce(SUM) on float64[] at " in text
+    # The lines that docs/debugging.md shows:
+    assert (
+        "Run 0 was cancelled by a scope around Strategy.run (not a failure); "
+        "collectives in flight:\n"
+        "  replica 0: waiting all_reduce(SUM) on float64[] at debugging/cancelled_run.py:18"
+    ) in text
     assert " failed" not in text
