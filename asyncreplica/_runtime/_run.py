@@ -27,7 +27,7 @@ import logging
 import random
 import time
 import types
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -182,6 +182,25 @@ def accepts_bytes_per_pack(backend: Backend) -> bool:
 def _all_leaves(children: tuple[Any, ...]) -> bool:
     """Whether every child of a treedef node is a leaf (None)."""
     return not any(children)
+
+
+def _cancelled(error: BaseException) -> bool:
+    """Whether ``error`` unwinds a task rather than reports a failure (a cancellation)."""
+    return isinstance(error, (anyio.get_cancelled_exc_class(), GeneratorExit))
+
+
+def _not_cancelled(error: BaseException) -> bool:
+    """``split`` condition: the failures of a group, without its cancellations."""
+    return not isinstance(error, BaseExceptionGroup) and not _cancelled(error)
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    """The exceptions in ``error``, a (nested) group or a single exception."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
 
 
 def _on_task_created(task: asyncio.Task[Any]) -> None:
@@ -402,6 +421,9 @@ class Run:
         self._current_task: Callable[[], object] = _tasks.current_task
         self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
         self._errors: list[tuple[int, BaseException]] = []
+        # Errors of replicas cancelled while waiting: root causes unless the run itself
+        # was cancelled (then they are its consequences).
+        self._abandonments: list[CollectiveError] = []
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
         # Errors that already carry a note saying where they came from.
@@ -498,11 +520,19 @@ class Run:
         return waiter.__await__()
 
     def _abandoned(self, replica: int, key: Key, slot: _Slot) -> None:
-        """A fast-path waiter was cancelled: its replica left the collective at ``key``."""
+        """A waiter was cancelled: its replica left the collective at ``key``.
+
+        Unless the whole run is being cancelled (then the run ends with that
+        cancellation, see :meth:`execute`), this is the root cause: the others would
+        wait for ever. The run fails at once; the tracer hears of it when the run ends.
+        """
         if not self._errors and not slot.done:
             error = self.ledger.abandon(replica, key)
             if error is not None:
-                self._fail(replica, error)
+                self._errors.append((replica, error))
+                self._abandonments.append(error)
+                if self._cancel_scope is not None:
+                    self._cancel_scope.cancel()
 
     def _arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> _Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
@@ -553,10 +583,7 @@ class Run:
                 else:
                     await self._park(slot)
             except anyio.get_cancelled_exc_class():
-                if not self._errors and not slot.done:
-                    error = self.ledger.abandon(replica, key)
-                    if error is not None:
-                        self._fail(replica, error)
+                self._abandoned(replica, key, slot)
                 raise
             finally:
                 del parked[id(task)]
@@ -734,16 +761,22 @@ class Run:
         except BaseExceptionGroup as group:
             # A replica's own task group mixes a failure with its children's
             # cancellations (trio): the failure is what counts.
-            failures, _ = group.split(Exception)
+            failures, _ = group.split(_not_cancelled)
             if failures is None:
                 self.ledger.cancel(replica)
                 raise
             self.ledger.fail(replica)
             self._fail(replica, failures)
             return
-        except BaseException:
-            self.ledger.cancel(replica)
-            raise
+        except BaseException as exc:
+            if _cancelled(exc):
+                self.ledger.cancel(replica)
+                raise
+            # KeyboardInterrupt, SystemExit, a BaseException of the user's: a root cause
+            # like an Exception, raised by the run itself (so no task group wraps it).
+            self.ledger.fail(replica)
+            self._fail(replica, exc)
+            return
         finally:
             for c in self.unawaited[replica].values():
                 c.close()
@@ -792,6 +825,7 @@ class Run:
         stall = self.stall_warning_seconds
         if self.tracer is not None:
             self.tracer.run_begin(self.num_replicas, self.strategy.extended.worker_devices)
+        cancelled = False
         try:
             async with anyio.create_task_group() as outer:
                 if stall and self.num_replicas > 1:
@@ -812,10 +846,26 @@ class Run:
                             name=f"asyncreplica replica {i}",
                         )
                 outer.cancel_scope.cancel()
+        except BaseException as exc:
+            # The run itself was cancelled: replicas cancelled while waiting are not
+            # root causes.
+            self._errors = [
+                (r, e) for r, e in self._errors if not any(e is a for a in self._abandonments)
+            ]
+            self._abandonments.clear()
+            escaped = [e for e in _leaves(exc) if not _cancelled(e)]
+            if not escaped:
+                cancelled = True  # from outside: a scope around Strategy.run
+                raise
+            # Not a replica's: a KeyboardInterrupt that trio delivered to this task.
+            for error in escaped:
+                self._fail(-1, error)
         finally:
             self.closed = True
             if self.tracer is not None:
-                self.tracer.run_end()
+                for error in self._abandonments:
+                    self.tracer.failed(error, error.report)
+                self.tracer.run_end(cancelled=cancelled)
             if loop is not None:
                 _tasks.uninstall_factory(loop)
             else:
@@ -826,12 +876,17 @@ class Run:
 
     def _root_cause(self) -> BaseException:
         errors = sorted(self._errors, key=lambda item: item[0])
+        name = f"{type(self.strategy).__name__}.run"
         for replica, error in errors:
-            if not isinstance(error, CollectiveError) and id(error) not in self._noted:
+            if isinstance(error, CollectiveError) or id(error) in self._noted:
+                continue
+            if replica < 0:
                 error.add_note(
-                    f"(raised in replica {replica} of {self.num_replicas} in "
-                    f"{type(self.strategy).__name__}.run)"
+                    f"(raised while {name} waited for its {self.num_replicas} replicas, "
+                    "which were cancelled)"
                 )
+            else:
+                error.add_note(f"(raised in replica {replica} of {self.num_replicas} in {name})")
         if len(errors) == 1:
             return errors[0][1]
         exceptions = [e for _, e in errors]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from types import FrameType
@@ -212,35 +213,53 @@ def uninstall_factory(loop: asyncio.AbstractEventLoop) -> None:
         _factories[loop] = (users - 1, previous)
 
 
-_trio_watch: list[Any] = []  # [instrument, users, callbacks]
+# One task-exit instrument per trio run (a RunVar), created on first use: trio's
+# instruments belong to a run, and two runs may be going at once in two threads.
+_trio_watch: Any = None
+_trio_watch_lock = threading.Lock()
+
+
+def _trio_watch_var() -> Any:
+    """The ``RunVar`` that holds the current trio run's task-exit instrument."""
+    global _trio_watch
+    with _trio_watch_lock:
+        if _trio_watch is None:
+            import trio
+
+            class _ExitWatch(trio.abc.Instrument):
+                """Calls every active run's ``on_exit`` when a task of this trio run exits."""
+
+                def __init__(self) -> None:
+                    self.callbacks: list[Callable[[object], None]] = []
+
+                def task_exited(self, task: trio.lowlevel.Task) -> None:
+                    for callback in list(self.callbacks):
+                        callback(task)
+
+            _trio_watch = (trio.lowlevel.RunVar("asyncreplica_exit_watch"), _ExitWatch)
+        return _trio_watch
 
 
 def install_trio_watch(on_exit: Callable[[object], None]) -> None:
-    """Call ``on_exit(task)`` whenever a trio task exits, while any run is active."""
+    """Call ``on_exit(task)`` whenever a task of this trio run exits, until uninstalled."""
     import trio
 
-    if not _trio_watch:
-
-        class _ExitWatch(trio.abc.Instrument):
-            def __init__(self) -> None:
-                self.callbacks: list[Callable[[object], None]] = []
-
-            def task_exited(self, task: trio.lowlevel.Task) -> None:
-                for callback in list(self.callbacks):
-                    callback(task)
-
-        instrument = _ExitWatch()
+    var, watch_class = _trio_watch_var()
+    instrument = var.get(None)
+    if instrument is None:
+        instrument = watch_class()
         trio.lowlevel.add_instrument(instrument)
-        _trio_watch.append(instrument)
-    _trio_watch[0].callbacks.append(on_exit)
+        var.set(instrument)
+    instrument.callbacks.append(on_exit)
 
 
 def uninstall_trio_watch(on_exit: Callable[[object], None]) -> None:
-    """Undo one :func:`install_trio_watch`."""
+    """Undo one :func:`install_trio_watch` (in the same trio run)."""
     import trio
 
-    instrument = _trio_watch[0]
+    var, _ = _trio_watch_var()
+    instrument = var.get()
     instrument.callbacks.remove(on_exit)
     if not instrument.callbacks:
         trio.lowlevel.remove_instrument(instrument)
-        _trio_watch.clear()
+        var.set(None)

@@ -38,5 +38,5 @@ class Tracer(Protocol):
     def failed(self, error: BaseException, report: Report | None) -> None:
         """The run failed with ``error`` (a root cause); ``report`` is the flight recorder."""
 
-    def run_end(self) -> None:
-        """The run ended (normally or not)."""
+    def run_end(self, *, cancelled: bool = False) -> None:
+        """The run ended (normally or not); ``cancelled``: by a scope around it."""

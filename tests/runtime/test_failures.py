@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import signal
+import threading
+from collections.abc import Callable
 
 import anyio
 import numpy as np
@@ -354,3 +357,185 @@ async def test_a_helper_task_that_ends_without_its_collective_completes_the_dead
     with pytest.raises(ar.CollectiveDeadlockError) as info:
         await s.run(step)
     assert info.value.cycle == ((0, "x"), (1, "y"))
+
+
+class _Stop(BaseException):
+    """A BaseException of the user's own (not an Exception)."""
+
+
+@pytest.mark.parametrize("kind", [SystemExit, KeyboardInterrupt, _Stop])
+async def test_a_base_exception_in_a_replica_is_raised_itself_with_a_note(
+    kind: type[BaseException],
+) -> None:
+    s = strategy()
+    stop = kind("stop")
+    after: list[int] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            raise stop
+        await ctx.all_reduce("sum", 2.0)
+        after.append(ctx.replica_id_in_sync_group)
+
+    with pytest.raises(kind) as info:
+        await s.run(step)
+    assert info.value is stop  # not a (nested) BaseExceptionGroup: `except kind` catches it
+    assert info.value.__notes__ == ["(raised in replica 1 of 3 in MirroredStrategy.run)"]
+    assert after == []  # the others were cancelled at their second collective
+
+    async def good() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", 1.0)
+
+    assert s.experimental_local_results(await s.run(good)) == (3.0, 3.0, 3.0)
+
+
+async def test_a_base_exception_beside_an_exception_comes_as_a_group() -> None:
+    s = strategy(3)
+    released = anyio.Event()
+    stop = _Stop("stop")
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        rid = ctx.replica_id_in_sync_group
+        if rid == 0:
+            await anyio.wait_all_tasks_blocked()
+            released.set()
+            raise stop
+        with anyio.CancelScope(shield=True):
+            await released.wait()
+            if rid == 2:
+                raise ValueError("boom 2")
+
+    with pytest.raises(BaseExceptionGroup) as info:
+        await s.run(step)
+    assert info.value.exceptions[0] is stop
+    assert [type(e) for e in info.value.exceptions] == [_Stop, ValueError]
+
+
+def test_ctrl_c_under_trio_while_replicas_wait_raises_keyboard_interrupt() -> None:
+    trio = pytest.importorskip("trio")
+    s = strategy(3)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            # Ctrl-C while no replica's code runs: trio delivers the KeyboardInterrupt to
+            # the task that awaits strategy.run.
+            token = trio.lowlevel.current_trio_token()
+            token.run_sync_soon(signal.raise_signal, signal.SIGINT)
+            await trio.sleep_forever()
+        await ctx.all_reduce("sum", 2.0)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        trio.run(s.run, step)
+    assert info.value.__notes__ == [
+        "(raised while MirroredStrategy.run waited for its 3 replicas, which were cancelled)"
+    ]
+
+
+def _in_threads(*targets: Callable[[], None]) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def guarded(target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in targets]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a run hangs"
+    return errors
+
+
+def test_trio_runs_in_two_threads_keep_their_own_task_watch() -> None:
+    trio = pytest.importorskip("trio")
+    first_started = threading.Event()
+    second_started = threading.Event()
+    first_done = threading.Event()
+    results: dict[str, object] = {}
+
+    def program(name: str, started: threading.Event, wait_for: threading.Event) -> None:
+        s = strategy(2)
+
+        async def step() -> object:
+            ctx = ar.get_replica_context()
+            assert ctx is not None
+            started.set()
+            # Both runs are active at once; the first one ends first.
+            await trio.to_thread.run_sync(wait_for.wait, 30)
+            return await ctx.all_reduce("sum", 1.0)
+
+        async def main() -> None:
+            results[name] = s.experimental_local_results(await s.run(step))
+            if name == "first":
+                first_done.set()
+
+        trio.run(main)
+
+    errors = _in_threads(
+        lambda: program("first", first_started, second_started),
+        lambda: program("second", second_started, first_done),
+    )
+    assert errors == []
+    assert results == {"first": (2.0, 2.0), "second": (2.0, 2.0)}
+
+
+def test_a_trio_run_in_a_second_thread_sees_its_own_tasks_exit() -> None:
+    trio = pytest.importorskip("trio")
+    first_started = threading.Event()
+    second_done = threading.Event()
+    found: list[BaseException] = []
+
+    async def hold() -> None:
+        s = strategy(1)
+
+        async def step() -> None:
+            first_started.set()
+            await trio.to_thread.run_sync(second_done.wait, 30)
+
+        await s.run(step)
+
+    async def deadlocks() -> None:
+        # The helper task's exit completes a wait cycle (see the test above); only a
+        # task-exit watch in this trio run can notice it.
+        s = strategy(2)
+
+        async def step() -> None:
+            ctx = ar.get_replica_context()
+            assert ctx is not None
+            if ctx.replica_id_in_sync_group == 0:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(trio.lowlevel.checkpoint)
+                    await ctx.all_reduce("sum", 1.0, name="x")
+            else:
+                await ctx.all_reduce("sum", 1.0, name="y")
+                await ctx.all_reduce("sum", 1.0, name="x")
+
+        try:
+            with trio.fail_after(20):  # hang guard
+                await s.run(step)
+        except ar.CollectiveDeadlockError as exc:
+            found.append(exc)
+        finally:
+            second_done.set()
+
+    def second() -> None:
+        first_started.wait(30)
+        trio.run(deadlocks)
+
+    errors = _in_threads(lambda: trio.run(hold), second)
+    assert errors == []
+    assert [type(e) for e in found] == [ar.CollectiveDeadlockError]

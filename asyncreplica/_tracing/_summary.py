@@ -1,0 +1,202 @@
+"""Reading a trace back: :func:`load_trace` and the text report of :func:`summarize`."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ._recorder import PathLike
+
+__all__ = ["load_trace", "summarize"]
+
+
+def load_trace(path: PathLike) -> dict[str, Any]:
+    """Read a trace written by a tracer (plain or gzip-compressed JSON).
+
+    Args:
+        path: The trace file.
+
+    Returns:
+        The trace object; a bare list of events is wrapped as ``{"traceEvents": [...]}``.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: The file is not a JSON trace.
+    """
+    raw = Path(path).read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise ValueError(f"{os.fspath(path)} is not a JSON trace: {exc}") from None
+    if isinstance(data, list):
+        data = {"traceEvents": data}
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ValueError(f"{os.fspath(path)} is not a Chrome trace (no traceEvents list)")
+    return data
+
+
+class _Slice:
+    """A replica's collective, read back from a trace."""
+
+    __slots__ = ("args", "end", "name", "start")
+
+    def __init__(self, event: Mapping[str, Any]) -> None:
+        self.start = float(event["ts"])
+        self.end = self.start + float(event.get("dur", 0.0))
+        self.name = str(event.get("name", ""))
+        self.args: Mapping[str, Any] = event.get("args") or {}
+
+
+def _collectives(trace: Mapping[str, Any], cat: str) -> list[_Slice]:
+    return [
+        _Slice(e)
+        for e in trace["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") == cat and isinstance(e.get("args"), dict)
+    ]
+
+
+def _failures(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    other = trace.get("otherData")
+    found = other.get("failures") if isinstance(other, dict) else None
+    if isinstance(found, list):
+        return [f for f in found if isinstance(f, dict)]
+    return [
+        dict(e.get("args") or {})
+        for e in trace["traceEvents"]
+        if e.get("cat") == "failure" and e.get("s") == "g"
+    ]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1000:.3f}"
+
+
+def summarize(path: PathLike) -> str:
+    """Summarize a trace: who waited, who was late and where, and what failed.
+
+    Per replica: the number of collectives, the total time it waited for the others
+    and how often it arrived last; then the slowest rendezvous with the replica that
+    arrived late and its call site; then, if a run failed, the error's first line and
+    the mismatched position.
+
+    Args:
+        path: A trace written by ``strategy.trace()`` or ``ASYNCREPLICA_TRACE``.
+
+    Returns:
+        The summary, several lines of text.
+
+    Raises:
+        OSError: The file cannot be read.
+        ValueError: The file is not a trace.
+    """
+    trace = load_trace(path)
+    slices = _collectives(trace, "collective")
+    other = trace.get("otherData") if isinstance(trace.get("otherData"), dict) else {}
+    assert isinstance(other, dict)
+    stats: dict[int, list[float]] = {}  # replica -> [collectives, waited_us, last]
+    groups: dict[Any, list[_Slice]] = {}
+    for s in slices:
+        replica = s.args.get("replica")
+        if not isinstance(replica, int):
+            continue
+        row = stats.setdefault(replica, [0, 0.0, 0])
+        row[0] += 1
+        row[1] += float(s.args.get("waited_us") or 0.0)
+        row[2] += bool(s.args.get("arrived_last"))
+        groups.setdefault(s.args.get("collective"), []).append(s)
+    runs = {s.args.get("run") for s in slices}
+    counts = f"{_count(len(groups), 'collective')} in {_count(len(runs), 'run')}"
+    lines = [f"Trace {os.fspath(path)}: {_count(len(stats), 'replica')}, {counts}"]
+    dropped = other.get("dropped_events")
+    if dropped:
+        lines.append(
+            f"(the oldest {dropped} events were dropped: max_events={other.get('max_events')})"
+        )
+    if stats:
+        lines += ["", "replica  collectives  waiting (ms)  arrived last"]
+        for replica in sorted(stats):
+            count, waited, last = stats[replica]
+            lines.append(f"{replica:>7}  {int(count):>11}  {_ms(waited):>12}  {int(last):>12}")
+    slowest = _slowest(groups)
+    if slowest is not None:
+        late, spread = slowest
+        where = late.args.get("call_site") or "an unknown call site"
+        position = (
+            f"position {late.args['position']}"
+            if "position" in late.args
+            else f"{late.args.get('name')!r} #{late.args.get('occurrence')}"
+        )
+        lines.append("")
+        lines.append(
+            f"Slowest rendezvous: {late.name} at {position} of run {late.args.get('run')}: "
+            f"replica {late.args.get('replica')} arrived last, {_ms(spread)} ms after the "
+            f"first, at {where}."
+        )
+    for failure in _failures(trace):
+        lines += ["", f"Run {failure.get('run')} failed: {failure.get('type')}: "]
+        lines[-1] += str(failure.get("first_line") or "")
+        if failure.get("position") is not None:
+            fields = failure.get("fields")
+            differ = f" (differing: {', '.join(map(str, fields))})" if fields else ""
+            lines.append(f"  mismatched position: {failure['position']}{differ}")
+        for row in failure.get("replicas") or ():
+            at = f" at {row['call_site']}" if row.get("call_site") else ""
+            what = f" {row['collective']}{at}" if row.get("collective") else ""
+            lines.append(f"  replica {row.get('replica')}: {row.get('state')}{what}")
+    lines += _cancelled(trace, slices)
+    if not slices and not _failures(trace):
+        lines.append("No collectives were recorded.")
+    return "\n".join(lines)
+
+
+def _cancelled(trace: Mapping[str, Any], slices: list[_Slice]) -> list[str]:
+    """Lines for each run cancelled from outside, with the collectives left pending."""
+    lines: list[str] = []
+    for run in _collectives(trace, "run"):
+        if run.args.get("status") != "cancelled":
+            continue
+        index = run.args.get("run")
+        pending = sorted(
+            (
+                s
+                for s in slices
+                if s.args.get("run") == index and s.args.get("status", "completed") != "completed"
+            ),
+            key=lambda s: (s.args.get("replica", -1), s.start),
+        )
+        lines += ["", f"Run {index} was cancelled by a scope around Strategy.run (not a failure)"]
+        if not pending:
+            lines[-1] += "; no collective was in flight."
+            continue
+        lines[-1] += "; collectives in flight:"
+        for s in pending:
+            at = f" at {s.args['call_site']}" if s.args.get("call_site") else ""
+            label = s.name.removesuffix(" (never completed)")
+            value = f" on {s.args['value']}" if s.args.get("value") else ""
+            lines.append(f"  replica {s.args.get('replica')}: waiting {label}{value}{at}")
+    return lines
+
+
+def _slowest(groups: Mapping[Any, list[_Slice]]) -> tuple[_Slice, float] | None:
+    """The completed rendezvous whose last arrival came latest after its first."""
+    best: tuple[_Slice, float] | None = None
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        late = next((s for s in members if s.args.get("arrived_last")), None)
+        if late is None:
+            continue
+        spread = late.start - min(s.start for s in members)
+        if best is None or spread > best[1]:
+            best = (late, spread)
+    return best
