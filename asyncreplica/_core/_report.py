@@ -20,6 +20,9 @@ from ._signature import Signature, ordinal
 __all__ = [
     "DOCS",
     "deadlock_message",
+    "ended_message",
+    "merge_fn_stall_message",
+    "merge_fn_timeout_message",
     "key_text",
     "resumed_message",
     "stall_message",
@@ -317,6 +320,121 @@ def stall_message(
             ),
         ]
     )
+
+
+def merge_fn_stall_message(
+    where: str, waited: float, merge_fn: str, caller: int, whereabouts: str, num_replicas: int
+) -> str:
+    """The stall warning for a merge_call whose ``merge_fn`` has not returned.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        waited: Seconds since the first replica arrived.
+        merge_fn: The merge function's qualified name.
+        caller: The replica in whose task ``merge_fn`` runs (the last to arrive).
+        whereabouts: Where ``merge_fn`` awaits now (free text).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The text of the warning.
+    """
+    everyone = format_replicas(range(num_replicas))
+    return "\n".join(
+        [
+            (
+                f"Collective stalled: {everyone} {_verb(list(range(num_replicas)), 'has', 'have')} "
+                f"waited {waited:.1f} s at the {where} for merge_fn {merge_fn} to return."
+            ),
+            "",
+            f"  * {everyone} called merge_call({merge_fn}) and {_verb([0] * num_replicas, 'waits', 'wait')}",
+            f"  * merge_fn {merge_fn} runs in replica {caller}'s task, {whereabouts}",
+            "",
+            (
+                "This is a warning, not an error: the run goes on, and a message follows if the "
+                "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
+            ),
+        ]
+    )
+
+
+def merge_fn_timeout_message(
+    where: str, timeout: float, merge_fn: str, caller: int, whereabouts: str, num_replicas: int
+) -> str:
+    """The message of the ``CollectiveTimeoutError`` for a ``merge_fn`` that did not return.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        timeout: The timeout in seconds (counted from when ``merge_fn`` started).
+        merge_fn: The merge function's qualified name.
+        caller: The replica in whose task ``merge_fn`` ran (the last to arrive).
+        whereabouts: Where ``merge_fn`` was awaiting when the time ran out (free text).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The full message.
+    """
+    everyone = format_replicas(range(num_replicas))
+    return "\n".join(
+        [
+            (
+                f"Timed out after {timeout:g} s waiting for merge_fn {merge_fn} to return at the "
+                f"{where}."
+            ),
+            "",
+            f"  * {everyone} called merge_call({merge_fn}) and waited",
+            f"  * merge_fn {merge_fn} ran in replica {caller}'s task, {whereabouts}",
+            "",
+            (
+                "Every replica arrived; merge_fn runs once for all of them, and they resume only "
+                "when it returns."
+            ),
+            (
+                "Find what merge_fn waits for (an event, I/O, a lock) or raise timeout_seconds in "
+                "CommunicationOptions."
+            ),
+            _see("CollectiveTimeoutError"),
+        ]
+    )
+
+
+def ended_message(
+    where: str, how: str, cause: str | None, missing: Sequence[int], strategy: str
+) -> str:
+    """The error for a collective still pending when its run ended.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        how: How the run ended: ``"failed"``, ``"was cancelled"`` or ``"ended"``.
+        cause: The run's root cause (``"Type: first line"``), if it failed.
+        missing: The replicas that never arrived at the collective.
+        strategy: The strategy's class name.
+
+    Returns:
+        The full message.
+    """
+    lines = [
+        (
+            f"The {where} can never complete: the {strategy}.run it belongs to {how}"
+            + (f" ({cause})." if cause else ".")
+        ),
+        "",
+    ]
+    if missing:
+        lines.append(f"  * {format_replicas(missing)} never arrived at it")
+    lines += [
+        (
+            "  * it was awaited by a task that outlived its replica (asyncio.ensure_future or "
+            "create_task in the step function, never awaited there)"
+        ),
+        "",
+        (
+            "No replica will arrive any more; the run's own error says what went wrong. Await "
+            "helper tasks inside the step function (asyncio.gather or a task group), so that they "
+            "end with their replica."
+        ),
+        _see("CollectiveError"),
+    ]
+    return "\n".join(lines)
 
 
 def resumed_message(where: str, waited: float) -> str:
