@@ -398,12 +398,18 @@ def merge_fn_timeout_message(
 
 
 def ended_message(
-    where: str, how: str, cause: str | None, missing: Sequence[int], strategy: str
+    where: str | None,
+    what: str | None,
+    how: str,
+    cause: str | None,
+    missing: Sequence[int],
+    strategy: str,
 ) -> str:
-    """The error for a collective still pending when its run ended.
+    """The error for a collective that can never complete because its run is over.
 
     Args:
-        where: The collective, as :func:`key_text` names it.
+        where: The collective, as :func:`key_text` names it, if it was issued.
+        what: The collective as its signature describes it, if it was not.
         how: How the run ended: ``"failed"``, ``"was cancelled"`` or ``"ended"``.
         cause: The run's root cause (``"Type: first line"``), if it failed.
         missing: The replicas that never arrived at the collective.
@@ -412,9 +418,10 @@ def ended_message(
     Returns:
         The full message.
     """
+    subject = f"The {where}" if where else f"The collective {what or ''}".rstrip()
     lines = [
         (
-            f"The {where} can never complete: the {strategy}.run it belongs to {how}"
+            f"{subject} can never complete: the {strategy}.run it belongs to {how}"
             + (f" ({cause})." if cause else ".")
         ),
         "",

@@ -88,7 +88,7 @@ class _Slot:
         self.since = since  # when the first replica arrived
         self.warned = False  # whether a stall warning was logged for it
         self.error: Callable[[], BaseException] | None = None  # set: it can never complete
-        self.task: object = None  # the task that dispatches it, once every replica arrived
+        self.task: object = None  # a merge_call's running merge (where it waits)
 
     def release(self) -> None:
         """Wake every waiter (the results are set)."""
@@ -566,9 +566,12 @@ class Run:
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
-        if self._errors:
-            # The run is being torn down; this raises the cancellation.
+        if self._errors or (self.closed and self._ended != "ended"):
+            # The run is being torn down; this raises the cancellation in a replica's
+            # task. A task outside the run's scope (a helper the replica did not await)
+            # learns that the run is over instead.
             await anyio.lowlevel.checkpoint()
+            raise self._helper_ended(None, call._signature)
         replica = call.replica
         signature = call._signature
         try:
@@ -658,17 +661,17 @@ class Run:
         bounded by the collective's ``timeout_seconds`` (counted from when it starts)
         and reported by the stall warning like a missing replica.
         """
-        slot.task = self._current_task()
+        merging = slot.task = call.dispatch(self, call, slot.payloads)  # where it waits
         dispatching = self._dispatching
         dispatching[key] = (slot, call)
         limit = call.timeout
         where_stuck = "unknown"
         try:
             if limit is None or not limit:
-                return await call.dispatch(self, call, slot.payloads)
+                return await merging
             with anyio.move_on_after(limit):
                 try:
-                    return await call.dispatch(self, call, slot.payloads)
+                    return await merging
                 except anyio.get_cancelled_exc_class() as exc:
                     where_stuck = _tasks.where_raised(exc.__traceback__)
                     raise
@@ -733,7 +736,7 @@ class Run:
             # The run failed meanwhile: a replica's task is cancelled here; a helper
             # task outside the run's scope gets the run's end, not a second root cause.
             await anyio.lowlevel.checkpoint()
-            raise self._ended_error(key)
+            raise self._helper_ended(key, None)
         error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))
         self._fail(replica, error)
         raise error
@@ -768,7 +771,7 @@ class Run:
                         now - slot.since,
                         call._signature.merge_fn_name or "merge_fn",
                         call.replica,
-                        _tasks.whereabouts(slot.task),
+                        _tasks.where_awaits(slot.task),
                         self.num_replicas,
                     )
                     logger.warning(message)
@@ -1001,21 +1004,42 @@ class Run:
         """
         ended = self._ended or "ended"
         self._ended = ended
+        helpers = self.watch.helpers() if self._loop is not None else []
+        # Decided before the collectives are resolved: a parked helper gets the error.
+        idle = [
+            t
+            for t in helpers
+            if isinstance(t, asyncio.Task) and not t.done() and not self._is_parked(None, t)
+        ]
         for key, slot in list(self._slots.items()):
-            slot.abort(functools.partial(self._ended_error, key))
+            slot.abort(functools.partial(self._ended_error, key, None))
         self._slots.clear()
-        if self._loop is None:
-            return  # trio: a replica's tasks live in its nurseries and ended with it
-        for task in self.watch.helpers():
-            if not isinstance(task, asyncio.Task) or task.done():
-                continue
-            # Its error is the run's consequence, already raised by Strategy.run.
-            task.add_done_callback(_retrieve)
-            if ended != "ended" and not self._is_parked(None, task):
+        for task in helpers:
+            if isinstance(task, asyncio.Task):
+                # Its error is the run's consequence, already raised by Strategy.run.
+                task.add_done_callback(_retrieve)
+        if ended != "ended":
+            for task in idle:
                 task.cancel()
 
-    def _ended_error(self, key: Key) -> CollectiveError:
-        """The error for a collective at ``key`` that can never complete: the run is over."""
+    def _helper_ended(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """:meth:`_ended_error`, raised in a helper task that outlived its replica.
+
+        Nobody may await that task: its error is the run's consequence, already raised by
+        ``Strategy.run``, so it is marked retrieved once the task ends.
+        """
+        task = self._current_task() if self._loop is not None else None
+        if isinstance(task, asyncio.Task):
+            task.add_done_callback(_retrieve)
+        return self._ended_error(key, signature)
+
+    def _ended_error(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """The error for a collective that can never complete: its run failed or ended.
+
+        Args:
+            key: The collective, if it was issued (else ``signature`` describes it).
+            signature: The collective's signature, when it was never issued.
+        """
         cause = None
         if self._errors:
             error = sorted(self._errors, key=lambda item: item[0])[0][1]
@@ -1023,10 +1047,11 @@ class Run:
             cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
         return CollectiveError(
             ended_message(
-                key_text(key),
+                key_text(key) if key is not None else None,
+                signature.describe() if signature is not None else None,
                 self._ended or "failed",
                 cause,
-                self.ledger.missing(key),
+                self.ledger.missing(key) if key is not None else (),
                 type(self.strategy).__name__,
             ),
             report=self.ledger.report(),

@@ -65,8 +65,12 @@ def _coro(task: object) -> Any:
 
 def _chain(task: object) -> tuple[list[FrameType], object]:
     """The frames of ``task``'s await chain, outermost first, and the innermost awaitable."""
+    return _walk(_coro(task))
+
+
+def _walk(obj: Any) -> tuple[list[FrameType], object]:
+    """The frames of the await chain that starts at coroutine ``obj``, and its end."""
     frames: list[FrameType] = []
-    obj: Any = _coro(task)
     while obj is not None:
         frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
         if frame is None:
@@ -93,6 +97,16 @@ def whereabouts(task: object) -> str:
     if _done(task):
         return "finished"
     frames, _ = _chain(task)
+    return _describe(frames)
+
+
+def where_awaits(coro: object) -> str:
+    """Where the coroutine ``coro`` (suspended) waits, for people, as :func:`whereabouts`."""
+    frames, _ = _walk(coro)
+    return _describe(frames)
+
+
+def _describe(frames: list[FrameType]) -> str:
     if not frames:
         return "not started yet"
     if frames[-1].f_lasti < 0:
@@ -111,6 +125,8 @@ def where_raised(tb: TracebackType | None) -> str:
     while tb is not None:
         if not _internal(tb.tb_frame.f_code.co_filename):
             found = tb
+        elif found is not None:
+            break  # past the user's code, into the event loop's
         tb = tb.tb_next
     if found is None:
         return "unknown"

@@ -207,15 +207,24 @@ async def test_a_join_with_a_timer_is_not_a_cycle_and_the_stall_warning_names_it
 
 
 async def _inspections_per_arrival(n: int) -> float:
-    """Run 5 unnamed all_reduces per replica with a named one in flight; count inspections."""
+    """Run 5 all_reduces per replica with another one in flight; count inspections.
+
+    Replica 0 issues "grads" last, so from its first arrival on, every replica is waiting
+    and every arrival checks for a cycle.
+    """
     s = strategy(n, stall_warning_seconds=None)
     counts: list[int] = []
 
     async def step() -> float:
         ctx = context()
-        pending = asyncio.ensure_future(ctx.all_reduce("sum", 1.0, name="grads"))
-        for _ in range(5):
-            await ctx.all_reduce("sum", 1.0)
+        late = ctx.replica_id_in_sync_group == 0  # keeps "grads" in flight meanwhile
+        if not late:
+            pending = asyncio.ensure_future(ctx.all_reduce("sum", 1.0, name="grads"))
+            await asyncio.sleep(0)  # the helper arrives at "grads" first
+        for k in range(5):
+            await ctx.all_reduce("sum", 1.0, name=f"step{k}")
+        if late:
+            return await ctx.all_reduce("sum", 1.0, name="grads")  # type: ignore[no-any-return]
         return await pending  # type: ignore[no-any-return]
 
     original = _run.Run._check_deadlock
