@@ -196,3 +196,27 @@ async def test_other_helpers_of_a_failed_run_are_cancelled_and_nothing_is_left_p
     finally:
         loop.set_exception_handler(previous)
     assert reported == []
+
+
+async def test_a_helper_left_running_by_a_successful_run_finishes_and_cannot_issue_more(
+    anyio_backend: object,
+) -> None:
+    _asyncio_only(anyio_backend)
+    s = strategy(2)
+    go = asyncio.Event()
+    helpers: list[asyncio.Future[Any]] = []
+
+    async def later(ctx: ar.ReplicaContext) -> object:
+        await go.wait()
+        return await ctx.all_reduce("sum", 1.0)
+
+    async def step() -> None:
+        helpers.append(asyncio.ensure_future(later(context())))
+
+    with anyio.fail_after(HANG_GUARD):
+        await s.run(step)
+        assert not any(helper.done() for helper in helpers)  # not cancelled: the run succeeded
+        go.set()
+        for helper in helpers:
+            with pytest.raises(ar.ReplicaContextError, match="whose Strategy.run has finished"):
+                await helper
