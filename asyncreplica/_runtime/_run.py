@@ -44,7 +44,7 @@ from .._core._report import (
     resumed_message,
 )
 from .._core._signature import CollectiveKind, ReduceOp, Signature
-from .._exceptions import CollectiveError, CollectiveTimeoutError
+from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
 from . import _tasks
 from ._mode import MODE, Mode
 
@@ -732,6 +732,7 @@ class Run:
             # for the other processes, and bounds that wait itself): not a timeout here.
             await self._park(slot)
             return
+        self._deadlocked(replica, current=self._current_task())  # a cycle, not a timeout?
         if self.failed:
             # The run failed meanwhile: a replica's task is cancelled here; a helper
             # task outside the run's scope gets the run's end, not a second root cause.
@@ -753,6 +754,8 @@ class Run:
             due += [s.since + stall for s, _ in self._dispatching.values() if not s.warned]
             await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
             now = time.monotonic()
+            if self._deadlocked():
+                return
             for key, slot in list(self._slots.items()):
                 if not slot.warned and now - slot.since >= stall and not slot.done:
                     slot.warned = True
@@ -775,6 +778,20 @@ class Run:
                         self.num_replicas,
                     )
                     logger.warning(message)
+
+    def _deadlocked(self, replica: int = -1, current: object = None) -> bool:
+        """Check for a cycle now; whether the run failed with one.
+
+        Checks run on events (arrivals, task ends); a replica that began to join its
+        parked helpers after they parked made none. The stall watcher and an expired
+        timeout ask again, so such a cycle is reported as a cycle, not as a stall.
+        """
+        if self.failed or self.closed or not self.ledger.all_waiting():
+            return False
+        self._scan_gen = -1  # a full look: no event marked what changed
+        with contextlib.suppress(CollectiveDeadlockError):
+            self._check_deadlock(replica, current=current)
+        return self.failed
 
     def _whereabouts(self, key: Key) -> dict[int, str]:
         found = {}

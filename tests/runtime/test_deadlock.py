@@ -252,3 +252,37 @@ async def test_an_arrivals_deadlock_check_does_not_grow_with_the_replicas() -> N
     # A full rescan per arrival inspects ~n/2 tasks: 8 and 128 here.
     assert large <= 4.0, (small, large)
     assert large <= small + 1.0, (small, large)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"stall_warning_seconds": 0.05}, id="stall-warning"),
+        pytest.param(
+            {
+                "stall_warning_seconds": None,
+                "communication_options": ar.CommunicationOptions(timeout_seconds=0.1),
+            },
+            id="timeout",
+        ),
+    ],
+)
+async def test_a_join_begun_after_the_helpers_parked_is_still_reported_as_a_cycle(
+    limits: dict[str, Any], anyio_backend: object
+) -> None:
+    """No event marks a replica starting to join helpers that already wait: the stall watcher
+    and an expired timeout look again, and report the cycle rather than a stall."""
+    s = strategy(2, **limits)
+
+    async def step() -> None:
+        ctx = context()
+        first, second = ("x", "y") if ctx.replica_id_in_sync_group == 0 else ("y", "x")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(lambda: ctx.all_reduce("sum", 1.0, name=first))
+            for _ in range(2):  # the helper runs (and parks) before the join begins
+                await anyio.lowlevel.checkpoint()
+        await ctx.all_reduce("sum", 1.0, name=second)
+
+    with anyio.fail_after(HANG_GUARD), pytest.raises(ar.CollectiveDeadlockError) as info:
+        await s.run(step)
+    assert info.value.cycle == ((0, "x"), (1, "y"))

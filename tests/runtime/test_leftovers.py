@@ -218,5 +218,5 @@ async def test_a_helper_left_running_by_a_successful_run_finishes_and_cannot_iss
         assert not any(helper.done() for helper in helpers)  # not cancelled: the run succeeded
         go.set()
         for helper in helpers:
-            with pytest.raises(ar.ReplicaContextError, match="whose Strategy.run has finished"):
+            with pytest.raises(ar.ReplicaContextError, match=r"whose Strategy\.run has finished"):
                 await helper
