@@ -1023,18 +1023,17 @@ class Run:
         self._ended = ended
         helpers = self.watch.helpers() if self._loop is not None else []
         # Decided before the collectives are resolved: a parked helper gets the error.
-        idle = [
-            t
-            for t in helpers
-            if isinstance(t, asyncio.Task) and not t.done() and not self._is_parked(None, t)
-        ]
+        parked: list[asyncio.Task[Any]] = []
+        idle: list[asyncio.Task[Any]] = []
+        for task in helpers:
+            if isinstance(task, asyncio.Task) and not task.done():
+                (parked if self._is_parked(None, task) else idle).append(task)
         for key, slot in list(self._slots.items()):
             slot.abort(functools.partial(self._ended_error, key, None))
         self._slots.clear()
-        for task in helpers:
-            if isinstance(task, asyncio.Task):
-                # Its error is the run's consequence, already raised by Strategy.run.
-                task.add_done_callback(_retrieve)
+        for task in parked:
+            # Its error is the run's consequence, already raised by Strategy.run.
+            task.add_done_callback(_retrieve)
         if ended != "ended":
             for task in idle:
                 task.cancel()
