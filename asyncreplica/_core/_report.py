@@ -15,11 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-from ._signature import Signature, ordinal
+from ._nest import treedef_str
+from ._signature import CollectiveKind, Signature, ordinal
 
 __all__ = [
     "DOCS",
     "deadlock_message",
+    "ended_message",
+    "merge_fn_stall_message",
+    "merge_fn_timeout_message",
     "key_text",
     "resumed_message",
     "stall_message",
@@ -68,11 +72,25 @@ def _where(sig: Signature, *, full_path: bool) -> str:
     return f" at {sig.call_path[0]}"
 
 
-def _group(signatures: Mapping[int, Signature], *, full_path: bool) -> list[tuple[list[int], str]]:
+def _arguments(sig: Signature) -> str:
+    """`` with args (*, [*, *]) and kwargs {'scale': *}``: a merge_call's argument structure."""
+    if sig.kind is not CollectiveKind.MERGE_CALL or sig.structure is None:
+        return ""
+    args, kwargs = sig.structure[2]
+    text = f" with args {treedef_str(args)}"
+    if kwargs is not None and kwargs[2]:
+        text += f" and kwargs {treedef_str(kwargs)}"
+    return text
+
+
+def _group(
+    signatures: Mapping[int, Signature], *, full_path: bool, arguments: bool = False
+) -> list[tuple[list[int], str]]:
     groups: dict[str, list[int]] = {}
     for rid in sorted(signatures):
         sig = signatures[rid]
-        text = sig.describe() + _where(sig, full_path=full_path)
+        text = sig.describe() + (_arguments(sig) if arguments else "")
+        text += _where(sig, full_path=full_path)
         groups.setdefault(text, []).append(rid)
     # The largest group first: the majority is usually right, the outliers follow.
     return sorted(((ids, text) for text, ids in groups.items()), key=lambda g: (-len(g[0]), g[0]))
@@ -108,14 +126,18 @@ def mismatch_message(
     """
     full_path = "call site" in fields
     where = key_text(position if name is None else (name, position))
+    merge_args = "structure" in fields and all(
+        s.kind is CollectiveKind.MERGE_CALL for s in signatures.values()
+    )
+    named = ["merge_call arguments" if f == "structure" and merge_args else f for f in fields]
     lines = [
         (
             f"Replicas disagree about their {where}: "
-            f"{', '.join(fields)} differ{'s' if len(fields) == 1 else ''}."
+            f"{', '.join(named)} differ{'s' if len(fields) == 1 and not merge_args else ''}."
         ),
         "",
     ]
-    groups = _group(signatures, full_path=full_path)
+    groups = _group(signatures, full_path=full_path, arguments=merge_args)
     for ids, text in groups:
         lines.append(f"  * {format_replicas(ids)} called {text}")
     pending = [r for r in range(num_replicas) if r not in signatures]
@@ -130,7 +152,15 @@ def mismatch_message(
         "",
         "Every replica must issue the same collectives, with the same arguments, in the same order.",
     ]
-    if fields == ("call site",):
+    if merge_args:
+        lines.append(
+            "merge_call regroups the replicas' args and kwargs leaf by leaf into per-replica "
+            "values, so they must have the same structure on every replica (the same "
+            "containers, lengths and keys); only the leaves may differ. The usual cause is an "
+            "argument passed by some replicas only, or a list whose length depends on the "
+            "replica: pass the same structure everywhere (None where a replica has nothing)."
+        )
+    elif fields == ("call site",):
         lines.append(
             "The calls look alike but come from different lines: usually one replica skipped a "
             "collective (or took another branch) and is now pairing a later call with its peers' "
@@ -319,6 +349,128 @@ def stall_message(
     )
 
 
+def merge_fn_stall_message(
+    where: str, waited: float, merge_fn: str, caller: int, whereabouts: str, num_replicas: int
+) -> str:
+    """The stall warning for a merge_call whose ``merge_fn`` has not returned.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        waited: Seconds since the first replica arrived.
+        merge_fn: The merge function's qualified name.
+        caller: The replica in whose task ``merge_fn`` runs (the last to arrive).
+        whereabouts: Where ``merge_fn`` awaits now (free text).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The text of the warning.
+    """
+    everyone = format_replicas(range(num_replicas))
+    return "\n".join(
+        [
+            (
+                f"Collective stalled: {everyone} {_verb(list(range(num_replicas)), 'has', 'have')} "
+                f"waited {waited:.1f} s at the {where} for merge_fn {merge_fn} to return."
+            ),
+            "",
+            f"  * {everyone} called merge_call({merge_fn}) and {_verb([0] * num_replicas, 'waits', 'wait')}",
+            f"  * merge_fn {merge_fn} runs in replica {caller}'s task, {whereabouts}",
+            "",
+            (
+                "This is a warning, not an error: the run goes on, and a message follows if the "
+                "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
+            ),
+        ]
+    )
+
+
+def merge_fn_timeout_message(
+    where: str, timeout: float, merge_fn: str, caller: int, whereabouts: str, num_replicas: int
+) -> str:
+    """The message of the ``CollectiveTimeoutError`` for a ``merge_fn`` that did not return.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        timeout: The timeout in seconds (counted from when ``merge_fn`` started).
+        merge_fn: The merge function's qualified name.
+        caller: The replica in whose task ``merge_fn`` ran (the last to arrive).
+        whereabouts: Where ``merge_fn`` was awaiting when the time ran out (free text).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The full message.
+    """
+    everyone = format_replicas(range(num_replicas))
+    return "\n".join(
+        [
+            (
+                f"Timed out after {timeout:g} s waiting for merge_fn {merge_fn} to return at the "
+                f"{where}."
+            ),
+            "",
+            f"  * {everyone} called merge_call({merge_fn}) and waited",
+            f"  * merge_fn {merge_fn} ran in replica {caller}'s task, {whereabouts}",
+            "",
+            (
+                "Every replica arrived; merge_fn runs once for all of them, and they resume only "
+                "when it returns."
+            ),
+            (
+                "Find what merge_fn waits for (an event, I/O, a lock) or raise timeout_seconds in "
+                "CommunicationOptions."
+            ),
+            _see("CollectiveTimeoutError"),
+        ]
+    )
+
+
+def ended_message(
+    where: str | None,
+    what: str | None,
+    how: str,
+    cause: str | None,
+    missing: Sequence[int],
+    strategy: str,
+) -> str:
+    """The error for a collective that can never complete because its run is over.
+
+    Args:
+        where: The collective, as :func:`key_text` names it, if it was issued.
+        what: The collective as its signature describes it, if it was not.
+        how: How the run ended: ``"failed"``, ``"was cancelled"`` or ``"ended"``.
+        cause: The run's root cause (``"Type: first line"``), if it failed.
+        missing: The replicas that never arrived at the collective.
+        strategy: The strategy's class name.
+
+    Returns:
+        The full message.
+    """
+    subject = f"The {where}" if where else f"The collective {what or ''}".rstrip()
+    lines = [
+        (
+            f"{subject} can never complete: the {strategy}.run it belongs to {how}"
+            + (f" ({cause})." if cause else ".")
+        ),
+        "",
+    ]
+    if missing:
+        lines.append(f"  * {format_replicas(missing)} never arrived at it")
+    lines += [
+        (
+            "  * it was awaited by a task that outlived its replica (asyncio.ensure_future or "
+            "create_task in the step function, never awaited there)"
+        ),
+        "",
+        (
+            "No replica will arrive any more; the run's own error says what went wrong. Await "
+            "helper tasks inside the step function (asyncio.gather or a task group), so that they "
+            "end with their replica."
+        ),
+        _see("CollectiveError"),
+    ]
+    return "\n".join(lines)
+
+
 def resumed_message(where: str, waited: float) -> str:
     """The text logged when a stalled collective completes after all."""
     return (
@@ -339,6 +491,10 @@ def deadlock_message(
     Returns:
         The full message.
     """
+    named = [e[0] for e in edges if e[2].name is not None]
+    unnamed = [e[0] for e in edges if e[2].name is None]
+    if named and unnamed:
+        return _mixed_names_message(edges, named, unnamed)
     lines = [
         (
             f"{format_replicas(e[0] for e in edges).capitalize()} wait for each other in a cycle: "
@@ -360,6 +516,38 @@ def deadlock_message(
         (
             "Await named collectives in the same order on every replica, or start them concurrently "
             "(asyncio.gather or a task group) so that none blocks the others."
+        ),
+        _see("CollectiveDeadlockError"),
+    ]
+    return "\n".join(lines)
+
+
+def _mixed_names_message(
+    edges: Sequence[tuple[int, str, Signature, Sequence[int]]],
+    named: Sequence[int],
+    unnamed: Sequence[int],
+) -> str:
+    """The deadlock message when some replicas wait at a named collective, others at unnamed."""
+    lines = [
+        (
+            f"{format_replicas(named).capitalize()} {_verb(named, 'waits', 'wait')} at a named "
+            f"collective while {format_replicas(unnamed)} {_verb(unnamed, 'waits', 'wait')} at an "
+            "unnamed one: they can never pair up."
+        ),
+        "",
+    ]
+    for rid, where, sig, needs in edges:
+        lines.append(
+            f"  * replica {rid} waits at its {where}: {sig.describe()}{_where(sig, full_path=False)}"
+            f", which {format_replicas(needs)} {_verb(list(needs), 'has', 'have')} not issued"
+        )
+    lines += [
+        "",
+        (
+            "Named collectives match only by name, unnamed ones only by their order, so a "
+            "collective named on some replicas and unnamed on others never completes. The usual "
+            "cause is a name= given on some replicas only (or None on some): pass the same name= "
+            "on every replica, or none."
         ),
         _see("CollectiveDeadlockError"),
     ]

@@ -181,6 +181,19 @@ def _check_args(args: object, kwargs: object, what: str) -> tuple[Sequence[Any],
     return args, kwargs
 
 
+def _key_set(treedef: TreeDef) -> TreeDef:
+    """``treedef`` as regrouping compares it: a mapping is its set of keys, nothing more.
+
+    Insertion order, mapping type and a defaultdict's factory may differ per replica.
+    """
+    if treedef is None:
+        return None
+    cls, keys, children = treedef
+    if isinstance(keys, tuple):
+        cls, keys = dict, (keys[0], None, None)
+    return (cls, keys, tuple(_key_set(child) for child in children))
+
+
 def _merge_fn_key(merge_fn: Callable[..., Any]) -> object:
     """What identifies a merge function across replicas: its code, not the closure."""
     fn: object = merge_fn
@@ -589,13 +602,16 @@ class ReplicaContext:
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
         timeout = self._options(None)
+        payload = (merge_fn, tuple(args), dict(kwargs))
         signature = Signature(
             CollectiveKind.MERGE_CALL,
             merge_fn=_merge_fn_key(merge_fn),
             merge_fn_name=getattr(merge_fn, "__qualname__", type(merge_fn).__qualname__),
+            # The replicas' arguments are regrouped leaf by leaf: their structures must
+            # agree, and a replica that disagrees is named when it arrives.
+            structure=_key_set(flatten(payload[1:])[1]),
             call_path=call_path(),
         )
-        payload = (merge_fn, tuple(args), dict(kwargs))
         return Collective(
             run, self._replica_id, signature, payload, _dispatch_merge_call, None, timeout
         )

@@ -33,11 +33,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from .._core._ledger import Key, Ledger
+from .._core._ledger import Key, Ledger, key_index
 from .._core._nest import unflatten
-from .._core._report import DOCS, key_text, resumed_message
-from .._core._signature import ReduceOp, Signature
-from .._exceptions import CollectiveError
+from .._core._report import (
+    DOCS,
+    ended_message,
+    key_text,
+    merge_fn_stall_message,
+    merge_fn_timeout_message,
+    resumed_message,
+)
+from .._core._signature import CollectiveKind, ReduceOp, Signature
+from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
 from . import _tasks
 from ._mode import MODE, Mode
 
@@ -60,7 +67,17 @@ class _Slot:
     collective), chosen once per run: no polling, no anyio.Event per collective.
     """
 
-    __slots__ = ("done", "fast", "payloads", "results", "since", "waiters", "warned")
+    __slots__ = (
+        "done",
+        "error",
+        "fast",
+        "payloads",
+        "results",
+        "since",
+        "task",
+        "waiters",
+        "warned",
+    )
 
     def __init__(self, num_replicas: int, since: float) -> None:
         self.payloads: list[Any] = [None] * num_replicas
@@ -70,6 +87,8 @@ class _Slot:
         self.fast: list[_Waiter] = []  # fast-path waiters: each gets its result
         self.since = since  # when the first replica arrived
         self.warned = False  # whether a stall warning was logged for it
+        self.error: Callable[[], BaseException] | None = None  # set: it can never complete
+        self.task: object = None  # a merge_call's running merge (where it waits)
 
     def release(self) -> None:
         """Wake every waiter (the results are set)."""
@@ -91,6 +110,18 @@ class _Slot:
             return
         for waiter in waiters:
             waiter.set()
+
+    def abort(self, error: Callable[[], BaseException]) -> None:
+        """Wake every waiter with a fresh ``error()``: the collective can never complete."""
+        self.error = error
+        self.done = True
+        for waiter in [*self.fast, *self.waiters]:
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(error())
+            else:
+                waiter.set()
+        self.fast.clear()
 
 
 def _result(call: Collective, result: Any) -> Any:
@@ -213,6 +244,12 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
         run.watch.adopt(mode.replica.replica_id_in_sync_group, task)
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a task's exception as retrieved (the run already reported the failure)."""
+    if not task.cancelled():
+        task.exception()
 
 
 class _NoTree:
@@ -419,7 +456,18 @@ class Run:
         # shuffle): set when the run starts.
         self._fast = False
         self._current_task: Callable[[], object] = _tasks.current_task
-        self._parked: dict[int, Key] = {}  # id(task) -> the collective it waits at
+        self._parked: dict[int, _Slot] = {}  # id(task) -> the collective it waits at
+        # merge_calls every replica arrived at, whose merge_fn runs now.
+        self._dispatching: dict[Key, tuple[_Slot, Collective]] = {}
+        # The incremental deadlock check (see _check_deadlock): replicas before
+        # ``_scan_rid`` were seen blocked in generation ``_scan_gen``; ``_gen`` moves on
+        # whenever a blocked task may have become runnable (a collective completes, a
+        # task ends, a wait is abandoned).
+        self._gen = 0
+        self._scan_gen = -1
+        self._scan_rid = 0
+        self.inspections = 0  # tasks inspected by deadlock checks (tests count them)
+        self._ended = ""  # how the run ended ("failed", "was cancelled"), once closed
         self._errors: list[tuple[int, BaseException]] = []
         # Errors of replicas cancelled while waiting: root causes unless the run itself
         # was cancelled (then they are its consequences).
@@ -526,6 +574,7 @@ class Run:
         cancellation, see :meth:`execute`), this is the root cause: the others would
         wait for ever. The run fails at once; the tracer hears of it when the run ends.
         """
+        self._gen += 1
         if not self._errors and not slot.done:
             error = self.ledger.abandon(replica, key)
             if error is not None:
@@ -547,9 +596,12 @@ class Run:
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
-        if self._errors:
-            # The run is being torn down; this raises the cancellation.
+        if self._errors or (self.closed and self._ended != "ended"):
+            # The run is being torn down; this raises the cancellation in a replica's
+            # task. A task outside the run's scope (a helper the replica did not await)
+            # learns that the run is over instead.
             await anyio.lowlevel.checkpoint()
+            raise self._helper_ended(None, call._signature)
         replica = call.replica
         signature = call._signature
         try:
@@ -569,7 +621,7 @@ class Run:
         else:
             task = self._current_task()
             parked = self._parked
-            parked[id(task)] = key
+            parked[id(task)] = slot
             try:
                 if self.ledger.all_waiting():
                     self._check_deadlock(replica, current=task)
@@ -587,6 +639,8 @@ class Run:
                 raise
             finally:
                 del parked[id(task)]
+            if slot.error is not None:
+                raise slot.error()
             if tracer is not None:
                 tracer.resume(replica, key)
         if self.shuffle is not None:
@@ -606,7 +660,10 @@ class Run:
             tracer.dispatch_begin(key, replica, signature)
         group = self.group
         if group is None:
-            slot.results = await call.dispatch(self, call, slot.payloads)
+            if signature.kind is CollectiveKind.MERGE_CALL:
+                slot.results = await self._merge(call, key, slot)
+            else:
+                slot.results = await call.dispatch(self, call, slot.payloads)
         else:
             # Scale-out: the processes agree on this position first (MPI).
             payloads = slot.payloads
@@ -617,10 +674,57 @@ class Run:
             tracer.dispatch_end(key)
             tracer.resume(replica, key)
         slot.release()
+        self._gen += 1  # the waiters are runnable again
         if slot.warned:
             waited = time.monotonic() - slot.since
             logger.warning(resumed_message(key_text(key), waited))
         return _result(call, slot.results[replica])
+
+    async def _merge(self, call: Collective, key: Key, slot: _Slot) -> Sequence[Any]:
+        """Run a merge_call's ``merge_fn``, watched by the stall warning and the timeout.
+
+        ``merge_fn`` is user code: while it runs, every replica waits for it. It is
+        bounded by the collective's ``timeout_seconds`` (counted from when it starts)
+        and reported by the stall warning like a missing replica.
+        """
+        merging = slot.task = call.dispatch(self, call, slot.payloads)  # where it waits
+        dispatching = self._dispatching
+        dispatching[key] = (slot, call)
+        limit = call.timeout
+        where_stuck = "unknown"
+        try:
+            if limit is None or not limit:
+                return await merging
+            with anyio.move_on_after(limit):
+                try:
+                    return await merging
+                except anyio.get_cancelled_exc_class() as exc:
+                    where_stuck = _tasks.where_raised(exc.__traceback__)
+                    raise
+        finally:
+            del dispatching[key]
+        if self.failed:
+            await anyio.lowlevel.checkpoint()  # the run is being torn down: cancelled here
+        signature = call._signature
+        where = key_text(key)
+        error = CollectiveTimeoutError(
+            key_index(key),
+            limit,
+            dict.fromkeys(range(self.num_replicas), signature),
+            {},
+            where=where,
+            report=self.ledger.report(),
+            message=merge_fn_timeout_message(
+                where,
+                limit,
+                signature.merge_fn_name or "merge_fn",
+                call.replica,
+                where_stuck,
+                self.num_replicas,
+            ),
+        )
+        self._fail(call.replica, error)
+        raise error
 
     async def _jitter(self) -> None:
         """Yield to the loop a seeded random number of times (``schedule="random"``)."""
@@ -654,8 +758,12 @@ class Run:
             # for the other processes, and bounds that wait itself): not a timeout here.
             await self._park(slot)
             return
+        self._deadlocked(replica, current=self._current_task())  # a cycle, not a timeout?
         if self.failed:
+            # The run failed meanwhile: a replica's task is cancelled here; a helper
+            # task outside the run's scope gets the run's end, not a second root cause.
             await anyio.lowlevel.checkpoint()
+            raise self._helper_ended(key, None)
         error = self.ledger.timeout_error(key, wait_limit, self._whereabouts(key))
         self._fail(replica, error)
         raise error
@@ -669,8 +777,11 @@ class Run:
         while True:
             now = time.monotonic()
             due = [s.since + stall for s in self._slots.values() if not s.warned]
+            due += [s.since + stall for s, _ in self._dispatching.values() if not s.warned]
             await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
             now = time.monotonic()
+            if self._deadlocked():
+                return
             for key, slot in list(self._slots.items()):
                 if not slot.warned and now - slot.since >= stall and not slot.done:
                     slot.warned = True
@@ -678,6 +789,35 @@ class Run:
                         key, now - slot.since, self._whereabouts(key)
                     )
                     logger.warning(message)
+            if self.group is not None:
+                continue  # across processes, the process group bounds and reports its waits
+            for key, (slot, call) in list(self._dispatching.items()):
+                if not slot.warned and now - slot.since >= stall and not slot.done:
+                    # Every replica arrived; their merge_fn is what does not return.
+                    slot.warned = True
+                    message = merge_fn_stall_message(
+                        key_text(key),
+                        now - slot.since,
+                        call._signature.merge_fn_name or "merge_fn",
+                        call.replica,
+                        _tasks.where_awaits(slot.task),
+                        self.num_replicas,
+                    )
+                    logger.warning(message)
+
+    def _deadlocked(self, replica: int = -1, current: object = None) -> bool:
+        """Check for a cycle now; whether the run failed with one.
+
+        Checks run on events (arrivals, task ends); a replica that began to join its
+        parked helpers after they parked made none. The stall watcher and an expired
+        timeout ask again, so such a cycle is reported as a cycle, not as a stall.
+        """
+        if self.failed or self.closed or not self.ledger.all_waiting():
+            return False
+        self._scan_gen = -1  # a full look: no event marked what changed
+        with contextlib.suppress(CollectiveDeadlockError):
+            self._check_deadlock(replica, current=current)
+        return self.failed
 
     def _whereabouts(self, key: Key) -> dict[int, str]:
         found = {}
@@ -688,26 +828,64 @@ class Run:
         return found
 
     def _check_deadlock(self, replica: int, *, current: object = None) -> None:
-        """Fail the run if no replica can ever complete a collective again."""
+        """Fail the run if no replica can ever complete a collective again.
+
+        Incremental: a task seen blocked (finished, parked at a pending collective,
+        or joining tasks of the run) stays blocked until an event the run sees moves
+        ``_gen`` on (a collective completes, a task ends, a wait is abandoned). So a
+        check resumes where the previous one of the same generation stopped: at the
+        first replica that had a task able to act. Over a generation each replica is
+        passed at most once, so an arrival's cost does not grow with the replicas.
+        When every replica has been passed, one fresh look at all of them confirms
+        the deadlock before it is reported (a stale look never reports one).
+
+        Args:
+            replica: The replica whose event triggered the check (-1: a callback).
+            current: The running task, about to park (it counts as parked).
+        """
         if not self.ledger.all_waiting():
             return
-        parked = self._parked
-
-        def is_parked(task: object) -> bool:
-            if task is current or id(task) in parked:
-                return True
-            waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
-            return type(waiter) is _Waiter and waiter._ar_call._run is self and not waiter.done()
-
-        for rid in range(self.num_replicas):
-            if not all(_tasks.blocked(t, is_parked) for t in self.watch.tasks(rid)):
+        if self._scan_gen != self._gen:
+            self._scan_gen = self._gen
+            self._scan_rid = 0
+        rid = self._scan_rid
+        n = self.num_replicas
+        while rid < n:
+            if not self._replica_blocked(rid, current):
+                self._scan_rid = rid
                 return
+            rid += 1
+        for rid in range(n):  # confirm with a fresh look
+            if not self._replica_blocked(rid, current):
+                self._scan_rid = rid
+                return
+        self._scan_rid = n
         error = self.ledger.deadlock_error()
         self._fail(replica, error)
         raise error
 
+    def _replica_blocked(self, replica: int, current: object) -> bool:
+        """Whether no task of ``replica`` can issue a collective without another's help."""
+        watch = self.watch
+        for task in watch.tasks(replica):
+            self.inspections += 1
+            if not _tasks.blocked(task, functools.partial(self._is_parked, current), watch.knows):
+                return False
+        return True
+
+    def _is_parked(self, current: object, task: object) -> bool:
+        """Whether ``task`` waits at one of this run's pending collectives."""
+        if task is current:
+            return True
+        slot = self._parked.get(id(task))
+        if slot is not None:
+            return not slot.done
+        waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
+        return type(waiter) is _Waiter and waiter._ar_call._run is self and not waiter.done()
+
     def task_done(self, task: object) -> None:
-        """A task of some replica ended: replicas may now be deadlocked (asyncio)."""
+        """A task of some replica ended: replicas may now be deadlocked."""
+        self._gen += 1  # whoever joined it may run again
         if self.closed or self.failed or not self.ledger.all_waiting():
             return
         # A deadlock is recorded as the run's root cause and the run is cancelled.
@@ -746,7 +924,8 @@ class Run:
             self.ledger.cancel(replica)
             return
         MODE.set(mode)
-        self.watch.main[replica] = self._current_task()
+        task = self._current_task()
+        self.watch.started(replica, task)
         try:
             if self.shuffle is not None:
                 await self._jitter()
@@ -783,7 +962,7 @@ class Run:
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
-            self._check_deadlock(replica)
+            self._check_deadlock(replica, current=task)  # this task is ending
         except CollectiveError as exc:
             # Once the run has failed, later replicas that finish see the same stuck
             # collective: the root cause is already recorded.
@@ -847,6 +1026,7 @@ class Run:
                         )
                 outer.cancel_scope.cancel()
         except BaseException as exc:
+            self._ended = "was cancelled"
             # The run itself was cancelled: replicas cancelled while waiting are not
             # root causes.
             self._errors = [
@@ -862,6 +1042,9 @@ class Run:
                 self._fail(-1, error)
         finally:
             self.closed = True
+            if self._errors:
+                self._ended = "failed"
+            self._close_leftovers()
             if self.tracer is not None:
                 for error in self._abandonments:
                     self.tracer.failed(error, error.report)
@@ -873,6 +1056,69 @@ class Run:
         if self._errors:
             raise self._root_cause()
         return self._results
+
+    def _close_leftovers(self) -> None:
+        """The run is over: no collective still pending can complete; tasks are told.
+
+        A collective awaited by a task that outlived its replica (one started with
+        ``asyncio.ensure_future`` or ``create_task`` and not awaited) is woken with a
+        ``CollectiveError`` saying the run ended, so whoever awaits that task later
+        gets an error, never a hang. When the run failed or was cancelled, the other
+        unfinished tasks its replicas created are cancelled, as the replicas were.
+        """
+        ended = self._ended or "ended"
+        self._ended = ended
+        helpers = self.watch.helpers() if self._loop is not None else []
+        # Decided before the collectives are resolved: a parked helper gets the error.
+        parked: list[asyncio.Task[Any]] = []
+        idle: list[asyncio.Task[Any]] = []
+        for task in helpers:
+            if isinstance(task, asyncio.Task) and not task.done():
+                (parked if self._is_parked(None, task) else idle).append(task)
+        for key, slot in list(self._slots.items()):
+            slot.abort(functools.partial(self._ended_error, key, None))
+        self._slots.clear()
+        for task in parked:
+            # Its error is the run's consequence, already raised by Strategy.run.
+            task.add_done_callback(_retrieve)
+        if ended != "ended":
+            for task in idle:
+                task.cancel()
+
+    def _helper_ended(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """:meth:`_ended_error`, raised in a helper task that outlived its replica.
+
+        Nobody may await that task: its error is the run's consequence, already raised by
+        ``Strategy.run``, so it is marked retrieved once the task ends.
+        """
+        task = self._current_task() if self._loop is not None else None
+        if isinstance(task, asyncio.Task):
+            task.add_done_callback(_retrieve)
+        return self._ended_error(key, signature)
+
+    def _ended_error(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """The error for a collective that can never complete: its run failed or ended.
+
+        Args:
+            key: The collective, if it was issued (else ``signature`` describes it).
+            signature: The collective's signature, when it was never issued.
+        """
+        cause = None
+        if self._errors:
+            error = sorted(self._errors, key=lambda item: item[0])[0][1]
+            first = str(error).splitlines()[0] if str(error) else ""
+            cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
+        return CollectiveError(
+            ended_message(
+                key_text(key) if key is not None else None,
+                signature.describe() if signature is not None else None,
+                self._ended or "failed",
+                cause,
+                self.ledger.missing(key) if key is not None else (),
+                type(self.strategy).__name__,
+            ),
+            report=self.ledger.report(),
+        )
 
     def _root_cause(self) -> BaseException:
         errors = sorted(self._errors, key=lambda item: item[0])

@@ -20,7 +20,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 __all__ = ["TaskWatch", "blocked", "current_task", "whereabouts"]
@@ -66,8 +66,12 @@ def _coro(task: object) -> Any:
 
 def _chain(task: object) -> tuple[list[FrameType], object]:
     """The frames of ``task``'s await chain, outermost first, and the innermost awaitable."""
+    return _walk(_coro(task))
+
+
+def _walk(obj: Any) -> tuple[list[FrameType], object]:
+    """The frames of the await chain that starts at coroutine ``obj``, and its end."""
     frames: list[FrameType] = []
-    obj: Any = _coro(task)
     while obj is not None:
         frame = getattr(obj, "cr_frame", None) or getattr(obj, "gi_frame", None)
         if frame is None:
@@ -94,6 +98,16 @@ def whereabouts(task: object) -> str:
     if _done(task):
         return "finished"
     frames, _ = _chain(task)
+    return _describe(frames)
+
+
+def where_awaits(coro: object) -> str:
+    """Where the coroutine ``coro`` (suspended) waits, for people, as :func:`whereabouts`."""
+    frames, _ = _walk(coro)
+    return _describe(frames)
+
+
+def _describe(frames: list[FrameType]) -> str:
     if not frames:
         return "not started yet"
     if frames[-1].f_lasti < 0:
@@ -106,15 +120,28 @@ def whereabouts(task: object) -> str:
     return f"awaiting in {frame.f_code.co_name}()"
 
 
+def where_raised(tb: TracebackType | None) -> str:
+    """Where a cancellation found a task, for people: its innermost frame of user code."""
+    found = None
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            found = tb
+        elif found is not None:
+            break  # past the user's code, into the event loop's
+        tb = tb.tb_next
+    if found is None:
+        return "unknown"
+    code = found.tb_frame.f_code
+    return f"awaiting at {_short(code.co_filename)}:{found.tb_lineno} in {code.co_name}()"
+
+
 def _short(filename: str) -> str:
     parts = filename.replace("\\", "/").rsplit("/", 2)
     return "/".join(parts[-2:]) if len(parts) > 2 else filename
 
 
 def _joining(frames: list[FrameType], innermost: object) -> bool:
-    """Whether the task only waits for its child tasks (a task group's exit, gather)."""
-    if hasattr(innermost, "_children") and isinstance(innermost, asyncio.Future):
-        return True  # asyncio.gather's future
+    """Whether the task only waits for its child tasks (a task group's or nursery's exit)."""
     for frame in frames:
         name = frame.f_code.co_name
         if name in ("__aexit__", "_nested_child_finished") and _internal(frame.f_code.co_filename):
@@ -128,18 +155,121 @@ def _joining(frames: list[FrameType], innermost: object) -> bool:
     return False
 
 
-def blocked(task: object, parked: Callable[[object], bool]) -> bool:
+# asyncio's own code that a join runs in: recognised by identity, never by a path.
+_WAIT_CODE = getattr(getattr(asyncio.tasks, "_wait", None), "__code__", None)
+_SHIELD_CALLBACK = "shield.<locals>._outer_done_callback"
+
+
+def _ended_badly(future: asyncio.Future[Any]) -> bool:
+    """Whether a done future was cancelled or raised (read without marking it retrieved)."""
+    return future.cancelled() or getattr(future, "_exception", None) is not None
+
+
+def _shielded(future: asyncio.Future[Any]) -> asyncio.Future[Any] | None:
+    """The inner future of an ``asyncio.shield`` outer future, if ``future`` is one."""
+    for callback, _ in getattr(future, "_callbacks", None) or ():
+        code = getattr(callback, "__code__", None)
+        if (
+            code is not None
+            and getattr(callback, "__module__", None) == "asyncio.tasks"
+            and getattr(callback, "__qualname__", None) == _SHIELD_CALLBACK
+            and "inner" in code.co_freevars
+        ):
+            closure = callback.__closure__ or ()
+            inner = closure[code.co_freevars.index("inner")].cell_contents
+            if isinstance(inner, asyncio.Future):
+                return inner
+    return None
+
+
+def _only_tasks(future: asyncio.Future[Any], watched: Callable[[object], bool]) -> bool:
+    """Whether pending ``future`` completes only when tasks the run watches end.
+
+    True for a watched task (checked on its own), ``asyncio.gather`` of such tasks (and
+    of nested gathers), and ``asyncio.shield`` of one. False for anything else: a plain
+    future, an event, a task the run does not know, or a gather whose child failed
+    (which wakes the joiner).
+    """
+    if future.done():
+        return False
+    if isinstance(future, asyncio.Task):
+        return watched(future)
+    children = getattr(future, "_children", None)
+    if isinstance(children, list):  # asyncio.gather
+        for child in children:
+            if child.done():
+                if _ended_badly(child):
+                    return False
+            elif not _only_tasks(child, watched):
+                return False
+        return True
+    inner = _shielded(future)
+    return inner is not None and _only_tasks(inner, watched)
+
+
+def _asyncio_join(
+    task: asyncio.Task[Any], frames: list[FrameType], watched: Callable[[object], bool]
+) -> bool | None:
+    """Whether ``task`` waits only for tasks the run watches; None when it is not a join.
+
+    Follows what the task awaits (``_fut_waiter``): a task awaited directly (also
+    ``asyncio.wait_for`` without a timeout), ``asyncio.gather``, ``asyncio.shield``, and
+    ``asyncio.wait`` without a timeout (found from its frame). A join with a timer can
+    wake by itself, so it is not one.
+    """
+    future = getattr(task, "_fut_waiter", None)
+    if not isinstance(future, asyncio.Future):
+        return None
+    if future.done():
+        return False  # the task is about to resume
+    if _WAIT_CODE is not None:
+        for frame in reversed(frames):
+            if frame.f_code is _WAIT_CODE:
+                found = frame.f_locals
+                if found.get("waiter") is not future:
+                    break
+                if found.get("timeout") is not None:
+                    return False
+                members = list(found.get("fs", ()))
+                done = [f for f in members if f.done()]
+                when = found.get("return_when")
+                if done and (
+                    when == asyncio.FIRST_COMPLETED
+                    or (when == asyncio.FIRST_EXCEPTION and any(map(_ended_badly, done)))
+                ):
+                    return False
+                return all(_only_tasks(f, watched) for f in members if not f.done())
+    if isinstance(future, asyncio.Task) or isinstance(getattr(future, "_children", None), list):
+        return _only_tasks(future, watched)
+    if _shielded(future) is not None:
+        return _only_tasks(future, watched)
+    return None
+
+
+def blocked(
+    task: object,
+    parked: Callable[[object], bool],
+    watched: Callable[[object], bool] = lambda _: True,
+) -> bool:
     """Whether ``task`` cannot issue a collective until another replica acts.
 
     True when it is finished, parked on one of the run's collectives still in flight
-    (``parked(task)``), or only waiting for its own child tasks. False when it is
-    runnable, not started, or waiting for anything else (I/O, a sleep, an event).
+    (``parked(task)``), or only waiting for child tasks that the run watches
+    (``watched(task)``; they are checked on their own): a task group's or nursery's
+    exit, ``asyncio.gather``, a task awaited directly, ``asyncio.wait`` /
+    ``asyncio.wait_for`` without a timeout, ``asyncio.shield``. False when it is
+    runnable, not started, or waiting for anything else (I/O, a sleep, an event, a
+    timer).
     """
     if _done(task) or parked(task):
         return True
     frames, innermost = _chain(task)
     if not frames or frames[-1].f_lasti < 0:
         return False
+    if isinstance(task, asyncio.Task):
+        joined = _asyncio_join(task, frames, watched)
+        if joined is not None:
+            return joined
     return _joining(frames, innermost)
 
 
@@ -164,10 +294,25 @@ class TaskWatch:
     def __init__(self) -> None:
         self.main: dict[int, object] = {}
         self._children: dict[int, weakref.WeakSet[Any]] = {}
+        self._all: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def started(self, replica: int, task: object) -> None:
+        """Record ``task`` as ``replica``'s main task."""
+        self.main[replica] = task
+        self._all.add(task)
 
     def adopt(self, replica: int, task: object) -> None:
         """Record ``task`` as one of ``replica``'s tasks."""
         self._children.setdefault(replica, weakref.WeakSet()).add(task)
+        self._all.add(task)
+
+    def knows(self, task: object) -> bool:
+        """Whether ``task`` is a replica's main task or one created inside a replica."""
+        return task in self._all
+
+    def helpers(self) -> list[object]:
+        """Every live task created inside a replica (not the replicas' main tasks)."""
+        return [task for children in self._children.values() for task in children]
 
     def tasks(self, replica: int) -> list[object]:
         """Every live task of ``replica`` that is known."""
