@@ -43,15 +43,16 @@ LOOP_PACKAGES = frozenset({"asyncio", "trio", "anyio", "uvloop", "sniffio", "out
 _RUNTIME = __name__.rpartition(".")[0]  # "asyncreplica._runtime"
 _RUNTIME_PREFIX = _RUNTIME + "."
 
-_USER, _SKIP, _STOP = 0, 1, 2
-_ROLE = 3
-_ASYNC = 4  # flag: a coroutine's (or async generator's) frame
+# A code's kind: bit 0 says a coroutine's (or async generator's) frame; the rest says
+# whose frame it is (the user's, an event loop's own: skipped, the runtime's: a stop).
+_USER, _USER_ASYNC, _SKIP, _SKIP_ASYNC, _STOP = 0, 1, 2, 3, 4
 _CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
-# Each code object's kind, by id(code). The entry holds the code object, so its id stays
-# its own: looking up an int costs far less than hashing a code object (which hashes
-# its bytecode and constants on every lookup).
-_kinds: dict[int, tuple[CodeType, int]] = {}
+# Each code object's kind, by id(code): looking up an int costs far less than hashing a
+# code object (which hashes its bytecode and constants on every lookup). _codes holds
+# every code object seen, so that its id stays its own.
+_kinds: dict[int, int] = {}
+_codes: dict[int, CodeType] = {}
 # Interned call paths keyed by the flat chain ``(id(code), f_lasti, ...)``: a frame's
 # instruction offset costs nothing to read, while its line number is looked up in the
 # code's line table on every access. Every code in a key is held by _kinds.
@@ -80,9 +81,10 @@ def _kind(frame: FrameType) -> int:
             kind = _STOP
         elif name.partition(".")[0] in LOOP_PACKAGES and _is_module(name, namespace):
             kind = _SKIP
-    if code.co_flags & _CO_ASYNC:
-        kind |= _ASYNC
-    _kinds[id(code)] = (code, kind)
+    if kind != _STOP and code.co_flags & _CO_ASYNC:
+        kind += 1
+    _codes[id(code)] = code
+    _kinds[id(code)] = kind
     return kind
 
 
@@ -94,41 +96,55 @@ def call_path() -> tuple[CallSite, ...]:
     that await each other are chained through ``f_back`` while they run, so the step
     function's frame is on this chain. Event-loop frames are skipped.
     """
-    frame: FrameType | None = sys._getframe(1)
-    kinds = _kinds
+    first = sys._getframe(1)
+    frame: FrameType | None = first
+    get_kind = _kinds.get
     key: list[int] = []
-    frames: list[FrameType] = []
+    push = key.append
     inner_async = 0
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
-        kind = _kind(frame) if entry is None else entry[1]
-        role = kind & _ROLE
-        if role == _STOP:
+        kind = get_kind(id(code))
+        if kind is None:
+            kind = _kind(frame)
+        if kind == _USER_ASYNC:
+            push(id(code))
+            push(frame.f_lasti)
+        elif kind == _USER:
+            if inner_async and key:
+                break  # a scheduler (or a driver) that resumed the coroutines above
+            push(id(code))
+            push(frame.f_lasti)
+        elif kind == _STOP:
             if key:
                 break  # the replica driver, below the user's frames
-        elif key and inner_async and not kind & _ASYNC:
-            break  # a scheduler that resumed the coroutines above
-        elif role == _USER:
-            key += (id(code), frame.f_lasti)
-            frames.append(frame)
-        inner_async = kind & _ASYNC
+        elif kind == _SKIP and inner_async and key:
+            break
+        inner_async = kind & 1
         frame = frame.f_back
     at = tuple(key)
     path = _paths_at.get(at)
     if path is None:
-        path = _resolve(at, frames)
+        path = _resolve(at, first)
     return path
 
 
-def _resolve(at: tuple[int, ...], frames: list[FrameType]) -> tuple[CallSite, ...]:
-    """The interned path of the chain ``at`` (the frames it was read from)."""
+def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
+    """The interned path of the chain ``at``, read from the frames from ``first`` on."""
     if len(_paths_at) >= _MAX_PATHS:
         _paths_at.clear()
     if len(_paths) >= _MAX_PATHS:
         _paths.clear()
     if len(_sites) >= _MAX_PATHS:
         _sites.clear()
+    # The same walk as call_path's, collecting the frames of the key's pairs.
+    frames: list[FrameType] = []
+    frame: FrameType | None = first
+    while frame is not None and len(frames) * 2 < len(at):
+        pair = (id(frame.f_code), frame.f_lasti)
+        if at[2 * len(frames) : 2 * len(frames) + 2] == pair:
+            frames.append(frame)
+        frame = frame.f_back
     sites = []
     for frame in frames:
         site_key = (id(frame.f_code), frame.f_lasti)
