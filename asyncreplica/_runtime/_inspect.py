@@ -62,7 +62,11 @@ _paths_at: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
 _paths: dict[tuple[CallSite, ...], tuple[CallSite, ...]] = {}
 # Each frame's place, by (id(code), f_lasti).
 _sites: dict[tuple[int, int], CallSite] = {}
+# The caches are cleared past this many paths, or this many frames in all (a deep
+# recursion that issues collectives at many depths must not grow them without bound).
 _MAX_PATHS = 100_000
+_MAX_FRAMES = 2_000_000
+_held = [0]  # frames held by _paths_at's keys
 
 
 def _is_module(name: str, namespace: dict[str, Any]) -> bool:
@@ -131,10 +135,10 @@ def call_path() -> tuple[CallSite, ...]:
 
 def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
     """The interned path of the chain ``at``, read from the frames from ``first`` on."""
-    if len(_paths_at) >= _MAX_PATHS:
+    if len(_paths_at) >= _MAX_PATHS or _held[0] >= _MAX_FRAMES:
         _paths_at.clear()
-    if len(_paths) >= _MAX_PATHS:
         _paths.clear()
+        _held[0] = 0
     if len(_sites) >= _MAX_PATHS:
         _sites.clear()
     # The same walk as call_path's, collecting the frames of the key's pairs.
@@ -155,6 +159,7 @@ def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
     candidate = tuple(sites)
     path = _paths.setdefault(candidate, candidate)
     _paths_at[at] = path
+    _held[0] += len(path)
     return path
 
 

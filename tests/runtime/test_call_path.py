@@ -272,3 +272,18 @@ def test_two_collectives_on_one_line_in_the_same_order_agree() -> None:
 
     result = asyncio.run(strategy.run(step))
     assert strategy.experimental_local_results(result) == ((2.0, 4.0), (2.0, 4.0))
+
+
+def test_the_path_caches_stay_bounded_by_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Deep recursions at many depths: the caches are cleared, the paths stay right.
+    monkeypatch.setattr(_inspect, "_MAX_FRAMES", 200)
+    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+    sizes: list[int] = []
+
+    async def step() -> None:
+        for depth in range(0, 60, 3):
+            assert float((await _through(depth, np.ones(1)))[0]) == 2.0
+            sizes.append(sum(len(p) for p in _inspect._paths_at.values()))
+
+    asyncio.run(strategy.run(step))
+    assert max(sizes) <= 200 + 62
