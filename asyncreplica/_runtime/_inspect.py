@@ -55,7 +55,7 @@ _kinds: dict[int, int] = {}
 _codes: dict[int, CodeType] = {}
 # Interned call paths keyed by the flat chain ``(id(code), f_lasti, ...)``: a frame's
 # instruction offset costs nothing to read, while its line number is looked up in the
-# code's line table on every access. Every code in a key is held by _kinds.
+# code's line table on every access. Every code in a key is held by _codes.
 _paths_at: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
 # The same paths by value: chains of offsets that resolve to the same places share one
 # tuple, so comparing two replicas' paths is usually an identity check.
@@ -66,7 +66,7 @@ _sites: dict[tuple[int, int], CallSite] = {}
 # recursion that issues collectives at many depths must not grow them without bound).
 _MAX_PATHS = 100_000
 _MAX_FRAMES = 2_000_000
-_held = [0]  # frames held by _paths_at's keys
+_cached_frames = [0]  # the frames of every path in _paths_at
 
 
 def _is_module(name: str, namespace: dict[str, Any]) -> bool:
@@ -135,10 +135,10 @@ def call_path() -> tuple[CallSite, ...]:
 
 def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
     """The interned path of the chain ``at``, read from the frames from ``first`` on."""
-    if len(_paths_at) >= _MAX_PATHS or _held[0] >= _MAX_FRAMES:
+    if len(_paths_at) >= _MAX_PATHS or _cached_frames[0] >= _MAX_FRAMES:
         _paths_at.clear()
         _paths.clear()
-        _held[0] = 0
+        _cached_frames[0] = 0
     if len(_sites) >= _MAX_PATHS:
         _sites.clear()
     # The same walk as call_path's, collecting the frames of the key's pairs.
@@ -159,7 +159,7 @@ def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
     candidate = tuple(sites)
     path = _paths.setdefault(candidate, candidate)
     _paths_at[at] = path
-    _held[0] += len(path)
+    _cached_frames[0] += len(path)
     return path
 
 
