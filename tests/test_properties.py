@@ -334,3 +334,104 @@ def test_the_reference_reduces_in_replica_order() -> None:
     np.testing.assert_array_equal(reference(step, 0, 2), np.array([1.5, 2.5]))
     gathered = reference(Step("all_gather", None, (1, 2), "float32", axis=1), 0, 2)
     assert gathered.shape == (1, 4)
+
+
+# -- call paths: deep helpers, calls on one line, a user package named like a loop ------
+
+_PATHS_SOURCE = '''
+import asyncreplica as ar
+
+
+async def through(depth, x):
+    if depth == 0:
+        return await ar.get_replica_context().all_reduce("sum", x)
+    return await through(depth - 1, x)
+
+
+async def outer(which, depth, x):
+    if which == 0:
+        return await through(depth, x)
+    if which == 1:
+        return await through(depth, x)
+    return await through(depth, x) if which == 2 else await through(depth, x)
+'''
+
+
+def _paths_module(name: str) -> Any:
+    """``outer``/``through`` as a module called ``name`` (its file in a folder of that name)."""
+    import sys
+    import types
+
+    module = sys.modules.get(name)
+    if module is None:
+        module = types.ModuleType(name)
+        module.__file__ = f"/srv/{name.replace('.', '/')}.py"
+        exec(compile(_PATHS_SOURCE, module.__file__, "exec"), module.__dict__)
+        sys.modules[name] = module
+    return module
+
+
+# User packages: one whose folder is named like an event loop, one plain.
+_PATH_MODULES = ("myapp.asyncio.paths", "myapp.plain.paths")
+# A call: (module, which outer line/column, helper depth, seed). Lines 0 and 1 differ;
+# 2 and 3 are two calls on one line. The collective itself is always at one line.
+PathCall = tuple[int, int, int, int]
+
+
+@st.composite
+def path_programs(draw: st.DrawFn) -> tuple[int, list[list[PathCall]], bool]:
+    n = draw(st.integers(2, 3))
+    calls = draw(
+        st.lists(
+            st.tuples(
+                st.integers(0, 1), st.integers(0, 3), st.integers(0, 30), st.integers(0, 9)
+            ),
+            min_size=2,
+            max_size=5,
+        )
+    )
+    per_replica = [list(calls) for _ in range(n)]
+    consistent = True
+    if draw(st.booleans()):
+        rid = draw(st.integers(0, n - 1))
+        i = draw(st.integers(0, len(calls) - 2))
+        a, b = calls[i], calls[i + 1]
+        if a[:3] != b[:3]:  # a swap of one call site with itself is legal (and invisible)
+            per_replica[rid][i], per_replica[rid][i + 1] = b, a
+            consistent = False
+    return n, per_replica, consistent
+
+
+async def _run_paths(n: int, per_replica: list[list[PathCall]]) -> Any:
+    s = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step() -> list[float]:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        rid = ctx.replica_id_in_sync_group
+        out = []
+        for module, which, depth, seed in per_replica[rid]:
+            paths = _paths_module(_PATH_MODULES[module])
+            x = np.full(2, float(seed * 10 + rid))
+            out.append(float((await paths.outer(which, depth, x))[0]))
+        return out
+
+    with anyio.fail_after(HANG_GUARD):
+        return s.experimental_local_results(await s.run(step))
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"], ids=["asyncio", "trio"])
+@settings(settings.get_profile("asyncreplica-properties"), max_examples=60)
+@given(program=path_programs())
+def test_a_swap_at_any_depth_or_on_one_line_is_never_silent(
+    backend: str, program: tuple[int, list[list[PathCall]], bool]
+) -> None:
+    n, per_replica, consistent = program
+    event(f"consistent={consistent}")
+    if consistent:
+        got = anyio.run(functools.partial(_run_paths, n, per_replica), backend=backend)
+        expected = [sum(seed * 10.0 + r for r in range(n)) for _, _, _, seed in per_replica[0]]
+        assert list(got) == [expected] * n
+    else:
+        with pytest.raises(ar.CollectiveMismatchError, match="call site differs"):
+            anyio.run(functools.partial(_run_paths, n, per_replica), backend=backend)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 
 from ._nest import treedef_str
-from ._signature import CollectiveKind, Signature, ordinal
+from ._signature import CallSite, CollectiveKind, Signature, ordinal
 
 __all__ = [
     "DOCS",
@@ -64,12 +64,49 @@ def format_replicas(ids: Iterable[int]) -> str:
     return "replicas " + ", ".join(spans)
 
 
-def _where(sig: Signature, *, full_path: bool) -> str:
+# The frames of one call path a message shows: the call site, then the frames from
+# the first one where the replicas' paths differ (the frames in between are elided).
+_SHOWN = 8
+
+_Place = tuple[str, int]
+_NONE: frozenset[_Place] = frozenset()
+
+
+def _site_text(site: CallSite, ambiguous: frozenset[_Place]) -> str:
+    return site.describe(column=(site.filename, site.lineno) in ambiguous)
+
+
+def _path_text(
+    path: Sequence[CallSite], start: int, ambiguous: frozenset[_Place], *, bound: bool
+) -> str:
+    """``a.py:9 <- ... (40 frames in common) <- b.py:16``: the frames around ``start``."""
+    if not bound or len(path) <= _SHOWN:
+        return " <- ".join(_site_text(site, ambiguous) for site in path)
+    first = start if start > 2 else 1
+    parts = [_site_text(path[0], ambiguous)]
+    if first > 1:
+        parts.append(f"... ({first - 1} frames in common)")
+    window = path[first : first + _SHOWN - 1]
+    parts += [_site_text(site, ambiguous) for site in window]
+    rest = len(path) - first - len(window)
+    if rest:
+        parts.append(f"... ({rest} more frame{'' if rest == 1 else 's'})")
+    return " <- ".join(parts)
+
+
+def _where(
+    sig: Signature,
+    *,
+    full_path: bool,
+    start: int = 0,
+    ambiguous: frozenset[_Place] = _NONE,
+    bound: bool = True,
+) -> str:
     if not sig.call_path:
         return ""
     if full_path and len(sig.call_path) > 1:
-        return " at " + " <- ".join(str(site) for site in sig.call_path)
-    return f" at {sig.call_path[0]}"
+        return " at " + _path_text(sig.call_path, start, ambiguous, bound=bound)
+    return f" at {_site_text(sig.call_path[0], ambiguous)}"
 
 
 def _arguments(sig: Signature) -> str:
@@ -83,14 +120,55 @@ def _arguments(sig: Signature) -> str:
     return text
 
 
+def _first_difference(paths: Iterable[tuple[CallSite, ...]]) -> int:
+    """The index of the first frame at which the distinct ``paths`` differ (0 if alike)."""
+    distinct = list(dict.fromkeys(paths))
+    if len(distinct) < 2:
+        return 0
+    first, others = distinct[0], distinct[1:]
+    shortest = min(len(p) for p in distinct)
+    for i in range(shortest):
+        if any(p[i] != first[i] for p in others):
+            return i
+    return shortest
+
+
+def _ambiguous(paths: Iterable[tuple[CallSite, ...]]) -> frozenset[_Place]:
+    """The (file, line) places where calls at different columns meet: shown with columns."""
+    columns: dict[_Place, set[int | None]] = {}
+    for path in paths:
+        for site in path:
+            columns.setdefault((site.filename, site.lineno), set()).add(site.column)
+    return frozenset(place for place, seen in columns.items() if len(seen) > 1)
+
+
 def _group(
-    signatures: Mapping[int, Signature], *, full_path: bool, arguments: bool = False
+    signatures: Mapping[int, Signature],
+    *,
+    full_path: bool,
+    start: int = 0,
+    ambiguous: frozenset[_Place] = _NONE,
+    arguments: bool = False,
 ) -> list[tuple[list[int], str]]:
+    def texts(bound: bool) -> dict[int, str]:
+        return {
+            rid: sig.describe()
+            + (_arguments(sig) if arguments else "")
+            + _where(sig, full_path=full_path, start=start, ambiguous=ambiguous, bound=bound)
+            for rid, sig in sorted(signatures.items())
+        }
+
+    text_of = texts(True)
+    if full_path:
+        # Different paths must never read alike: if eliding frames made them so, show
+        # every frame.
+        paths: dict[str, set[tuple[CallSite, ...]]] = {}
+        for rid, text in text_of.items():
+            paths.setdefault(text, set()).add(signatures[rid].call_path)
+        if any(len(seen) > 1 for seen in paths.values()):
+            text_of = texts(False)
     groups: dict[str, list[int]] = {}
-    for rid in sorted(signatures):
-        sig = signatures[rid]
-        text = sig.describe() + (_arguments(sig) if arguments else "")
-        text += _where(sig, full_path=full_path)
+    for rid, text in text_of.items():
         groups.setdefault(text, []).append(rid)
     # The largest group first: the majority is usually right, the outliers follow.
     return sorted(((ids, text) for text, ids in groups.items()), key=lambda g: (-len(g[0]), g[0]))
@@ -130,6 +208,9 @@ def mismatch_message(
         s.kind is CollectiveKind.MERGE_CALL for s in signatures.values()
     )
     named = ["merge_call arguments" if f == "structure" and merge_args else f for f in fields]
+    paths = [sig.call_path for sig in signatures.values()]
+    start = _first_difference(paths)
+    ambiguous = _ambiguous(paths if full_path else [p[:1] for p in paths])
     lines = [
         (
             f"Replicas disagree about their {where}: "
@@ -137,7 +218,9 @@ def mismatch_message(
         ),
         "",
     ]
-    groups = _group(signatures, full_path=full_path, arguments=merge_args)
+    groups = _group(
+        signatures, full_path=full_path, start=start, ambiguous=ambiguous, arguments=merge_args
+    )
     for ids, text in groups:
         lines.append(f"  * {format_replicas(ids)} called {text}")
     pending = [r for r in range(num_replicas) if r not in signatures]
@@ -145,7 +228,7 @@ def mismatch_message(
         lines.append(
             f"  * {format_replicas(pending)} {_verb(pending, 'has', 'have')} not arrived yet"
         )
-    hint = _extra_or_missed(groups, signatures)
+    hint = _extra_or_missed(groups, signatures, start)
     if hint:
         lines += ["", hint]
     lines += [
@@ -162,7 +245,8 @@ def mismatch_message(
         )
     elif fields == ("call site",):
         lines.append(
-            "The calls look alike but come from different lines: usually one replica skipped a "
+            "The calls look alike but come from different places in the code: usually one "
+            "replica skipped a "
             "collective (or took another branch) and is now pairing a later call with its peers' "
             "earlier one. Make every replica take the same path to its collectives; if the calls "
             "really are the same collective, give them the same name= or create the strategy "
@@ -180,26 +264,30 @@ def mismatch_message(
 
 
 def _extra_or_missed(
-    groups: Sequence[tuple[list[int], str]], signatures: Mapping[int, Signature]
+    groups: Sequence[tuple[list[int], str]], signatures: Mapping[int, Signature], start: int
 ) -> str | None:
     """Say whether the outliers made an extra collective or skipped one.
 
-    The call sites tell when there are two behaviours whose calls are in the same
-    function of the same file: the earlier line is the collective that the others
-    do not (yet) make.
+    The call paths tell when there are two behaviours whose first differing frames
+    (index ``start``: the call site, or the call of a helper they share) are in the
+    same function of the same file: the earlier line is the collective that the
+    others do not (yet) make.
     """
     if len(groups) != 2:
         return None
     (major, _), (minor, _) = groups
-    a, b = signatures[major[0]].call_site, signatures[minor[0]].call_site
-    if a is None or b is None or (a.filename, a.function) != (b.filename, b.function):
+    path_a, path_b = signatures[major[0]].call_path, signatures[minor[0]].call_path
+    if start >= len(path_a) or start >= len(path_b):
+        return None
+    a, b = path_a[start], path_b[start]
+    if (a.filename, a.function) != (b.filename, b.function):
         return None
     if a.lineno == b.lineno:
         return None
     outliers, others = format_replicas(minor), format_replicas(major)
     if len(major) == len(minor):
         first, second = (minor, major) if b.lineno < a.lineno else (major, minor)
-        early, late = signatures[first[0]].call_site, signatures[second[0]].call_site
+        early, late = signatures[first[0]].call_path[start], signatures[second[0]].call_path[start]
         return (
             f"{format_replicas(first)} {_verb(first, 'is', 'are')} at an earlier line ({early}) "
             f"than {format_replicas(second)} ({late}): either {format_replicas(first)} made an "

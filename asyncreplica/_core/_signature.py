@@ -93,14 +93,28 @@ class LeafSpec(NamedTuple):
 
 
 class CallSite(NamedTuple):
-    """One frame of a collective's call path."""
+    """One frame of a collective's call path.
+
+    Attributes:
+        filename: The frame's source file.
+        lineno: The line of the call (or ``await``) the frame is at.
+        function: The frame's function.
+        column: The 1-based column of that call on its line, or None if unknown. Two
+            calls on one line (``a, b = await f(x), await f(y)``) differ by it.
+    """
 
     filename: str
     lineno: int
     function: str
+    column: int | None = None
 
     def __str__(self) -> str:
         return f"{_short_path(self.filename)}:{self.lineno}"
+
+    def describe(self, *, column: bool = False) -> str:
+        """``dir/file.py:88``, or ``dir/file.py:88:17`` with ``column`` (when known)."""
+        text = f"{_short_path(self.filename)}:{self.lineno}"
+        return f"{text}:{self.column}" if column and self.column is not None else text
 
 
 def _short_path(filename: str) -> str:
@@ -123,8 +137,9 @@ class Signature(NamedTuple):
         name: The user's ``name=`` for the collective, if any.
         structure: The treedef of the value (None for barrier and merge_call).
         leaves: One :class:`LeafSpec` per leaf of the value.
-        call_path: The frames from the collective call up to the step function,
-            innermost first. ``call_path[0]`` is the call site.
+        call_path: The frames from the collective call down to the step function,
+            innermost first, all of them (no depth limit). ``call_path[0]`` is the
+            call site.
     """
 
     kind: CollectiveKind

@@ -1,96 +1,187 @@
-"""Capture a collective's call path cheaply, from frame objects."""
+"""Capture a collective's call path cheaply, from frame objects.
+
+The call path is the whole chain of user frames from the collective call down to
+the replica's step function: there is no depth limit, because a swapped pair of
+collectives that differs only in a frame beyond the limit would pair silently. What
+keeps it cheap is that the walk reads only ``f_code`` and ``f_lasti`` (no line table
+lookup) and finds the finished path in a dictionary keyed by those, so a call site
+seen before costs one step per frame and one lookup; the path's frames (file, line,
+column, function) are computed once per distinct chain.
+
+Three kinds of frames:
+
+* the runtime's own (the module ``asyncreplica._runtime`` and its submodules): the
+  collective method above the user's frames, the replica driver below them, where
+  the walk stops;
+* the event loops' own (the real modules of asyncio, trio, anyio, uvloop, sniffio,
+  outcome, told by module identity, never by a file's path): skipped, so that a task
+  group's ``start_soon`` or ``asyncio.wait_for`` between user frames says nothing;
+* everything else is the user's, including a user package that happens to live in a
+  directory named ``asyncio``.
+
+The walk also stops where a scheduler resumed a coroutine: a frame that is not a
+coroutine's, below a coroutine's frame, can only have resumed it (``send``), as the
+event loop's task step does for a helper task. Frames below it belong to whatever
+started the loop, not to the replica.
+"""
 
 from __future__ import annotations
 
-import os
+import inspect
+import linecache
 import sys
-from types import CodeType
+from itertools import islice
+from types import CodeType, FrameType
+from typing import Any
 
 from .._core._signature import CallSite
 
-__all__ = ["MAX_DEPTH", "call_path"]
+__all__ = ["LOOP_PACKAGES", "call_path"]
 
-# Frames in this directory are the runtime's own; the call path starts above them.
-_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Frames of the event loops' own code (a task group's start_soon calling the
-# collective method, say) are left out of call paths: they say nothing about the user's.
-_LOOP_DIRS = tuple(f"{os.sep}{name}{os.sep}" for name in ("asyncio", "anyio", "trio", "uvloop"))
-# Enough frames to tell helpers apart, few enough to stay cheap.
-MAX_DEPTH = 8
+# The packages whose frames are an event loop's own (by module identity).
+LOOP_PACKAGES = frozenset({"asyncio", "trio", "anyio", "uvloop", "sniffio", "outcome"})
+_RUNTIME = __name__.rpartition(".")[0]  # "asyncreplica._runtime"
+_RUNTIME_PREFIX = _RUNTIME + "."
 
-_USER, _SKIP, _STOP = 0, 1, 2
-# Each code object's kind, by id(code). The entry holds the code object, so its id stays
-# its own: looking up an int costs far less than hashing a code object (which hashes
-# its bytecode and constants on every lookup).
-_kinds: dict[int, tuple[CodeType, int]] = {}
-# Interned call paths: the same (code, line) chain always gives the same tuple object,
-# so comparing two replicas' paths is usually an identity check. Keyed by the flat
-# chain ``(id(code), line, id(code), line, ...)``: every code in it is held by _kinds.
-_paths: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
-# The same paths keyed by ``(id(code), f_lasti, ...)``: a frame's instruction offset
-# costs nothing to read, while its line number is looked up in the code's line table
-# on every access. Lines are computed once per distinct chain of offsets.
+# A code's kind: bit 0 says a coroutine's (or async generator's) frame; the rest says
+# whose frame it is (the user's, an event loop's own: skipped, the runtime's: a stop).
+_USER, _USER_ASYNC, _SKIP, _SKIP_ASYNC, _STOP = 0, 1, 2, 3, 4
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+# Each code object's kind, by id(code): looking up an int costs far less than hashing a
+# code object (which hashes its bytecode and constants on every lookup). _codes holds
+# every code object seen, so that its id stays its own.
+_kinds: dict[int, int] = {}
+_codes: dict[int, CodeType] = {}
+# Interned call paths keyed by the flat chain ``(id(code), f_lasti, ...)``: a frame's
+# instruction offset costs nothing to read, while its line number is looked up in the
+# code's line table on every access. Every code in a key is held by _codes.
 _paths_at: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
+# The same paths by value: chains of offsets that resolve to the same places share one
+# tuple, so comparing two replicas' paths is usually an identity check.
+_paths: dict[tuple[CallSite, ...], tuple[CallSite, ...]] = {}
+# Each frame's place, by (id(code), f_lasti).
+_sites: dict[tuple[int, int], CallSite] = {}
+# The caches are cleared past this many paths, or this many frames in all (a deep
+# recursion that issues collectives at many depths must not grow them without bound).
 _MAX_PATHS = 100_000
+_MAX_FRAMES = 2_000_000
+_cached_frames = [0]  # the frames of every path in _paths_at
 
 
-def _kind(code: CodeType) -> int:
-    entry = _kinds.get(id(code))
-    if entry is not None:
-        return entry[1]
-    name = code.co_filename
-    if name.startswith(_RUNTIME_DIR):
-        kind = _STOP
-    elif any(d in name for d in _LOOP_DIRS):
-        kind = _SKIP
-    else:
-        kind = _USER
-    _kinds[id(code)] = (code, kind)
+def _is_module(name: str, namespace: dict[str, Any]) -> bool:
+    """Whether ``namespace`` is the globals of the imported module called ``name``."""
+    module = sys.modules.get(name)
+    return module is not None and getattr(module, "__dict__", None) is namespace
+
+
+def _kind(frame: FrameType) -> int:
+    code = frame.f_code
+    namespace = frame.f_globals
+    name = namespace.get("__name__")
+    kind = _USER
+    if isinstance(name, str):
+        if (name == _RUNTIME or name.startswith(_RUNTIME_PREFIX)) and _is_module(name, namespace):
+            kind = _STOP
+        elif name.partition(".")[0] in LOOP_PACKAGES and _is_module(name, namespace):
+            kind = _SKIP
+    if kind != _STOP and code.co_flags & _CO_ASYNC:
+        kind += 1
+    _codes[id(code)] = code
+    _kinds[id(code)] = kind
     return kind
 
 
 def call_path() -> tuple[CallSite, ...]:
-    """Return the frames from the collective's caller up to the replica's step function.
+    """Return the frames from the collective's caller down to the replica's step function.
 
     The walk starts at the first frame outside the runtime and stops at the runtime's
-    replica driver (or after :data:`MAX_DEPTH` frames). Coroutines that await each
-    other are chained through ``f_back`` while they run, so the step function's frame
-    is on this chain. Event-loop frames are skipped.
+    replica driver, or where a scheduler resumed the coroutines above it. Coroutines
+    that await each other are chained through ``f_back`` while they run, so the step
+    function's frame is on this chain. Event-loop frames are skipped.
     """
-    frame = sys._getframe(1)
-    kinds = _kinds
+    first = sys._getframe(1)
+    frame: FrameType | None = first
+    get_kind = _kinds.get
     key: list[int] = []
-    frames = []
+    push = key.append
+    inner_async = 0
     while frame is not None:
         code = frame.f_code
-        entry = kinds.get(id(code))
-        kind = _kind(code) if entry is None else entry[1]
-        if kind == _USER:
-            key += (id(code), frame.f_lasti)
-            frames.append(frame)
-            if len(key) == 2 * MAX_DEPTH:
-                break
-        elif kind == _STOP and key:
-            break  # the replica driver, below the user's frames
-        frame = frame.f_back  # type: ignore[assignment]
+        kind = get_kind(id(code))
+        if kind is None:
+            kind = _kind(frame)
+        if kind == _USER_ASYNC:
+            push(id(code))
+            push(frame.f_lasti)
+        elif kind == _USER:
+            if inner_async and key:
+                break  # a scheduler (or a driver) that resumed the coroutines above
+            push(id(code))
+            push(frame.f_lasti)
+        elif kind == _STOP:
+            if key:
+                break  # the replica driver, below the user's frames
+        elif kind == _SKIP and inner_async and key:
+            break
+        inner_async = kind & 1
+        frame = frame.f_back
     at = tuple(key)
     path = _paths_at.get(at)
     if path is None:
-        if len(_paths_at) >= _MAX_PATHS:
-            _paths_at.clear()
-        path = _paths_at[at] = _intern(tuple(x for f in frames for x in (id(f.f_code), f.f_lineno)))
+        path = _resolve(at, first)
     return path
 
 
-def _intern(frozen: tuple[int, ...]) -> tuple[CallSite, ...]:
-    """The interned path of ``(id(code), line, ...)``."""
-    path = _paths.get(frozen)
-    if path is None:
-        if len(_paths) >= _MAX_PATHS:
-            _paths.clear()
-        codes = [_kinds[code_id][0] for code_id in frozen[::2]]
-        path = _paths[frozen] = tuple(
-            CallSite(code.co_filename, line, code.co_name)
-            for code, line in zip(codes, frozen[1::2], strict=True)
-        )
+def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
+    """The interned path of the chain ``at``, read from the frames from ``first`` on."""
+    if len(_paths_at) >= _MAX_PATHS or _cached_frames[0] >= _MAX_FRAMES:
+        _paths_at.clear()
+        _paths.clear()
+        _cached_frames[0] = 0
+    if len(_sites) >= _MAX_PATHS:
+        _sites.clear()
+    # The same walk as call_path's, collecting the frames of the key's pairs.
+    frames: list[FrameType] = []
+    frame: FrameType | None = first
+    while frame is not None and len(frames) * 2 < len(at):
+        pair = (id(frame.f_code), frame.f_lasti)
+        if at[2 * len(frames) : 2 * len(frames) + 2] == pair:
+            frames.append(frame)
+        frame = frame.f_back
+    sites = []
+    for frame in frames:
+        site_key = (id(frame.f_code), frame.f_lasti)
+        site = _sites.get(site_key)
+        if site is None:
+            site = _sites[site_key] = _site(frame)
+        sites.append(site)
+    candidate = tuple(sites)
+    path = _paths.setdefault(candidate, candidate)
+    _paths_at[at] = path
+    _cached_frames[0] += len(path)
     return path
+
+
+def _site(frame: FrameType) -> CallSite:
+    """Where ``frame`` is: its file, line, 1-based column and function."""
+    code = frame.f_code
+    lineno: int | None = None
+    column: int | None = None
+    if frame.f_lasti >= 0:
+        position = next(islice(code.co_positions(), frame.f_lasti // 2, None), None)
+        if position is not None:
+            lineno, _, offset, _ = position
+            if offset is not None and lineno is not None:
+                column = _char_column(code.co_filename, lineno, offset) + 1
+    if lineno is None:
+        lineno = frame.f_lineno
+    return CallSite(code.co_filename, lineno, code.co_name, column)
+
+
+def _char_column(filename: str, lineno: int, offset: int) -> int:
+    """The character column of UTF-8 byte ``offset`` in the line (as tracebacks count)."""
+    line = linecache.getline(filename, lineno)
+    if not line or line.isascii():
+        return offset
+    return len(line.encode("utf-8")[:offset].decode("utf-8", errors="replace"))

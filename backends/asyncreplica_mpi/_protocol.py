@@ -110,7 +110,33 @@ def key_text(key: object) -> str:
 
 
 def _site_text(site: CallSite | None) -> str | None:
-    return None if site is None else f"{site.filename}:{site.lineno} in {site.function}"
+    if site is None:
+        return None
+    column = "" if site.column is None else f":{site.column}"
+    return f"{site.filename}:{site.lineno}{column} in {site.function}"
+
+
+#: The frames of a call path sent as they are; a longer path's other frames are sent
+#: as their count and a digest, so the fingerprint still covers every frame.
+PATH_FRAMES = 16
+
+
+def _frame(site: CallSite) -> list[Any]:
+    return [site.filename, site.lineno, site.column, site.function]
+
+
+def call_path_field(path: Sequence[CallSite]) -> dict[str, Any]:
+    """The whole call path as plain data: its first frames, then a digest of the rest."""
+    rest = [_frame(site) for site in path[PATH_FRAMES:]]
+    digest = None
+    if rest:
+        text = json.dumps(rest, separators=(",", ":"))
+        digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+    return {
+        "frames": [_frame(site) for site in path[:PATH_FRAMES]],
+        "more": len(rest),
+        "digest": digest,
+    }
 
 
 def signature_fields(
@@ -146,6 +172,11 @@ def signature_fields(
         "leaves": leaves,
         "position": key_text(position),
         "call site": (_site_text(site) if check_call_sites and signature.name is None else None),
+        "call path": (
+            call_path_field(signature.call_path)
+            if check_call_sites and signature.name is None
+            else None
+        ),
     }
 
 
@@ -196,7 +227,51 @@ def describe_exception(error: BaseException) -> str:
     return f"{name}: {first}" if first else name
 
 
-def _what(detail: Mapping[str, Any], positions: bool) -> str:
+def _path_texts(details: Sequence[Mapping[str, Any]]) -> dict[int, str]:
+    """Each process's call path as text (by rank): the frames around the first difference.
+
+    Frames show ``file:line in function``, with the column where calls on one line
+    differ by it; the frames every process shares between the call site and the first
+    difference are elided.
+    """
+    paths = {
+        d["rank"]: [tuple(f) for f in d["fields"]["call path"]["frames"]]
+        for d in details
+        if d.get("fields") and d["fields"].get("call path")
+    }
+    distinct = list({tuple(p) for p in paths.values()})
+    start = 0
+    if len(distinct) > 1:
+        shortest = min(len(p) for p in distinct)
+        start = next((i for i in range(shortest) if len({p[i] for p in distinct}) > 1), shortest)
+    columns: dict[tuple[str, int], set[Any]] = {}
+    for frames in paths.values():
+        for filename, lineno, column, _ in frames:
+            columns.setdefault((filename, lineno), set()).add(column)
+
+    def text(frame: tuple[Any, ...]) -> str:
+        filename, lineno, column, function = frame
+        at = f":{column}" if len(columns[(filename, lineno)]) > 1 else ""
+        return f"{filename}:{lineno}{at} in {function}"
+
+    texts = {}
+    for d in details:
+        path = paths.get(d["rank"])
+        if not path:
+            continue
+        parts = [text(path[0])]
+        first = start if start > 2 else 1
+        if first > 1:
+            parts.append(f"... ({first - 1} frames in common)")
+        parts += [text(frame) for frame in path[first:]]
+        sent = d["fields"]["call path"]
+        if sent["more"]:
+            parts.append(f"... ({sent['more']} more frames, digest {sent['digest'][:12]})")
+        texts[d["rank"]] = " <- ".join(parts)
+    return texts
+
+
+def _what(detail: Mapping[str, Any], positions: bool, path: str | None = None) -> str:
     status = Status(detail["status"])
     if status is Status.FINISHED:
         return "finished their step function (no more collectives)"
@@ -207,8 +282,8 @@ def _what(detail: Mapping[str, Any], positions: bool) -> str:
         return "exited" + (f" after an uncaught {error}" if error else "")
     fields = detail["fields"]
     text = f"called {detail['describe']}"
-    if detail.get("site"):
-        text += f" at {detail['site']}"
+    if path or detail.get("site"):
+        text += f" at {path or detail['site']}"
     return f"{text} ({fields['position']})" if positions else text
 
 
@@ -231,6 +306,11 @@ def differing_fields(details: Sequence[Mapping[str, Any]]) -> list[str]:
             names.append(key)
     if "value" in names and "leaves" in names:
         names.remove("leaves")  # the same difference, as data
+    if "call path" in names:
+        # One field for users, as inside one process: where the collective was called
+        # from, the whole path.
+        names[names.index("call path")] = "call site"
+        names = list(dict.fromkeys(names))
     return names
 
 
@@ -248,8 +328,13 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     """
     statuses = [Status(d["status"]) for d in details]
     lines: list[str] = []
+    paths: dict[int, str] = {}
     if all(s is Status.COLLECTIVE for s in statuses):
         fields = differing_fields(details)
+        if any(
+            d["fields"].get("call path") != details[0]["fields"].get("call path") for d in details
+        ):
+            paths = _path_texts(details)
         position = details[0]["fields"]["position"]
         lines.append(
             f"Processes disagree about their {position}: "
@@ -302,7 +387,7 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     lines.append("")
     positions = {d["fields"].get("position") for d in details if d.get("fields")}
     for d in details:
-        lines.append(f"  * {_replicas(d)} {_what(d, len(positions) > 1)}")
+        lines.append(f"  * {_replicas(d)} {_what(d, len(positions) > 1, paths.get(d['rank']))}")
     lines += ["", rule, fix, f"See {DOCS}#{anchor} in the asyncreplica documentation."]
     return kind, "\n".join(lines)
 
@@ -314,7 +399,10 @@ def rebuild_signature(fields: Mapping[str, Any], site: str | None) -> Signature:
     except ValueError:
         kind = CollectiveKind.ALL_REDUCE
     call_path: tuple[CallSite, ...] = ()
-    if site:
+    sent = fields.get("call path")
+    if sent and sent.get("frames"):
+        call_path = tuple(CallSite(f, int(n), fn, c) for f, n, c, fn in sent["frames"])
+    elif site:
         path, _, function = site.partition(" in ")
         filename, _, line = path.rpartition(":")
         if line.isdigit():
