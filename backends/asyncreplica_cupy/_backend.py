@@ -404,6 +404,25 @@ class CupyBackend(Backend):
         _device_count()
 
     @classmethod
+    def kernel_check(cls) -> str | None:
+        """Whether this backend's kernels compile here, for ``asyncreplica doctor``.
+
+        Needs no GPU: one kernel is compiled with NVRTC (see :func:`kernel_problem`).
+
+        Returns:
+            ``"compile (NVRTC ...)"``, ``"cannot compile: <reason and fix>"``, or None
+            without CuPy (then ``check_available`` says what is missing).
+        """
+        try:
+            import cupy
+        except ImportError:
+            return None
+        problem = kernel_problem()
+        if problem is not None:
+            return f"cannot compile: {problem}"
+        return f"compile (NVRTC and the CUDA headers found by CuPy {cupy.__version__})"
+
+    @classmethod
     def default_devices(cls) -> list[str]:
         """Every visible GPU, ``["GPU:0", "GPU:1", ...]``.
 
