@@ -40,7 +40,7 @@ if ! timeout 1800 "$PY" -m pip install -q --disable-pip-version-check -e ".[gpu,
     echo "gpu_precheck: pip install failed"
     exit 1
 fi
-"$PY" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(cupy|nvidia-cuda|cuda-|trio|numpy) "
+"$PY" -m pip list --disable-pip-version-check 2>/dev/null | grep -iE "^(cupy-|nvidia-cuda|cuda-|trio |numpy )"
 
 echo "== 2. environment (what gpu_check.sh checks first, less the GPU)"
 if ! timeout 120 "$PY" - <<'EOF'
