@@ -44,7 +44,6 @@ if ! timeout 120 "$PY" -c '
 import importlib.metadata as md
 import cupy, trio
 from asyncreplica_cupy import CupyBackend, kernel_problem
-from asyncreplica import _registry
 assert "cupy" in {e.name for e in md.entry_points(group="asyncreplica.backends")}, "no entry point"
 CupyBackend.check_available()
 problem = kernel_problem()

@@ -137,7 +137,10 @@ then
     echo "gpu_precheck: step 3 failed"
     exit 3
 fi
-if ! timeout 120 "$VENV/bin/asyncreplica" doctor | tee /dev/stderr | grep -q "kernels: compile"; then
+doctor="$(timeout 120 "$VENV/bin/asyncreplica" doctor 2>&1)"
+echo "asyncreplica doctor, the cupy backend's lines:"
+grep -A1 "^  cupy:" <<<"$doctor" | cut -c1-150
+if ! grep -q "^    kernels: compile" <<<"$doctor"; then
     echo "gpu_precheck: asyncreplica doctor does not say that kernels compile"
     exit 3
 fi
