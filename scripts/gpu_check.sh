@@ -16,7 +16,7 @@
 #
 # scripts/gpu_precheck.sh checks, without a GPU, everything this script does first.
 # Each step has a time limit: the install 20 minutes (a first download is ~3 GB), the tests
-# and the benchmark under 5 minutes together. Exit status: 0 when the tests pass and the
+# 4 minutes, the benchmark 2 minutes. Exit status: 0 when the tests pass and the
 # benchmark meets its target; 2 without a usable GPU; 3 when the install fails; otherwise
 # the first failing step's status.
 set -uo pipefail
