@@ -69,6 +69,9 @@ class BackendInfo:
         error: Why it cannot be used (``"TypeName: message"``), ``None`` when available.
         default_devices: The devices a strategy on this backend uses when none are given;
             empty when the backend is unavailable.
+        kernels: Whether the backend's device kernels compile here, as its optional
+            ``kernel_check()`` classmethod says (``"compile ..."`` or ``"cannot compile:
+            ..."``); ``None`` when it has no such check or nothing to say.
     """
 
     name: str
@@ -77,6 +80,7 @@ class BackendInfo:
     available: bool
     error: str | None
     default_devices: tuple[str, ...]
+    kernels: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,12 +200,29 @@ def _backend(name: str, entry: importlib.metadata.EntryPoint | None) -> BackendI
         return BackendInfo(name, target, distribution, False, error, ())
     if target is None:
         target = f"{cls.__module__}:{cls.__qualname__}"
+    kernels = _kernel_check(cls)
     try:
         cls.check_available()
         devices = tuple(cls.default_devices())
     except Exception as exc:  # a probe that fails is a finding, never a crash
-        return BackendInfo(name, target, distribution, False, _describe(exc), ())
-    return BackendInfo(name, target, distribution, True, None, devices)
+        return BackendInfo(name, target, distribution, False, _describe(exc), (), kernels)
+    return BackendInfo(name, target, distribution, True, None, devices, kernels)
+
+
+def _kernel_check(cls: type) -> str | None:
+    """What a backend's optional ``kernel_check()`` says about compiling its kernels.
+
+    The cupy backend compiles its kernels with NVRTC, which needs the CUDA headers; it
+    checks that without a GPU. Backends without the classmethod have nothing to say.
+    """
+    check = getattr(cls, "kernel_check", None)
+    if check is None:
+        return None
+    try:
+        said = check()
+    except Exception as exc:
+        return f"cannot compile: {_describe(exc)}"
+    return None if said is None else " ".join(str(said).split())
 
 
 def _default_strategy_devices() -> tuple[tuple[str, ...] | None, str | None]:
@@ -313,6 +334,8 @@ def render_text(diagnosis: Diagnosis) -> str:
             lines.append(f"  {backend.name}: ok{origin}; default devices: {devices}")
         else:
             lines.append(f"  {backend.name}: unavailable{origin}: {backend.error}")
+        if backend.kernels is not None:
+            lines.append(f"    kernels: {backend.kernels}")
     if d.default_devices is not None:
         lines.append(f"MirroredStrategy() default devices: {', '.join(d.default_devices)}")
     else:

@@ -12,14 +12,24 @@ The planning (which replicas on which GPU, NCCL ranks, the replica-order fold, t
 
 from __future__ import annotations
 
-from ._backend import INSTALL_HINT, CupyBackend, visible_gpu_count, wait_for_events
-from ._plan import GpuPlan, Route, mean_divisor, reduction_route
+from ._backend import (
+    INSTALL_HINT,
+    CupyBackend,
+    compile_offline,
+    kernel_problem,
+    visible_gpu_count,
+    wait_for_events,
+)
+from ._plan import GpuPlan, Route, every_fold_variant, mean_divisor, reduction_route
 
 __all__ = [
     "INSTALL_HINT",
     "CupyBackend",
     "GpuPlan",
     "Route",
+    "compile_offline",
+    "every_fold_variant",
+    "kernel_problem",
     "mean_divisor",
     "reduction_route",
     "visible_gpu_count",

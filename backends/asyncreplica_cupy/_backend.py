@@ -27,19 +27,30 @@ from asyncreplica import BackendError, IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._plan import (
+    FOLD_DTYPES,
     NCCL_DTYPES,
     NCCL_OPS,
     FoldMode,
+    FoldVariant,
     GpuPlan,
     PollSchedule,
     Route,
     fold_chunks,
     fold_kernel_source,
+    fold_steps,
     mean_divisor,
     reduction_route,
+    reduction_variants,
 )
 
-__all__ = ["INSTALL_HINT", "CupyBackend", "visible_gpu_count", "wait_for_events"]
+__all__ = [
+    "INSTALL_HINT",
+    "CupyBackend",
+    "compile_offline",
+    "kernel_problem",
+    "visible_gpu_count",
+    "wait_for_events",
+]
 
 Leaves = Sequence[Sequence[object]]
 
@@ -73,7 +84,19 @@ _UFUNC = {
     ReduceOp.MAX: "maximum",
 }
 
-_kernels: dict[tuple[ReduceOp, int, FoldMode], Any] = {}
+_KERNEL_HINT = (
+    "CuPy compiles its kernels with NVRTC and needs the CUDA headers: install CuPy with its "
+    'toolkit wheels (pip install "asyncreplica[gpu]", which installs cupy-cuda12x[ctk]) or '
+    "set CUDA_PATH to a CUDA toolkit; `asyncreplica doctor` checks it"
+)
+# Threads per block of a fold kernel, and the most blocks one launch uses (each thread
+# then loops over the elements with a grid stride).
+_BLOCK = 256
+_MAX_BLOCKS = 8192
+
+# Compiled fold kernels (cupy.RawKernel), and the (variant, GPU) pairs loaded on a GPU.
+_kernels: dict[FoldVariant, Any] = {}
+_loaded: set[tuple[FoldVariant, int]] = set()
 _specs: dict[tuple[tuple[int, ...], str], LeafSpec] = {}
 
 
@@ -191,16 +214,108 @@ def _reducible(dtype: np.dtype[Any]) -> None:
         )
 
 
-def _kernel(cupy: Any, op: ReduceOp, arity: int, mode: FoldMode) -> Any:
-    """The cached ``ElementwiseKernel`` folding ``arity`` inputs (CuPy compiles per dtype)."""
-    key = (op, arity, mode)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        source = fold_kernel_source(op, arity, mode)
-        kernel = _kernels[key] = cupy.ElementwiseKernel(
-            source.in_params, source.out_params, source.operation, source.name
-        )
-    return kernel
+def _is_compile_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is one of CuPy's compiler errors (they derive from ``Exception``)."""
+    return type(exc).__module__ == "cupy.cuda.compiler" or "CUDA headers" in str(exc)
+
+
+def _load_kernels(cupy: Any, pairs: Sequence[tuple[FoldVariant, int]]) -> None:
+    """Compile (NVRTC) and load each fold kernel on its GPU; blocking, meant for a thread.
+
+    NVRTC's compile releases the GIL, so the event loop keeps running meanwhile. CuPy
+    caches the compiled code in memory and on disk (``~/.cupy/kernel_cache``).
+    """
+    for variant, gpu in pairs:
+        kernel = _kernels.get(variant)
+        if kernel is None:
+            source = fold_kernel_source(variant.op, variant.arity, variant.mode, variant.dtype)
+            kernel = _kernels.setdefault(variant, cupy.RawKernel(source.code, source.name))
+        with cupy.cuda.Device(gpu):
+            _ = kernel.kernel  # compiles for this GPU's architecture and loads the module
+        _loaded.add((variant, gpu))
+
+
+def _kernel_error(exc: BaseException, what: str) -> BackendError:
+    return BackendError(
+        f"{what}: the GPU kernel could not be compiled ({type(exc).__name__}: "
+        f"{' '.join(str(exc).split())[:500]}). {_KERNEL_HINT}"
+    )
+
+
+def compile_offline(variants: Sequence[FoldVariant], arch: str = "90") -> int:
+    """Compile fold kernels with NVRTC exactly as CuPy would, without a GPU.
+
+    Uses CuPy's own compiler options (its include paths, the CUDA headers it finds, C++17,
+    ``-ftz=true``) for ``sm_{arch}``; nothing is loaded on a device. This is what
+    ``scripts/gpu_precheck.sh`` and :func:`kernel_problem` run.
+
+    Args:
+        variants: The kernels to compile (e.g. :func:`every_fold_variant`).
+        arch: The compute capability, ``"90"`` for sm_90 (H100, H200).
+
+    Returns:
+        How many kernels compiled.
+
+    Raises:
+        BackendError: CuPy is missing, or a kernel does not compile (cause kept).
+    """
+    _import_cupy()
+    from cupy._core import core
+    from cupy.cuda import compiler
+
+    done = 0
+    for variant in variants:
+        source = fold_kernel_source(variant.op, variant.arity, variant.mode, variant.dtype)
+        try:
+            options = core.assemble_cupy_compiler_options(())
+            options += ("-ftz=true", f"-arch=sm_{arch}", "--device-as-default-execution-space")
+            compiler._NVRTCProgram(source.code, f"{source.name}.cu", method="cubin").compile(
+                options
+            )
+        except Exception as exc:
+            raise _kernel_error(exc, f"compiling {source.name} for sm_{arch}") from exc
+        done += 1
+    return done
+
+
+def kernel_problem() -> str | None:
+    """Why the cupy backend's kernels cannot compile here, or None when they can.
+
+    Compiles one float16 fold kernel (it needs the CUDA headers) with NVRTC, without a
+    GPU. ``asyncreplica doctor`` reports the answer. Without CuPy there is nothing to
+    compile with: None (``CupyBackend.check_available`` says that CuPy is missing).
+
+    Returns:
+        A one-line reason with the fix, or None.
+    """
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return None
+    try:
+        compile_offline([FoldVariant(ReduceOp.SUM, 2, FoldMode.PLAIN, "float16")], arch="75")
+    except BackendError as exc:
+        return str(exc)
+    return None
+
+
+def _kernel(cupy: Any, variant: FoldVariant, gpu: int) -> Any:
+    """The fold kernel ``variant``, loaded on ``gpu``.
+
+    Collectives compile their kernels before they start (``CupyBackend._compile``, off the
+    event loop); a kernel not compiled yet is compiled here, on the calling thread.
+    """
+    if (variant, gpu) not in _loaded:
+        _load_kernels(cupy, [(variant, gpu)])
+    return _kernels[variant]
+
+
+class _WithoutStream:
+    """A ``__cuda_array_interface__`` value seen without its stream (no host sync)."""
+
+    def __init__(self, owner: object, cai: dict[str, Any]) -> None:
+        self.owner = owner  # the view keeps this object, which keeps the memory's owner
+        self.__cuda_array_interface__ = {**cai, "stream": None}
 
 
 async def wait_for_events(
@@ -275,9 +390,11 @@ class CupyBackend(Backend):
                 f"(GPU:0 .. GPU:{count - 1}); {_DEVICE_HINT}"
             )
         self._streams: dict[int, Any] = {}
-        self._comms: list[Any] | None = None
         self._nccl: Any = None
         self._nccl_checked = False
+        # Made now, when the strategy is built: initAll holds the GIL while it runs, so
+        # making them inside a run would stall the event loop, even from a thread.
+        self._comms: list[Any] | None = self._make_communicators()
 
     # -- availability ----------------------------------------------------------------------
 
@@ -285,6 +402,25 @@ class CupyBackend(Backend):
     def check_available(cls) -> None:
         """Raise ``BackendError`` if CuPy is missing or CUDA shows no GPU, saying how to fix it."""
         _device_count()
+
+    @classmethod
+    def kernel_check(cls) -> str | None:
+        """Whether this backend's kernels compile here, for ``asyncreplica doctor``.
+
+        Needs no GPU: one kernel is compiled with NVRTC (see :func:`kernel_problem`).
+
+        Returns:
+            ``"compile (NVRTC ...)"``, ``"cannot compile: <reason and fix>"``, or None
+            without CuPy (then ``check_available`` says what is missing).
+        """
+        try:
+            import cupy
+        except ImportError:
+            return None
+        problem = kernel_problem()
+        if problem is not None:
+            return f"cannot compile: {problem}"
+        return f"compile (NVRTC and the CUDA headers found by CuPy {cupy.__version__})"
 
     @classmethod
     def default_devices(cls) -> list[str]:
@@ -323,8 +459,8 @@ class CupyBackend(Backend):
         and one fused kernel per leaf already reads each input once).
         """
         n, m = len(values), len(values[0])
+        await self._prepare_kernels(op, values)
         work = _Work(self)
-        await self._prepare_nccl(op, values, work)
         out: list[list[object]] = [[None] * m for _ in range(n)]
         with work.native_errors(f"all_reduce({op.value})"):
             for j in range(m):
@@ -355,8 +491,8 @@ class CupyBackend(Backend):
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then replica ``r`` gets chunk ``r`` of its GPU's result buffer."""
         n, m = len(values), len(values[0])
+        await self._prepare_kernels(op, values)
         work = _Work(self)
-        await self._prepare_nccl(op, values, work)
         out: list[list[object]] = [[None] * m for _ in range(n)]
         with work.native_errors(f"reduce_scatter({op.value})"):
             for j in range(m):
@@ -389,6 +525,10 @@ class CupyBackend(Backend):
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
     ) -> object:
         """Reduce onto replica 0's GPU, one new writable CuPy array; see :meth:`Backend.reduce`."""
+        if components:
+            spec = self.describe(components[0])
+            _reducible(np.dtype(spec.dtype))
+            await self._compile(_reduce_on_variants(op, len(components), spec.dtype, axis))
         work = _Work(self)
         gpu = self.plan.gpu_of(0)
         with work.native_errors(f"reduce({op.value})"):
@@ -447,35 +587,84 @@ class CupyBackend(Backend):
             op,
             dtype,
             exact_order=self.exact_order,
-            nccl=self._nccl_module() is not None,
+            # No communicators (no libnccl, or after aclose()): peer copies, same result.
+            nccl=self._comms is not None,
         )
 
-    async def _prepare_nccl(self, op: ReduceOp, values: Leaves, work: _Work) -> None:
-        """Create the communicators (once, off the event loop) if a leaf goes through NCCL."""
-        if not self.plan.multi_gpu or self._comms is not None:
-            return
-        routes = {
-            self._route(op, self.describe(leaf).dtype)
-            for leaf in values[0]
-            if not isinstance(leaf, IndexedSlices)
-        }
-        if Route.NCCL not in routes:
-            return
+    def _make_communicators(self) -> list[Any] | None:
+        """One NCCL communicator per distinct GPU (``initAll``), or None without NCCL."""
+        if not self.plan.multi_gpu:
+            return None
         nccl = self._nccl_module()
+        if nccl is None:
+            return None
         gpus = list(self.plan.gpus)
         try:
-            comms = await anyio.to_thread.run_sync(nccl.NcclCommunicator.initAll, gpus)
+            return list(nccl.NcclCommunicator.initAll(gpus))
         except Exception as exc:
             raise BackendError(
                 f"could not create the NCCL communicators of GPUs {gpus} "
                 f"({type(exc).__name__}: {exc}); check that each GPU is visible and healthy "
                 "(nvidia-smi), or set NCCL_DEBUG=INFO to see why"
             ) from exc
-        if self._comms is None:
-            self._comms = list(comms)
-        else:  # another collective made them meanwhile
-            for comm in comms:
-                comm.destroy()
+
+    async def _prepare_kernels(self, op: ReduceOp, values: Leaves) -> None:
+        """Compile, off the event loop, the fold kernels this reduction will run."""
+        variants: set[FoldVariant] = set()
+        for leaf in values[0]:
+            spec = self.describe(leaf)
+            if spec.dtype not in FOLD_DTYPES:
+                continue  # complex: CuPy's ufuncs; bool: refused when the work starts
+            if isinstance(leaf, IndexedSlices):
+                if op is ReduceOp.MEAN:
+                    variants.update(fold_steps(1, op, spec.dtype, divide=True))
+                continue
+            route = self._route(op, spec.dtype)
+            variants |= reduction_variants(self.plan, op, spec.dtype, route)
+        await self._compile(variants)
+
+    async def _compile(self, variants: set[FoldVariant] | Sequence[FoldVariant]) -> None:
+        """Compile and load ``variants`` on every GPU of the plan, in a worker thread.
+
+        The first use of a kernel compiles it (NVRTC, ~0.1 s); NVRTC releases the GIL, so
+        the loop keeps running. Later calls find them loaded and return at once.
+        """
+        missing = [(v, g) for v in variants for g in self.plan.gpus if (v, g) not in _loaded]
+        if not missing:
+            return
+        cupy = _import_cupy()
+        try:
+            await anyio.to_thread.run_sync(_load_kernels, cupy, missing)
+        except Exception as exc:
+            if _is_compile_error(exc):
+                raise _kernel_error(exc, "preparing the collective") from exc
+            if isinstance(exc, RuntimeError | MemoryError):
+                raise BackendError(
+                    f"loading the GPU kernels failed ({type(exc).__name__}: {exc})"
+                ) from exc
+            raise
+
+
+def _reduce_on_variants(
+    op: ReduceOp, count: int, dtype: str, axis: tuple[int, ...] | None
+) -> list[FoldVariant]:
+    """The fold kernels ``Strategy.reduce`` of ``count`` components runs (see ``reduce_on``)."""
+    if axis is None:
+        if dtype not in FOLD_DTYPES:
+            return []
+        return fold_steps(count, op, dtype, divide=op is ReduceOp.MEAN)
+    # Each component is first reduced along the axes by CuPy: sums and products of small
+    # integers widen as numpy's do.
+    local = np.dtype(dtype)
+    if op is not ReduceOp.MIN and op is not ReduceOp.MAX:
+        local = np.zeros(1, local).sum().dtype
+    if local.name not in FOLD_DTYPES:
+        return []
+    if op is not ReduceOp.MEAN:
+        return fold_steps(count, op, local.name, divide=False)
+    return fold_steps(count, ReduceOp.SUM, local.name, divide=False) + fold_steps(
+        1, ReduceOp.MEAN, local.name, divide=True
+    )
 
 
 class _Work:
@@ -551,7 +740,11 @@ class _Work:
             yield
         except BackendError:
             raise
-        except (RuntimeError, MemoryError) as exc:
+        except Exception as exc:
+            if _is_compile_error(exc):
+                raise _kernel_error(exc, f"{what} on the GPUs ({self.plan.describe()})") from exc
+            if not isinstance(exc, RuntimeError | MemoryError):
+                raise
             raise BackendError(
                 f"{what} failed on the GPUs ({self.plan.describe()}): "
                 f"{type(exc).__name__}: {exc}. Out of memory: free arrays or use fewer "
@@ -577,9 +770,8 @@ class _Work:
             with self.use(device):  # the producer syncs its stream with ours (DLPack)
                 array = cupy.from_dlpack(value)
             home = device
-        elif _cuda_array_interface(value) is not None:
-            with self.use(gpu):
-                array = cupy.asarray(value)
+        elif (cai := _cuda_array_interface(value)) is not None:
+            array = self.from_cuda_array_interface(value, cai)
             home = int(array.device.id)
         else:
             host = _host_array(value, "a collective's value")
@@ -594,8 +786,37 @@ class _Work:
         self.enter(gpu)
         return array
 
+    def from_cuda_array_interface(self, value: object, cai: dict[str, Any]) -> Any:
+        """A CuPy view of a ``__cuda_array_interface__`` value, ordered after its producer.
+
+        ``cupy.asarray`` of a v3 interface that names a stream calls
+        ``cudaStreamSynchronize`` on it: a host wait, on the event loop. Instead the view
+        is made from the interface without its stream, and this backend's stream waits on
+        an event recorded on the producer's stream (no host wait).
+        """
+        cupy = self.cupy
+        producer = cai.get("stream")
+        array = cupy.asarray(_WithoutStream(value, cai))  # a view: no copy, no kernel
+        gpu = int(array.device.id)
+        self.enter(gpu)
+        if producer is not None:
+            with cupy.cuda.Device(gpu):
+                event = cupy.cuda.Event(disable_timing=True)
+                event.record(cupy.cuda.ExternalStream(int(producer)))
+                self.backend._stream(cupy, gpu).wait_event(event)
+        return array
+
     def copy_to(self, array: Any, src: int, dst: int) -> Any:
-        """A new copy of ``array`` (on ``src``) on ``dst``."""
+        """A new copy of ``array`` (on ``src``) on ``dst``.
+
+        CuPy copies between GPUs only from a contiguous array, and makes a strided source
+        contiguous on the source GPU's *current* stream (the user's), which nothing here
+        orders. So the source is made contiguous first, on this backend's stream of
+        ``src``, and only then handed to ``dst``'s stream.
+        """
+        if src != dst and not (array.flags.c_contiguous or array.flags.f_contiguous):
+            with self.use(src):
+                array = self.cupy.ascontiguousarray(array)
         self.handoff(src, dst)
         with self.use(dst):
             copy = array.copy()  # CuPy copies onto the current device, peer to peer
@@ -622,20 +843,27 @@ class _Work:
                 if divide_by is not None:
                     cupy.true_divide(acc, divide_by, out=acc)
                 return acc
-            mean = FoldMode.MEAN if dtype.kind == "f" else FoldMode.MEAN_TO_FLOAT64
-            chunks = fold_chunks(len(arrays))
+            if dtype.name not in FOLD_DTYPES:  # pragma: no cover - describe refuses others
+                raise TypeError(f"cannot reduce values of dtype {dtype}")
+            steps = fold_steps(len(arrays), op, dtype.name, divide=divide_by is not None)
             acc = None
-            for i, chunk in enumerate(chunks):
-                inputs = ([] if acc is None else [acc]) + [arrays[k] for k in chunk]
-                mode = mean if divide_by is not None and i == len(chunks) - 1 else FoldMode.PLAIN
-                args = list(inputs)
-                if mode is FoldMode.MEAN:
-                    args.append(dtype.type(divide_by))
-                elif mode is FoldMode.MEAN_TO_FLOAT64:
+            for chunk, variant in zip(fold_chunks(len(arrays)), steps, strict=True):
+                inputs = ([] if acc is None else [acc]) + [
+                    cupy.ascontiguousarray(arrays[k]) for k in chunk
+                ]
+                out = cupy.empty(arrays[0].shape, variant.out_dtype)
+                args: list[Any] = [*inputs, out]
+                if variant.mode is FoldMode.MEAN:  # the divisor as numpy rounds it
+                    args.append(np.float64(dtype.type(divide_by)))
+                elif variant.mode is FoldMode.MEAN_TO_FLOAT64:
                     args.append(np.float64(divide_by))
-                if acc is not None:
-                    self.keep.append(acc)
-                acc = _kernel(cupy, op, len(inputs), mode)(*args)
+                size = int(out.size)
+                args.append(np.int64(size))
+                if size:
+                    blocks = min(-(-size // _BLOCK), _MAX_BLOCKS)
+                    _kernel(cupy, variant, gpu)((blocks,), (_BLOCK,), tuple(args))
+                self.keep.extend(inputs)
+                acc = out
             return acc
 
     def reduce_dense(self, op: ReduceOp, leaf: Sequence[object]) -> dict[int, Any]:

@@ -8,7 +8,8 @@ tested on any machine:
 * how each all-reduce travels between GPUs (:func:`reduction_route`) and what ``MEAN``
   divides by (:func:`mean_divisor`: the total replica count, never NCCL's average);
 * the fused kernel that folds one GPU's replicas in replica order
-  (:func:`fold_kernel_source`, :func:`fold_chunks`);
+  (:func:`fold_kernel_source`, :func:`fold_chunks`), and which of them one all-reduce
+  runs (:func:`reduction_variants`), so they are compiled before it, off the event loop;
 * how long to wait between two polls of a CUDA event (:class:`PollSchedule`).
 """
 
@@ -23,20 +24,27 @@ from collections.abc import Sequence
 from asyncreplica.abc import ReduceOp
 
 __all__ = [
+    "FOLD_DTYPES",
     "MAX_FOLD_ARITY",
     "NCCL_DTYPES",
     "NCCL_OPS",
+    "Fold",
     "FoldKernel",
     "FoldMode",
+    "FoldVariant",
     "GpuPlan",
     "PollSchedule",
     "Route",
     "Segment",
+    "every_fold_variant",
     "fold_chunks",
     "fold_kernel_source",
+    "fold_steps",
     "gpu_ordinal",
     "mean_divisor",
+    "reduction_folds",
     "reduction_route",
+    "reduction_variants",
 ]
 
 _GPU = re.compile(r"^GPU:(\d+)$")
@@ -286,7 +294,8 @@ class FoldMode(enum.Enum):
 
     Attributes:
         PLAIN: The fold, in the inputs' dtype.
-        MEAN: The fold divided by a scalar ``d`` of the inputs' (float) dtype.
+        MEAN: The fold divided by ``d`` (passed as a double holding the divisor rounded
+            to the inputs' float dtype), rounded to that dtype.
         MEAN_TO_FLOAT64: The (integer) fold converted to float64, then divided by ``d``.
     """
 
@@ -295,71 +304,241 @@ class FoldMode(enum.Enum):
     MEAN_TO_FLOAT64 = "mean_to_float64"
 
 
-@dataclasses.dataclass(frozen=True)
-class FoldKernel:
-    """The pieces of a ``cupy.ElementwiseKernel`` that folds its inputs left to right.
-
-    Attributes:
-        in_params: e.g. ``"T x0, T x1, T x2"`` (and ``", T d"`` for a mean).
-        out_params: ``"T y"``, or ``"float64 y"`` for the mean of integers.
-        operation: The CUDA C body.
-        name: The kernel's name.
-    """
-
-    in_params: str
-    out_params: str
-    operation: str
-    name: str
-
-
-# One step of the fold, ``acc = acc OP x``, exactly as numpy's ufunc computes it. MIN and
-# MAX keep a NaN accumulator and take a NaN input, like numpy.minimum/maximum.
-_STEP = {
-    ReduceOp.SUM: "acc = acc + {x};",
-    ReduceOp.MEAN: "acc = acc + {x};",
-    ReduceOp.PROD: "acc = acc * {x};",
-    ReduceOp.MIN: "acc = (acc < {x} || acc != acc) ? acc : {x};",
-    ReduceOp.MAX: "acc = (acc > {x} || acc != acc) ? acc : {x};",
+#: The dtypes a fold kernel takes: numpy name -> (CUDA type, type each step computes in,
+#: unsigned type integer steps wrap in). Complex values are folded with CuPy's ufuncs.
+FOLD_DTYPES: dict[str, tuple[str, str, str]] = {
+    "int8": ("signed char", "signed char", "unsigned int"),
+    "int16": ("short", "short", "unsigned int"),
+    "int32": ("int", "int", "unsigned int"),
+    "int64": ("long long", "long long", "unsigned long long"),
+    "uint8": ("unsigned char", "unsigned char", "unsigned int"),
+    "uint16": ("unsigned short", "unsigned short", "unsigned int"),
+    "uint32": ("unsigned int", "unsigned int", "unsigned int"),
+    "uint64": ("unsigned long long", "unsigned long long", "unsigned long long"),
+    # numpy adds float16 values in float32 and rounds the sum to float16: so do we.
+    "float16": ("__half", "float", ""),
+    "float32": ("float", "float", ""),
+    "float64": ("double", "double", ""),
 }
 
 
-def fold_kernel_source(op: ReduceOp, arity: int, mode: FoldMode = FoldMode.PLAIN) -> FoldKernel:
-    """The elementwise kernel ``y = ((x0 op x1) op x2) ...``, rounded to ``T`` at each step.
+@dataclasses.dataclass(frozen=True)
+class FoldVariant:
+    """One compiled fold kernel: what it folds, how many inputs, what it writes.
 
-    Each step assigns to ``acc`` of the inputs' type ``T``, so every partial result is
+    Attributes:
+        op: The reduction (``MEAN`` folds as ``SUM``; ``mode`` says whether to divide).
+        arity: The number of inputs, 1 to :data:`MAX_FOLD_ARITY`.
+        mode: Whether and how the fold is divided.
+        dtype: The inputs' numpy dtype name, a key of :data:`FOLD_DTYPES`.
+    """
+
+    op: ReduceOp
+    arity: int
+    mode: FoldMode
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.arity <= MAX_FOLD_ARITY:
+            raise ValueError(f"a fold kernel takes 1 to {MAX_FOLD_ARITY} inputs, got {self.arity}")
+        if self.mode is not FoldMode.PLAIN and self.op is not ReduceOp.MEAN:
+            raise ValueError(f"only MEAN divides, not {self.op.value}")
+        if self.dtype not in FOLD_DTYPES:
+            raise ValueError(
+                f"no fold kernel for dtype {self.dtype} (kernels take "
+                f"{', '.join(FOLD_DTYPES)}; complex values use CuPy's ufuncs)"
+            )
+        floating = self.dtype.startswith("float")
+        if self.mode is FoldMode.MEAN and not floating:
+            raise ValueError(f"MEAN of {self.dtype} values is written as float64")
+        if self.mode is FoldMode.MEAN_TO_FLOAT64 and floating:
+            raise ValueError(f"MEAN of {self.dtype} values keeps their dtype")
+
+    @property
+    def name(self) -> str:
+        """The kernel's (``extern "C"``) name, distinct per variant."""
+        return f"asyncreplica_fold_{self.op.value}_{self.arity}_{self.mode.value}_{self.dtype}"
+
+    @property
+    def out_dtype(self) -> str:
+        """The numpy dtype name of the output."""
+        return "float64" if self.mode is FoldMode.MEAN_TO_FLOAT64 else self.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldKernel:
+    """A fold kernel's CUDA source and name, compiled as one NVRTC program.
+
+    The kernel's parameters are the inputs ``x0 .. x{arity-1}`` (C-contiguous, one
+    element type), the output ``y``, then ``double d`` for a mean, then the element
+    count ``long long n``. It loops over the elements with a grid stride.
+
+    Attributes:
+        name: The kernel's name.
+        code: The whole CUDA C++ source.
+    """
+
+    name: str
+    code: str
+
+
+# One step of the fold, ``acc = acc OP x``, exactly as numpy's ufunc computes it; ``{c}``
+# is the type a step computes in, ``{u}`` the unsigned type integer steps wrap in (a signed
+# overflow is undefined in C++). MIN and MAX keep a NaN accumulator and take a NaN input,
+# like numpy.minimum/maximum.
+_FLOAT_STEP = {
+    ReduceOp.SUM: "acc = ({t})(({c})acc + ({c}){x});",
+    ReduceOp.MEAN: "acc = ({t})(({c})acc + ({c}){x});",
+    ReduceOp.PROD: "acc = ({t})(({c})acc * ({c}){x});",
+    ReduceOp.MIN: "if (!(({c})acc < ({c}){x} || ({c})acc != ({c})acc)) acc = {x};",
+    ReduceOp.MAX: "if (!(({c})acc > ({c}){x} || ({c})acc != ({c})acc)) acc = {x};",
+}
+_INT_STEP = {
+    ReduceOp.SUM: "acc = ({t})(({u})acc + ({u}){x});",
+    ReduceOp.MEAN: "acc = ({t})(({u})acc + ({u}){x});",
+    ReduceOp.PROD: "acc = ({t})(({u})acc * ({u}){x});",
+    ReduceOp.MIN: "if (!(acc < {x})) acc = {x};",
+    ReduceOp.MAX: "if (!(acc > {x})) acc = {x};",
+}
+
+
+def fold_kernel_source(
+    op: ReduceOp, arity: int, mode: FoldMode = FoldMode.PLAIN, dtype: str = "float32"
+) -> FoldKernel:
+    """The kernel ``y = ((x0 op x1) op x2) ...``, rounded to the dtype at each step.
+
+    Each step assigns to ``acc`` of the inputs' type, so every partial result is
     rounded as numpy rounds it; the inputs are read once and the output written once.
 
     Args:
         op: The reduction (``MEAN`` folds as ``SUM``; ``mode`` says whether to divide).
-        arity: The number of inputs (at least 1; 1 copies or divides).
-        mode: Whether and how the result is divided by the scalar argument ``d``.
+        arity: The number of inputs (1 to :data:`MAX_FOLD_ARITY`; 1 copies or divides).
+        mode: Whether and how the result is divided by the argument ``d``.
+        dtype: The inputs' numpy dtype name (a key of :data:`FOLD_DTYPES`).
 
     Returns:
-        The kernel's parameters, body and name.
+        The kernel's name and CUDA source.
 
     Raises:
-        ValueError: ``arity < 1``, or a mean mode with an op other than SUM or MEAN.
+        ValueError: A variant no kernel exists for (see :class:`FoldVariant`).
     """
-    if arity < 1:
-        raise ValueError(f"a fold kernel needs at least one input, got {arity}")
-    if mode is not FoldMode.PLAIN and op not in (ReduceOp.SUM, ReduceOp.MEAN):
-        raise ValueError(f"only SUM or MEAN can be divided, not {op.value}")
-    inputs = [f"T x{i}" for i in range(arity)]
-    lines = ["T acc = x0;"]
-    lines += [_STEP[op].format(x=f"x{i}") for i in range(1, arity)]
+    variant = FoldVariant(op, arity, mode, dtype)
+    t, c, u = FOLD_DTYPES[dtype]
+    out = "double" if mode is FoldMode.MEAN_TO_FLOAT64 else t
+    step = (_FLOAT_STEP if dtype.startswith("float") else _INT_STEP)[op]
+    params = [f"const {t}* __restrict__ x{k}" for k in range(arity)]
+    params.append(f"{out}* __restrict__ y")
+    if mode is not FoldMode.PLAIN:
+        params.append("double d")
+    params.append("long long n")
+    body = [f"{t} acc = x0[i];"]
+    body += [step.format(t=t, c=c, u=u, x=f"x{k}[i]") for k in range(1, arity)]
     if mode is FoldMode.PLAIN:
-        out = "T y"
-        lines.append("y = acc;")
+        body.append("y[i] = acc;")
     elif mode is FoldMode.MEAN:
-        inputs.append("T d")
-        out = "T y"
-        lines.append("y = acc / d;")
+        body.append(f"y[i] = ({t})(({c})acc / ({c})d);")
     else:
-        inputs.append("float64 d")
-        out = "float64 y"
-        lines.append("y = (double)acc / d;")
-    name = f"asyncreplica_fold_{op.value}_{arity}_{mode.value}"
-    return FoldKernel(", ".join(inputs), out, "\n".join(lines), name)
+        body.append("y[i] = (double)acc / d;")
+    lines = ["#include <cuda_fp16.h>"] if dtype == "float16" else []
+    lines += [
+        f'extern "C" __global__ void {variant.name}(',
+        "    " + ",\n    ".join(params) + ") {",
+        "    const long long stride = (long long)gridDim.x * blockDim.x;",
+        "    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;",
+        "         i < n; i += stride) {",
+        *("        " + line for line in body),
+        "    }",
+        "}",
+        "",
+    ]
+    return FoldKernel(variant.name, "\n".join(lines))
+
+
+def fold_steps(count: int, op: ReduceOp, dtype: str, *, divide: bool) -> list[FoldVariant]:
+    """The kernels, in order, that fold ``count`` inputs of ``dtype`` (see :func:`fold_chunks`).
+
+    Args:
+        count: How many inputs the fold takes.
+        op: The reduction.
+        dtype: The inputs' numpy dtype name (a key of :data:`FOLD_DTYPES`).
+        divide: Whether the last kernel divides (a ``MEAN``): floats keep their dtype,
+            integers are divided into float64.
+
+    Returns:
+        One variant per chunk; kernel ``k`` folds chunk ``k`` (after the previous result).
+    """
+    chunks = fold_chunks(count)
+    mean = FoldMode.MEAN if dtype.startswith("float") else FoldMode.MEAN_TO_FLOAT64
+    steps = []
+    for k, chunk in enumerate(chunks):
+        arity = len(chunk) + (1 if k else 0)
+        mode = mean if divide and k == len(chunks) - 1 else FoldMode.PLAIN
+        steps.append(FoldVariant(op, arity, mode, dtype))
+    return steps
+
+
+@dataclasses.dataclass(frozen=True)
+class Fold:
+    """One fold an all-reduce runs on one GPU.
+
+    Attributes:
+        gpu: Where it runs.
+        count: How many arrays it folds.
+        divide: Whether it divides by the ``MEAN`` divisor.
+    """
+
+    gpu: int
+    count: int
+    divide: bool
+
+
+def reduction_folds(plan: GpuPlan, op: ReduceOp, route: Route) -> list[Fold]:
+    """The folds one dense all-reduce leaf runs on ``route``, in order.
+
+    * ``LOCAL``: one fold of every replica;
+    * ``CHAIN``: one fold per :attr:`GpuPlan.segments` entry, of its replicas plus the
+      running result (after the first); the last divides for ``MEAN``;
+    * ``NCCL``: one fold per GPU that holds several replicas (a GPU with one replica
+      sends its value as it is), then for ``MEAN`` one division per GPU after NCCL.
+    """
+    mean = op is ReduceOp.MEAN
+    if route is Route.LOCAL:
+        return [Fold(plan.gpus[0], plan.num_replicas, mean)]
+    if route is Route.CHAIN:
+        last = len(plan.segments) - 1
+        return [
+            Fold(s.gpu, len(s.replicas) + (1 if i else 0), mean and i == last)
+            for i, s in enumerate(plan.segments)
+        ]
+    folds = [Fold(g, len(plan.replicas_on(g)), False) for g in plan.gpus]
+    folds = [f for f in folds if f.count > 1]
+    if mean:
+        folds += [Fold(g, 1, True) for g in plan.gpus]
+    return folds
+
+
+def reduction_variants(
+    plan: GpuPlan, op: ReduceOp, dtype: str, route: Route
+) -> frozenset[FoldVariant]:
+    """Every fold kernel one all-reduce of ``dtype`` values runs (none for complex)."""
+    if dtype not in FOLD_DTYPES:
+        return frozenset()
+    return frozenset(
+        v
+        for fold in reduction_folds(plan, op, route)
+        for v in fold_steps(fold.count, op, dtype, divide=fold.divide)
+    )
+
+
+def every_fold_variant() -> list[FoldVariant]:
+    """Every fold kernel the backend can generate: all ops, arities, modes and dtypes."""
+    out = []
+    for dtype in FOLD_DTYPES:
+        for arity in range(1, MAX_FOLD_ARITY + 1):
+            out += [FoldVariant(op, arity, FoldMode.PLAIN, dtype) for op in ReduceOp]
+            mean = FoldMode.MEAN if dtype.startswith("float") else FoldMode.MEAN_TO_FLOAT64
+            out.append(FoldVariant(ReduceOp.MEAN, arity, mean, dtype))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,15 +11,19 @@ import subprocess
 import sys
 import textwrap
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 from _cupy_fakes import FakeCudaError, fake_cupy
 from asyncreplica_cupy import INSTALL_HINT, CupyBackend, visible_gpu_count
+from asyncreplica_numpy import NumpyBackend
 
 import asyncreplica as ar
 from asyncreplica.abc import Backend, LeafSpec
+from asyncreplica.testing import BackendConformanceTests
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -258,11 +262,49 @@ def test_pyproject_registers_the_backend_and_the_gpu_extra() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     entry_points = project["project"]["entry-points"]["asyncreplica.backends"]
     assert entry_points["cupy"] == "asyncreplica_cupy:CupyBackend"
+    # CuPy 14 compiles kernels with NVRTC and needs the CUDA headers: the [ctk] extra.
     assert any(
-        dep.startswith("cupy-cuda12x") for dep in project["project"]["optional-dependencies"]["gpu"]
+        dep.startswith("cupy-cuda12x[ctk]")
+        for dep in project["project"]["optional-dependencies"]["gpu"]
     )
     assert (
         "backends/asyncreplica_cupy"
         in project["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
     )
     assert 'pip install "asyncreplica[gpu]"' in INSTALL_HINT
+
+
+# The conformance suite's read-only check on CuPy -----------------------------------------------
+
+
+class _CupyLike:
+    """A result as the cupy backend returns it: an array without a read-only flag."""
+
+    __module__ = "cupy._core.core"
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+
+class _CupyLikeResults(NumpyBackend):
+    """The numpy backend, with all_reduce results wrapped like CuPy arrays."""
+
+    async def all_reduce(
+        self, op: ar.ReduceOp, values: Sequence[Sequence[object]], *, bytes_per_pack: int = 0
+    ) -> list[list[object]]:
+        rows = await super().all_reduce(op, values, bytes_per_pack=bytes_per_pack)
+        return [[_CupyLike(leaf) for leaf in row] for row in rows]  # type: ignore[arg-type]
+
+
+class _CupyLikeConformance(BackendConformanceTests):
+    devices: ClassVar[list[str]] = ["CPU:0", "CPU:1"]
+
+    def make_backend(self, devices: list[str]) -> Backend:
+        return _CupyLikeResults(devices)
+
+
+def test_read_only_check_says_it_is_not_enforceable_on_cupy() -> None:
+    suite = _CupyLikeConformance()
+    suite.backend = suite.make_backend(list(suite.devices))
+    with pytest.raises(pytest.skip.Exception, match="not enforceable on CuPy"):
+        suite.test_shared_results_are_read_only("all_reduce")

@@ -86,8 +86,12 @@ def test_waits_for_the_users_stream_without_blocking_the_loop() -> None:
     spin = cp.RawKernel(_SPIN, "spin")
     backend = CupyBackend(["GPU:0", "GPU:0"])
     x = cp.zeros(1 << 20, cp.float32)
+    # Warm up: the first call of a kernel compiles it; the spin below must time the wait only.
+    anyio.run(backend.all_reduce, ReduceOp.SUM, [[x], [x]])
+    spin((1,), (1,), (np.int64(0),))
+    cp.cuda.Device(0).synchronize()
     rate = cp.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # kHz -> Hz
-    spin((1,), (1,), (np.int64(rate // 10),))  # ~100 ms on the user's (current) stream
+    spin((1,), (1,), (np.int64(rate * 3 // 10),))  # ~300 ms on the user's (current) stream
     x.fill(2.0)  # queued after the spin: the all_reduce must see it
     ticks = 0
 
@@ -109,8 +113,55 @@ def test_waits_for_the_users_stream_without_blocking_the_loop() -> None:
                 done.set()
 
     results = anyio.run(main)
-    assert ticks > 5, f"the event loop ran {ticks} times while the GPU worked ~100 ms"
+    assert ticks > 5, f"the event loop ran {ticks} times while the GPU worked ~300 ms"
     np.testing.assert_array_equal(_host(results[1][0]), np.full(1 << 20, 4.0, np.float32))
+
+
+def test_cai_of_a_busy_producer_stream_is_awaited_without_blocking_the_loop() -> None:
+    """A __cuda_array_interface__ naming its stream: read after that stream, loop free."""
+    cp = _cp()
+    spin = cp.RawKernel(_SPIN, "spin")
+    backend = CupyBackend(["GPU:0", "GPU:0"])
+    base = cp.zeros(1 << 20, cp.float32)
+    anyio.run(backend.all_reduce, ReduceOp.SUM, [[base], [base]])  # compiles the kernel
+    spin((1,), (1,), (np.int64(0),))
+    cp.cuda.Device(0).synchronize()
+    producer = cp.cuda.Stream(non_blocking=True)
+    rate = cp.cuda.runtime.getDeviceProperties(0)["clockRate"] * 1000  # kHz -> Hz
+    with producer:
+        spin((1,), (1,), (np.int64(rate * 3 // 10),))  # ~300 ms on the producer's stream
+        base.fill(3.0)  # written after the spin, on the producer's stream
+
+    class Cai:
+        def __init__(self, array: Any) -> None:
+            self.array = array
+            self.__cuda_array_interface__ = {
+                **array.__cuda_array_interface__,
+                "stream": producer.ptr,
+            }
+
+    ticks = 0
+
+    async def main() -> list[list[object]]:
+        nonlocal ticks
+        done = anyio.Event()
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+                await anyio.sleep(0.001)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            try:
+                return await backend.all_reduce(ReduceOp.SUM, [[Cai(base)], [Cai(base)]])
+            finally:
+                done.set()
+
+    results = anyio.run(main)
+    assert ticks > 5, f"the event loop ran {ticks} times while the producer worked ~300 ms"
+    np.testing.assert_array_equal(_host(results[0][0]), np.full(1 << 20, 6.0, np.float32))
 
 
 def test_no_with_block_stays_open() -> None:
@@ -128,11 +179,13 @@ def test_no_blocking_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object) -> None:
         raise AssertionError("a blocking synchronize was called on the event loop")
 
-    monkeypatch.setattr(cp.cuda.Stream, "synchronize", refuse)
-    monkeypatch.setattr(cp.cuda.Event, "synchronize", refuse)
     backend = CupyBackend(["GPU:0"] * 4)
     values = [[_on(np.full((256, 1024), r, np.float32))] for r in range(4)]
-    results = anyio.run(backend.all_reduce, ReduceOp.MEAN, values)
+    # Only around the collective: reading the result back (cp.asnumpy) synchronizes.
+    with monkeypatch.context() as patch:
+        patch.setattr(cp.cuda.Stream, "synchronize", refuse)
+        patch.setattr(cp.cuda.Event, "synchronize", refuse)
+        results = anyio.run(backend.all_reduce, ReduceOp.MEAN, values)
     np.testing.assert_array_equal(_host(results[3][0]), np.full((256, 1024), 1.5, np.float32))
 
 
@@ -152,8 +205,9 @@ def test_replicas_on_one_gpu_get_views_of_one_buffer() -> None:
 def test_numpy_and_python_inputs_are_moved_to_the_gpu() -> None:
     cp = _cp()
     backend = CupyBackend(["GPU:0", "GPU:0"])
+    # One dtype per leaf across replicas (the ledger refuses mixed dtypes): 1.5 and 2.0.
     results = anyio.run(
-        backend.all_reduce, ReduceOp.SUM, [[np.arange(3.0), 1.5], [_on(np.ones(3)), 2]]
+        backend.all_reduce, ReduceOp.SUM, [[np.arange(3.0), 1.5], [_on(np.ones(3)), 2.0]]
     )
     assert all(isinstance(leaf, cp.ndarray) for row in results for leaf in row)
     np.testing.assert_array_equal(_host(results[0][0]), [1.0, 2.0, 3.0])
@@ -239,6 +293,21 @@ def test_mean_divides_by_all_replicas_when_gpus_hold_unequal_counts() -> None:
     for r, row in enumerate(results):
         assert row[0].device.id == (0, 0, 1)[r]  # type: ignore[attr-defined]
         np.testing.assert_array_equal(_host(row[0]), np.full(5, 3.0))  # 9 / 3, not 9 / 2
+
+
+@needs_two_gpus
+def test_strided_values_cross_gpus_intact() -> None:
+    """Transposed and sliced values are made contiguous on the backend's stream, then copied."""
+    host = np.arange(24, dtype=np.float32).reshape(4, 6)
+    transposed = _on(host[:, :3].copy().T.copy(), 0).T  # F-order on GPU 0
+    sliced = _on(host * 10, 1)[:, ::2]  # strided on GPU 1
+    backend = CupyBackend(["GPU:0", "GPU:1"])
+    for _ in range(3):  # each time with fresh temporaries in the pool
+        results = anyio.run(backend.all_gather, [[transposed], [sliced]], 0)
+        expected = np.concatenate([_host(transposed), _host(sliced)])
+        for r, row in enumerate(results):
+            assert row[0].device.id == r  # type: ignore[attr-defined]
+            np.testing.assert_array_equal(_host(row[0]), expected)
 
 
 @needs_two_gpus

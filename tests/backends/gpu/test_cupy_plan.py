@@ -7,19 +7,26 @@ import numpy as np
 import pytest
 from asyncreplica_cupy import wait_for_events
 from asyncreplica_cupy._plan import (
+    FOLD_DTYPES,
     MAX_FOLD_ARITY,
     NCCL_DTYPES,
     NCCL_OPS,
+    Fold,
     FoldMode,
+    FoldVariant,
     GpuPlan,
     PollSchedule,
     Route,
     Segment,
+    every_fold_variant,
     fold_chunks,
     fold_kernel_source,
+    fold_steps,
     gpu_ordinal,
     mean_divisor,
+    reduction_folds,
     reduction_route,
+    reduction_variants,
 )
 
 from asyncreplica.abc import ReduceOp
@@ -191,52 +198,154 @@ def test_without_nccl_every_cross_gpu_reduction_is_a_chain() -> None:
 # The replica-order fold -------------------------------------------------------------------------
 
 
+def _body(kernel_code: str) -> list[str]:
+    """The statements inside a fold kernel's element loop."""
+    lines = [line.strip() for line in kernel_code.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("i < n;")) + 1
+    return lines[start : lines.index("}", start)]
+
+
 def test_sum_kernel_folds_left_to_right_once_per_input() -> None:
-    kernel = fold_kernel_source(ReduceOp.SUM, 3)
-    assert kernel.in_params == "T x0, T x1, T x2"
-    assert kernel.out_params == "T y"
-    assert kernel.operation.splitlines() == [
-        "T acc = x0;",
-        "acc = acc + x1;",
-        "acc = acc + x2;",
-        "y = acc;",
+    kernel = fold_kernel_source(ReduceOp.SUM, 3, FoldMode.PLAIN, "float32")
+    assert kernel.name == "asyncreplica_fold_SUM_3_plain_float32"
+    assert f'extern "C" __global__ void {kernel.name}(' in kernel.code
+    for k in range(3):
+        assert f"const float* __restrict__ x{k}," in kernel.code
+    assert "float* __restrict__ y," in kernel.code
+    assert "long long n)" in kernel.code
+    assert _body(kernel.code) == [
+        "float acc = x0[i];",
+        "acc = (float)((float)acc + (float)x1[i]);",
+        "acc = (float)((float)acc + (float)x2[i]);",
+        "y[i] = acc;",
     ]
+    assert "#include" not in kernel.code
+
+
+def test_float16_steps_compute_in_float32_and_round_like_numpy() -> None:
+    kernel = fold_kernel_source(ReduceOp.SUM, 2, FoldMode.PLAIN, "float16")
+    assert kernel.code.startswith("#include <cuda_fp16.h>\n")
+    assert _body(kernel.code)[1] == "acc = (__half)((float)acc + (float)x1[i]);"
+
+
+def test_integer_steps_wrap_in_unsigned_arithmetic() -> None:
+    # A signed overflow is undefined in C++; numpy wraps around: so do the kernels.
+    body = _body(fold_kernel_source(ReduceOp.PROD, 2, FoldMode.PLAIN, "int32").code)
+    assert body[1] == "acc = (int)((unsigned int)acc * (unsigned int)x1[i]);"
+    body = _body(fold_kernel_source(ReduceOp.SUM, 2, FoldMode.PLAIN, "int64").code)
+    assert body[1] == "acc = (long long)((unsigned long long)acc + (unsigned long long)x1[i]);"
+    # 16-bit operands would be promoted to (signed) int: widen to unsigned int instead.
+    body = _body(fold_kernel_source(ReduceOp.PROD, 2, FoldMode.PLAIN, "uint16").code)
+    assert body[1] == "acc = (unsigned short)((unsigned int)acc * (unsigned int)x1[i]);"
 
 
 def test_mean_kernel_divides_the_fold_by_its_argument() -> None:
-    kernel = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN)
-    assert kernel.in_params == "T x0, T x1, T d"
-    assert kernel.operation.splitlines()[-1] == "y = acc / d;"
-    ints = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64)
-    assert ints.in_params == "T x0, T x1, float64 d"
-    assert ints.out_params == "float64 y"
-    assert ints.operation.splitlines()[-1] == "y = (double)acc / d;"
+    kernel = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN, "float32")
+    assert "double d," in kernel.code
+    assert _body(kernel.code)[-1] == "y[i] = (float)((float)acc / (float)d);"
+    ints = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "int32")
+    assert "double* __restrict__ y," in ints.code
+    assert _body(ints.code)[-1] == "y[i] = (double)acc / d;"
+    assert FoldVariant(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "int32").out_dtype == "float64"
+    assert FoldVariant(ReduceOp.MEAN, 2, FoldMode.MEAN, "float16").out_dtype == "float16"
 
 
 def test_min_max_kernels_propagate_nan_like_numpy() -> None:
-    assert "acc != acc" in fold_kernel_source(ReduceOp.MIN, 2).operation
-    assert "acc != acc" in fold_kernel_source(ReduceOp.MAX, 2).operation
+    assert "(float)acc != (float)acc" in fold_kernel_source(ReduceOp.MIN, 2).code
+    assert "(float)acc != (float)acc" in fold_kernel_source(ReduceOp.MAX, 2).code
 
 
 def test_one_input_kernel_copies() -> None:
-    assert fold_kernel_source(ReduceOp.PROD, 1).operation.splitlines() == [
-        "T acc = x0;",
-        "y = acc;",
-    ]
+    assert _body(fold_kernel_source(ReduceOp.PROD, 1).code) == ["float acc = x0[i];", "y[i] = acc;"]
 
 
-def test_kernel_names_are_distinct_per_op_arity_and_mode() -> None:
-    names = {
-        fold_kernel_source(op, k, FoldMode.PLAIN).name for op in ReduceOp for k in (1, 2, 3)
-    } | {fold_kernel_source(ReduceOp.SUM, 2, mode).name for mode in FoldMode}
-    assert len(names) == len(ReduceOp) * 3 + 2
+def test_kernel_names_are_distinct_per_variant() -> None:
+    variants = every_fold_variant()
+    assert len({v.name for v in variants}) == len(variants) == len(set(variants))
+
+
+def test_every_variant_is_every_op_arity_mode_and_dtype() -> None:
+    variants = every_fold_variant()
+    floats = [d for d in FOLD_DTYPES if d.startswith("float")]
+    ints = [d for d in FOLD_DTYPES if not d.startswith("float")]
+    assert set(floats) == {"float16", "float32", "float64"}
+    assert len(ints) == 8
+    plain = len(ReduceOp) * MAX_FOLD_ARITY * len(FOLD_DTYPES)
+    assert len(variants) == plain + MAX_FOLD_ARITY * (len(floats) + len(ints))
+    assert {(v.op, v.mode) for v in variants if v.mode is not FoldMode.PLAIN} == {
+        (ReduceOp.MEAN, FoldMode.MEAN),
+        (ReduceOp.MEAN, FoldMode.MEAN_TO_FLOAT64),
+    }
+    # Every kernel a fold of up to 40 inputs runs is among them.
+    for count in range(1, 41):
+        for dtype in FOLD_DTYPES:
+            for divide in (False, True):
+                assert set(fold_steps(count, ReduceOp.MEAN, dtype, divide=divide)) <= set(variants)
 
 
 def test_kernel_source_rejects_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="at least one input"):
+    with pytest.raises(ValueError, match="1 to 16 inputs"):
         fold_kernel_source(ReduceOp.SUM, 0)
-    with pytest.raises(ValueError, match="only SUM or MEAN"):
+    with pytest.raises(ValueError, match="1 to 16 inputs"):
+        fold_kernel_source(ReduceOp.SUM, MAX_FOLD_ARITY + 1)
+    with pytest.raises(ValueError, match="only MEAN divides"):
         fold_kernel_source(ReduceOp.MAX, 2, FoldMode.MEAN)
+    with pytest.raises(ValueError, match="complex values use CuPy's ufuncs"):
+        fold_kernel_source(ReduceOp.SUM, 2, FoldMode.PLAIN, "complex64")
+    with pytest.raises(ValueError, match="written as float64"):
+        fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN, "int32")
+    with pytest.raises(ValueError, match="keeps their dtype"):
+        fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "float32")
+
+
+# Which kernels a collective runs (compiled before it starts) ------------------------------------
+
+
+def test_fold_steps_follow_the_chunks_and_divide_last() -> None:
+    assert fold_steps(3, ReduceOp.SUM, "float32", divide=False) == [
+        FoldVariant(ReduceOp.SUM, 3, FoldMode.PLAIN, "float32")
+    ]
+    steps = fold_steps(40, ReduceOp.MEAN, "int16", divide=True)
+    # 16 inputs, then the running result plus 15, then plus the last 9.
+    assert [(v.arity, v.mode) for v in steps] == [
+        (16, FoldMode.PLAIN),
+        (16, FoldMode.PLAIN),
+        (10, FoldMode.MEAN_TO_FLOAT64),
+    ]
+    assert fold_steps(1, ReduceOp.MEAN, "float16", divide=True) == [
+        FoldVariant(ReduceOp.MEAN, 1, FoldMode.MEAN, "float16")
+    ]
+
+
+def test_reduction_folds_per_route() -> None:
+    one = GpuPlan.from_devices(["GPU:0"] * 3)
+    assert reduction_folds(one, ReduceOp.MEAN, Route.LOCAL) == [Fold(0, 3, True)]
+    plan = GpuPlan.from_devices(["GPU:0", "GPU:0", "GPU:1", "GPU:0", "GPU:1", "GPU:1"])
+    # CHAIN: each segment folds its replicas plus the running result (after the first).
+    assert reduction_folds(plan, ReduceOp.SUM, Route.CHAIN) == [
+        Fold(0, 2, False),
+        Fold(1, 2, False),
+        Fold(0, 2, False),
+        Fold(1, 3, False),
+    ]
+    assert reduction_folds(plan, ReduceOp.MEAN, Route.CHAIN)[-1] == Fold(1, 3, True)
+    # NCCL: each GPU folds its own replicas; MEAN divides after NCCL, on every GPU.
+    assert reduction_folds(plan, ReduceOp.SUM, Route.NCCL) == [Fold(0, 3, False), Fold(1, 3, False)]
+    uneven = GpuPlan.from_devices(["GPU:0", "GPU:1", "GPU:1"])
+    assert reduction_folds(uneven, ReduceOp.MEAN, Route.NCCL) == [
+        Fold(1, 2, False),
+        Fold(0, 1, True),
+        Fold(1, 1, True),
+    ]
+
+
+def test_reduction_variants_name_each_kernel_once() -> None:
+    plan = GpuPlan.from_devices(["GPU:0", "GPU:0", "GPU:1", "GPU:0", "GPU:1", "GPU:1"])
+    assert reduction_variants(plan, ReduceOp.MEAN, "float32", Route.CHAIN) == {
+        FoldVariant(ReduceOp.MEAN, 2, FoldMode.PLAIN, "float32"),
+        FoldVariant(ReduceOp.MEAN, 3, FoldMode.MEAN, "float32"),
+    }
+    assert reduction_variants(plan, ReduceOp.SUM, "complex64", Route.CHAIN) == frozenset()
 
 
 def _interpret(op: ReduceOp, arrays: list[np.ndarray], max_arity: int) -> np.ndarray:
