@@ -63,7 +63,10 @@ def _by_shape(shapes: Sequence[tuple[int, ...]]) -> str:
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, shape in enumerate(shapes):
         groups.setdefault(shape, []).append(i)
-    return "; ".join(f"{_replicas(ids)} hold shape {shape}" for shape, ids in groups.items())
+    return "; ".join(
+        f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} shape {shape}"
+        for shape, ids in groups.items()
+    )
 
 
 def _is_number(value: object) -> bool:

@@ -112,7 +112,10 @@ def canon(x: Any, kind: Callable[[Any], str | None], to_numpy: Callable[[Any], A
 
 
 def canon_error(exc: BaseException) -> dict[str, str]:
-    return {"error": builtin_class(exc), "class": type(exc).__name__, "message": str(exc)[:300]}
+    text = str(exc).strip()
+    # tf.function prefixes the error with the traced call stack: keep its last line.
+    message = text.splitlines()[-1] if "in user code" in text else text
+    return {"error": builtin_class(exc), "class": type(exc).__name__, "message": message[:300]}
 
 
 def same(a: Any, b: Any) -> bool:
@@ -153,8 +156,19 @@ class Program:
     fn: Callable[[Any], Any]
     modes: tuple[str, ...] = MODES
     ns: tuple[int, ...] = NS
-    # Why asyncreplica differs on purpose: a phrase from a line of docs/migration.md.
-    deliberate: str | None = None
+    # Why asyncreplica differs on purpose: a phrase from a line of docs/migration.md,
+    # for every mode, or per mode ({"function": ...} for a tf.function-only difference).
+    deliberate: str | dict[str, str] | None = None
+
+    def reason(self, mode: str, n: int) -> str | None:
+        if isinstance(self.deliberate, dict):
+            return self.deliberate.get(f"{mode}/N={n}") or self.deliberate.get(mode)
+        return self.deliberate
+
+    def reasons(self) -> set[str]:
+        if isinstance(self.deliberate, dict):
+            return set(self.deliberate.values())
+        return {self.deliberate} if self.deliberate else set()
 
 
 PROGRAMS: list[Program] = []
@@ -165,7 +179,7 @@ def program(
     *,
     modes: tuple[str, ...] = MODES,
     ns: tuple[int, ...] = NS,
-    deliberate: str | None = None,
+    deliberate: str | dict[str, str] | None = None,
 ) -> Callable[[Callable[[Any], Any]], Callable[[Any], Any]]:
     def register(fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
         PROGRAMS.append(Program(name, fn, modes, ns, deliberate))
@@ -196,6 +210,12 @@ D_ZERO_SUM = "SUM` of a value that is not distributed raises"
 D_NEST_REDUCE_AXIS = "reduce(axis=...)` of a nest reduces every leaf"
 D_LIST_AXIS = "A list `axis` works"
 D_MIRRORED_REDUCE = "Strategy.reduce` of a `Mirrored` value reduces its components"
+D_NO_OVERFLOW = "The mean of integers does not overflow"
+D_BATCH_ONE_DEVICE = "batch_reduce_to` with a one-device destination"
+D_PACK = "whether such a list reduces at all depends on `bytes_per_pack`"
+# TF 2.21 inside tf.function with one replica: all_reduce raises "destinations can not
+# be empty" (a traced value has no device yet).
+N1F = {"function/N=1": D_GRAPH}
 
 
 def arange(shape: tuple[int, ...], dtype: str, r: int) -> Any:
@@ -224,7 +244,7 @@ for _dtype in ("float16", "float32", "float64", "int32", "int64"):
             add(
                 f"all_reduce/{_op}/{_dtype}/{'x'.join(map(str, _shape)) or 'scalar'}",
                 _all_reduce_prog(_op, _dtype, _shape),
-                deliberate=D_INT_MEAN_ONE if _op == "MEAN" and _dtype.startswith("int") else None,
+                deliberate=D_INT_MEAN_ONE if _op == "MEAN" and _dtype.startswith("int") else N1F,
             )
 for _dtype in ("int8", "uint8", "int16", "complex64", "bool"):
     add(
@@ -232,7 +252,7 @@ for _dtype in ("int8", "uint8", "int16", "complex64", "bool"):
         _all_reduce_prog("SUM", _dtype, (3,)),
         deliberate=D_DTYPES,
     )
-add("all_reduce/sum_lowercase/float32", _all_reduce_prog("sum", "float32", (2,)))
+add("all_reduce/sum_lowercase/float32", _all_reduce_prog("sum", "float32", (2,)), deliberate=N1F)
 
 
 @program("all_reduce/MAX_is_not_a_tf_op", deliberate=D_MORE_OPS)
@@ -264,10 +284,10 @@ def f32(*v: float) -> Any:
     return np.array(v, np.float32)
 
 
-add("nest/dict", _nest_prog(lambda r: {"b": f32(r), "a": f32(r, 2 * r)}))
-add("nest/tuple", _nest_prog(lambda r: (f32(r), f32(1, r))))
-add("nest/list", _nest_prog(lambda r: [f32(r), f32(1, r)]))
-add("nest/namedtuple", _nest_prog(lambda r: NT(a=f32(r), b=f32(r + 1)), "MEAN"))
+add("nest/dict", _nest_prog(lambda r: {"b": f32(r), "a": f32(r, 2 * r)}), deliberate=N1F)
+add("nest/tuple", _nest_prog(lambda r: (f32(r), f32(1, r))), deliberate=N1F)
+add("nest/list", _nest_prog(lambda r: [f32(r), f32(1, r)]), deliberate=N1F)
+add("nest/namedtuple", _nest_prog(lambda r: NT(a=f32(r), b=f32(r + 1)), "MEAN"), deliberate=N1F)
 add(
     "nest/deep",
     _nest_prog(
@@ -277,6 +297,7 @@ add(
             "z": NT(a=np.float32(r), b=np.full([2], r, np.float32)),
         }
     ),
+    deliberate=N1F,
 )
 add(
     "nest/mixed_int32_float32",
@@ -286,6 +307,7 @@ add(
 add(
     "nest/int64_float64",
     _nest_prog(lambda r: (np.array([r], np.int64), np.array([r], np.float64))),
+    deliberate={"function": D_PACK},
 )
 
 
@@ -314,7 +336,7 @@ def _same_object(api: Any) -> Gen:
     return (yield api.run(step, ()))
 
 
-@program("all_reduce/same_object_mean")
+@program("all_reduce/same_object_mean", deliberate={"function": D_GRAPH})
 def _same_object_mean(api: Any) -> Gen:
     shared = api.const(f32(1, 2))
 
@@ -345,7 +367,7 @@ def _python_float(api: Any) -> Gen:
     return (yield api.run(step, (pr,)))
 
 
-@program("all_reduce/two_in_a_row")
+@program("all_reduce/two_in_a_row", deliberate=N1F)
 def _two_in_a_row(api: Any) -> Gen:
     pr = api.per_replica(lambda r, n: f32(r, 1))
 
@@ -579,7 +601,13 @@ for _op in ("SUM", "MEAN"):
             ("int32", even("int32")),
             ("int64", even("int64")),
         ):
-            add(f"reduce/{_op}/axis{_axis_name}/{_dname}", _reduce_prog(_op, _make, _axis))
+            add(
+                f"reduce/{_op}/axis{_axis_name}/{_dname}",
+                _reduce_prog(_op, _make, _axis),
+                deliberate=D_INT_MEAN_ONE
+                if _op == "MEAN" and _axis is None and _dname.startswith("int")
+                else None,
+            )
         if _axis_name in ("0", "0_1"):
             add(f"reduce/{_op}/axis{_axis_name}/uneven", _reduce_prog(_op, uneven_rows, _axis))
     add(
@@ -594,6 +622,7 @@ for _op in ("SUM", "MEAN"):
             lambda r, n: np.ones((3, 2), np.float32) if r == 0 else np.ones((0,), np.float32),
             0,
         ),
+        deliberate=D_ERRORS,
     )
     add(f"reduce/{_op}/axis_out_of_range", _reduce_prog(_op, even("float32"), 2))
 add("reduce/axis_str", _reduce_prog("SUM", even("float32"), "0"))
@@ -601,11 +630,12 @@ add("reduce/SUM/int8_axis0", _reduce_prog("SUM", even("int8"), 0))
 add(
     "reduce/MEAN/int8_axisNone_overflow",
     _reduce_prog("MEAN", lambda r, n: np.full((2,), 100, np.int8), None),
-    deliberate=D_DTYPES,
+    deliberate=D_NO_OVERFLOW,
 )
 add(
     "reduce/MEAN/int64_axisNone_big",
     _reduce_prog("MEAN", lambda r, n: np.full((1,), 2**62, np.int64), None),
+    deliberate={"eager/N=1": D_INT_MEAN_ONE, "eager": D_NO_OVERFLOW, "function": D_NO_OVERFLOW},
 )
 add("reduce/SUM/partial_batch", _reduce_prog("SUM", lambda r, n: f32(*range(4 - 2 * (r % 2))), 0))
 add("reduce/MEAN/partial_batch", _reduce_prog("MEAN", lambda r, n: f32(*range(4 - 2 * (r % 2))), 0))
@@ -639,7 +669,12 @@ def _reduce_plain(op: str, make: Callable[[], Any]) -> Callable[[Any], Gen]:
 
 add("reduce/SUM/plain", _reduce_plain("SUM", lambda: f32(3)))
 add("reduce/MEAN/plain", _reduce_plain("MEAN", lambda: f32(3)))
-add("reduce/SUM/plain_zeros", _reduce_plain("SUM", lambda: np.zeros(2)), deliberate=D_ZERO_SUM)
+add("reduce/SUM/plain_zeros", _reduce_plain("SUM", lambda: np.zeros(2)))
+
+
+@program("reduce/SUM/plain_numpy_zeros", deliberate=D_ZERO_SUM)
+def _reduce_numpy_zeros(api: Any) -> Gen:
+    return (yield api.reduce("SUM", np.zeros(2), None))
 
 
 @program("reduce/MEAN/mirrored", modes=("eager",))
@@ -740,7 +775,11 @@ def _reduce_to(op: str, dest: str) -> Callable[[Any], Gen]:
 
 for _op in ("SUM", "MEAN"):
     for _dest in ("device", "self", "tensor", "nest"):
-        add(f"reduce_to/{_op}/{_dest}", _reduce_to(_op, _dest))
+        add(
+            f"reduce_to/{_op}/{_dest}",
+            _reduce_to(_op, _dest),
+            deliberate={"function": D_GRAPH} if _dest == "tensor" else None,
+        )
 
 
 @program("reduce_to/int32_self")
@@ -749,14 +788,14 @@ def _reduce_to_int(api: Any) -> Gen:
     return (yield api.reduce_to("SUM", pr, pr))
 
 
-@program("batch_reduce_to/pairs")
+@program("batch_reduce_to/pairs", deliberate={"eager": D_BATCH_ONE_DEVICE})
 def _batch_reduce_to(api: Any) -> Gen:
     a = api.per_replica(lambda r, n: f32(r))
     b = api.per_replica(lambda r, n: f32(1, r))
     return (yield api.batch_reduce_to("SUM", [(a, a), (b, "CPU:0")]))
 
 
-@program("batch_reduce_to/mean_int64")
+@program("batch_reduce_to/mean_int64", deliberate=D_INT_MEAN_ONE)
 def _batch_reduce_to_mean(api: Any) -> Gen:
     a = api.per_replica(lambda r, n: np.array([r], np.int64))
     b = api.per_replica(lambda r, n: np.array([r, 2 * r], np.int64))
