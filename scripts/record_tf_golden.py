@@ -48,6 +48,7 @@ def _cases(n: int) -> list[tuple[P.Program, str]]:
 
 
 def child(n: int, start: int) -> None:
+    """Run the cases of N replicas from ``start`` on; print one JSON line per case."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import numpy as np
     import tensorflow as tf
@@ -236,7 +237,8 @@ def child(n: int, start: int) -> None:
             aborting = isinstance(exc, tf.errors.OpError)
         line = {"i": i, "case": f"{prog.name}|{mode}", "result": result}
         line["seconds"] = round(time.monotonic() - t0, 3)
-        print(json.dumps(line), flush=True)
+        sys.stdout.write(json.dumps(line) + "\n")
+        sys.stdout.flush()
         if aborting:
             sys.exit(3)
     sys.exit(0)
@@ -247,6 +249,7 @@ def child(n: int, start: int) -> None:
 
 
 def record(n: int) -> dict[str, Any]:
+    """Record every case of N replicas, restarting the child after an aborting error."""
     cases = _cases(n)
     results: dict[str, Any] = {}
     start = 0
@@ -263,7 +266,7 @@ def record(n: int) -> dict[str, Any]:
         while True:
             if not sel.select(timeout=CASE_TIMEOUT):
                 proc.kill()
-                name = "{}|{}".format(cases[last + 1][0].name, cases[last + 1][1])
+                name = f"{cases[last + 1][0].name}|{cases[last + 1][1]}"
                 results[name] = {"error": "Hang", "class": "Hang", "message": "timed out"}
                 last += 1
                 break
@@ -275,15 +278,16 @@ def record(n: int) -> dict[str, Any]:
             last = data["i"]
         proc.wait()
         if proc.returncode not in (0, 3) and last + 1 < len(cases) and proc.returncode != -9:
-            name = "{}|{}".format(cases[last + 1][0].name, cases[last + 1][1])
+            name = f"{cases[last + 1][0].name}|{cases[last + 1][1]}"
             results[name] = {"error": "Crash", "class": "Crash", "message": str(proc.returncode)}
             last += 1
         start = last + 1
-        print(f"N={n}: {start}/{len(cases)} cases", file=sys.stderr, flush=True)
+        sys.stderr.write(f"N={n}: {start}/{len(cases)} cases\n")
     return results
 
 
 def main() -> None:
+    """Record the golden files (or, with --child, run one child process)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, nargs="*", default=list(P.NS))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
@@ -306,7 +310,7 @@ def main() -> None:
         }
         path = GOLDEN / f"tf_n{n}.json"
         path.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
-        print(f"wrote {path} ({len(results)} cases, {time.monotonic() - t0:.0f} s)", file=sys.stderr)
+        sys.stderr.write(f"wrote {path} ({len(results)} cases, {time.monotonic() - t0:.0f} s)\n")
 
 
 if __name__ == "__main__":

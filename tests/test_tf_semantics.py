@@ -1233,7 +1233,9 @@ async def test_reduce_sum_keeps_the_integer_dtype(
     result = await two.reduce("sum", value, axis=axis)
     assert result.dtype == dtype
     ones = np.ones((2, 3), np.int64)
-    expected = ones if axis is None else ones.sum(axis=tuple(axis) if isinstance(axis, list) else axis)
+    expected = (
+        ones if axis is None else ones.sum(axis=tuple(axis) if isinstance(axis, list) else axis)
+    )
     np.testing.assert_array_equal(result, np.asarray(expected) * 2)
 
 
@@ -1341,7 +1343,7 @@ async def test_distribute_dataset_second_pass_over_a_generator_raises(
 ) -> None:
     dataset = two.experimental_distribute_dataset(np.arange(4) + i for i in range(2))
     assert len(list(dataset)) == 2
-    with pytest.raises(RuntimeError, match="one-shot iterator.*consumed"):
+    with pytest.raises(RuntimeError, match=r"one-shot iterator.*consumed"):
         list(dataset)
 
 

@@ -564,7 +564,10 @@ def _local_results_prog(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
     return prog
 
 
-add("local_results/per_replica", _local_results_prog(lambda api: api.per_replica(lambda r, n: f32(r))))
+add(
+    "local_results/per_replica",
+    _local_results_prog(lambda api: api.per_replica(lambda r, n: f32(r))),
+)
 add("local_results/empty_tuple", _local_results_prog(lambda api: ()), modes=("eager",))
 add("local_results/empty_dict", _local_results_prog(lambda api: {}), modes=("eager",))
 add("local_results/plain_nest", _local_results_prog(lambda api: (5, api.const(f32(1)))))
