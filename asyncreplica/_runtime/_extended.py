@@ -391,6 +391,18 @@ class StrategyExtended:
             TypeError: ``fn`` is not callable, or ``var`` is not distributed on several
                 replicas.
             ValueError: ``args`` is not a list or tuple, or a component count is wrong.
+
+        Example:
+            >>> import asyncio
+            >>> import asyncreplica as ar
+            >>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+            >>> weights = ar.Mirrored([1.0, 1.0])
+            >>> step = ar.PerReplica([0.5, 0.25])
+            >>> asyncio.run(strategy.extended.update(weights, lambda w, d: w - d, args=(step,)))
+            Mirrored:{
+              0: 0.5,
+              1: 0.75
+            }
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable as fn(component, *args, **kwargs), got {fn!r}")
@@ -462,6 +474,18 @@ class StrategyExtended:
 
         Raises:
             ReplicaContextError: Called inside a replica.
+
+        Example:
+            >>> import asyncio
+            >>> import asyncreplica as ar
+            >>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+            >>> def fn(x):
+            ...     return x + ar.get_replica_context().replica_id_in_sync_group
+            >>> asyncio.run(strategy.extended.call_for_each_replica(fn, args=[10]))
+            PerReplica:{
+              0: 10,
+              1: 11
+            }
         """
         strategy = self._strategy
         strategy._require_cross_replica(
