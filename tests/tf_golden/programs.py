@@ -894,6 +894,151 @@ def _input_context(api: Any) -> Gen:
     yield
 
 
+# -- more context and error cases -------------------------------------------------------
+
+
+@program("update/replica_context", modes=("eager",))
+def _update_replica(api: Any) -> Gen:
+    var = api.mirrored_var(f32(1, 2))
+    pr = api.per_replica(lambda r, n: f32(r, r))
+
+    def step(api: Any, ctx: Any, x: Any) -> Gen:
+        return (yield api.update(var, lambda v, d: v + d, (x,), True))
+
+    return (yield api.run(step, (pr,)))
+
+
+@program("run/kwargs")
+def _run_kwargs(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: f32(r))
+
+    def step(api: Any, ctx: Any, *, x: Any, y: Any) -> Any:
+        return {"x": x, "y": y}
+
+    return (yield api.run(step, (), {"x": pr, "y": 3}))
+
+
+@program("errors/gather_in_replica_context", modes=("eager",))
+def _gather_in_replica(api: Any) -> Gen:
+    def step(api: Any, ctx: Any) -> Gen:
+        return (yield api.gather(api.const(f32(1)), 0))
+
+    return (yield api.run(step, ()))
+
+
+@program("errors/scope_in_replica_context", modes=("eager",))
+def _scope_in_replica(api: Any) -> Gen:
+    def step(api: Any, ctx: Any) -> Any:
+        with api.scope():
+            return 1
+
+    return (yield api.run(step, ()))
+
+
+@program("errors/all_reduce_prod", deliberate=D_MORE_OPS)
+def _all_reduce_prod(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: f32(r + 1))
+
+    def step(api: Any, ctx: Any, x: Any) -> Gen:
+        return (yield api.all_reduce(ctx, "prod", x))
+
+    return (yield api.run(step, (pr,)))
+
+
+@program("errors/reduce_bad_op")
+def _reduce_bad_op(api: Any) -> Gen:
+    return (yield api.reduce("avg", api.per_replica(lambda r, n: f32(r)), None))
+
+
+# -- random programs from a fixed seed ----------------------------------------------------
+
+
+def _random_value(seed: int, r: int, shape: tuple[int, ...], dtype: str) -> Any:
+    return np.random.default_rng([seed, r]).integers(-5, 6, size=shape).astype(dtype)
+
+
+def _random_program(k: int) -> None:
+    rng = np.random.default_rng([2021, k])
+    kind = ("all_reduce", "reduce", "gather", "all_gather")[k % 4]
+    dtype = str(rng.choice(["float32", "float64", "int32", "int64"]))
+    op = str(rng.choice(["SUM", "MEAN"]))
+    rank = int(rng.integers(1, 3))
+    shape = tuple(int(x) for x in rng.integers(1, 4, size=rank))
+    container = str(rng.choice(["leaf", "dict", "tuple", "list"]))
+    name = f"random/{k:02d}/{kind}/{op if kind in ('all_reduce', 'reduce') else 'concat'}"
+    name += f"/{dtype}/{container}"
+    int_mean = op == "MEAN" and dtype.startswith("int")
+
+    def box(make: Callable[[int], Any]) -> Callable[[int, int], Any]:
+        def value(r: int, n: int) -> Any:
+            if container == "dict":
+                return {"b": make(r), "a": make(r + 100)}
+            if container == "tuple":
+                return (make(r), make(r + 100))
+            if container == "list":
+                return [make(r)]
+            return make(r)
+
+        return value
+
+    if kind == "all_reduce":
+        make = box(lambda r: _random_value(k, r, shape, dtype))
+
+        def prog(api: Any) -> Gen:
+            def step(api: Any, ctx: Any, x: Any) -> Gen:
+                return (yield api.all_reduce(ctx, op, x))
+
+            return (yield api.run(step, (api.per_replica(make),)))
+
+        tags = {"function/N=1": D_GRAPH}
+        if dtype == "int32" and container in ("tuple", "dict"):
+            # TF 2.21 refuses several int32 leaves in one all_reduce ("all on the host
+            # or all on the compute devices").
+            tags.update(eager=D_DTYPES, function=D_DTYPES)
+        if int_mean:
+            tags["eager/N=1"] = D_INT_MEAN_ONE
+        add(name, prog, deliberate=tags)
+    elif kind == "reduce":
+        axis: Any = [None, 0, -1, tuple(range(rank))][int(rng.integers(0, 4))]
+        make = box(lambda r: _random_value(k, r, shape, dtype))
+
+        def prog(api: Any) -> Gen:
+            return (yield api.reduce(op, api.per_replica(make), axis))
+
+        nest = container != "leaf" and axis is not None
+        deliberate = D_NEST_REDUCE_AXIS if nest else (D_INT_MEAN_ONE if int_mean else None)
+        add(f"{name}/axis{axis}", prog, deliberate=deliberate)
+    else:
+        axis = int(rng.integers(0, rank))
+
+        def uneven(r: int) -> Any:
+            s = list(shape)
+            s[axis] = (r + k) % 3 + 1
+            return _random_value(k, r, tuple(s), dtype)
+
+        make = box(uneven)
+        if kind == "gather":
+
+            def prog(api: Any) -> Gen:
+                return (yield api.gather(api.per_replica(make), axis))
+
+            nest = container != "leaf"
+            add(f"{name}/axis{axis}", prog, deliberate=D_NEST_GATHER if nest else None)
+        else:
+
+            def prog(api: Any) -> Gen:
+                def step(api: Any, ctx: Any, x: Any) -> Gen:
+                    return (yield api.all_gather(ctx, x, axis))
+
+                return (yield api.run(step, (api.per_replica(make),)))
+
+            add(f"{name}/axis{axis}", prog)
+
+
+for _k in range(32):
+    _random_program(_k)
+
+
 def case_names() -> Iterator[tuple[Program, str]]:
     for p in PROGRAMS:
         for mode in p.modes:
