@@ -327,14 +327,20 @@ class Strategy:
                 ``MEAN`` then divides the global sum by the global element count, so
                 uneven batches are weighted correctly.
 
+        ``SUM`` keeps the input dtype; the ``MEAN`` of integers is float64, accumulated
+        in float64 (no overflow).
+
         Returns:
-            The result, with the structure of ``value`` (new, writable arrays).
+            The result, with the structure of ``value`` (new, writable arrays; a plain
+            value comes back as a copy, never as the caller's own array).
 
         Raises:
             ReplicaContextError: Called inside a replica (use ``ctx.all_reduce``).
             TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
-            ValueError: Bad op or axis, or ``SUM``/``PROD`` of a value that is not
-                distributed (it would be counted once per replica).
+            ValueError: Bad op or axis; replicas whose values differ in shape
+                (``axis=None``), in rank, or in the dimensions left after reducing
+                ``axis``; or ``SUM``/``PROD`` of a value that is not distributed on
+                several replicas (it would be counted once per replica).
         """
         self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
         op = ReduceOp(reduce_op)
