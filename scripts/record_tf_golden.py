@@ -11,6 +11,7 @@ environment, e.g.::
     python3 -m venv /tmp/tf && /tmp/tf/bin/pip install tensorflow-cpu==2.21.0 numpy
     /tmp/tf/bin/python scripts/record_tf_golden.py            # every N
     /tmp/tf/bin/python scripts/record_tf_golden.py --n 2 3    # some
+    /tmp/tf/bin/python scripts/record_tf_golden.py --missing  # only new programs
 
 Logical devices are fixed when TensorFlow starts, so each N runs in its own process.
 A collective error aborts TensorFlow's collective executor for the rest of the
@@ -39,8 +40,17 @@ import programs as P  # noqa: E402
 CASE_TIMEOUT = 180.0
 
 
-def _cases(n: int) -> list[tuple[P.Program, str]]:
-    return [(p, mode) for p, mode in P.case_names() if n in p.ns]
+def _cases(n: int, skip: frozenset[str] = frozenset()) -> list[tuple[P.Program, str]]:
+    return [(p, m) for p, m in P.case_names() if n in p.ns and f"{p.name}|{m}" not in skip]
+
+
+def _skip_file(n: int) -> pathlib.Path:
+    return GOLDEN / f".skip_n{n}.json"
+
+
+def _skip(n: int) -> frozenset[str]:
+    path = _skip_file(n)
+    return frozenset(json.loads(path.read_text())) if path.exists() else frozenset()
 
 
 # --------------------------------------------------------------------------------------
@@ -225,7 +235,7 @@ def child(n: int, start: int) -> None:
         leaves = f()
         return rebuild(holder[-1], leaves)
 
-    cases = _cases(n)
+    cases = _cases(n, _skip(n))
     for i in range(start, len(cases)):
         prog, mode = cases[i]
         t0 = time.monotonic()
@@ -248,9 +258,10 @@ def child(n: int, start: int) -> None:
 # Parent
 
 
-def record(n: int) -> dict[str, Any]:
-    """Record every case of N replicas, restarting the child after an aborting error."""
-    cases = _cases(n)
+def record(n: int, skip: frozenset[str]) -> dict[str, Any]:
+    """Record the cases of N replicas not in ``skip``; restart the child after an abort."""
+    _skip_file(n).write_text(json.dumps(sorted(skip)))
+    cases = _cases(n, skip)
     results: dict[str, Any] = {}
     start = 0
     while start < len(cases):
@@ -292,6 +303,11 @@ def main() -> None:
     parser.add_argument("--n", type=int, nargs="*", default=list(P.NS))
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--start", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--missing",
+        action="store_true",
+        help="record only the cases missing from the existing files (new programs)",
+    )
     args = parser.parse_args()
     if args.child is not None:
         child(args.child, args.start)
@@ -300,7 +316,18 @@ def main() -> None:
 
     for n in args.n:
         t0 = time.monotonic()
-        results = record(n)
+        path = GOLDEN / f"tf_n{n}.json"
+        kept: dict[str, Any] = {}
+        if args.missing and path.exists():
+            old = json.loads(path.read_text())
+            if old["tensorflow"] != tf.__version__:
+                sys.exit(f"{path} was recorded by TF {old['tensorflow']}: record it all again")
+            wanted = {f"{p.name}|{m}" for p, m in _cases(n)}
+            kept = {k: v for k, v in old["cases"].items() if k in wanted}
+        try:
+            results = {**kept, **record(n, frozenset(kept))}
+        finally:
+            _skip_file(n).unlink(missing_ok=True)
         out = {
             "tensorflow": tf.__version__,
             "recorded_by": "scripts/record_tf_golden.py",
@@ -308,7 +335,6 @@ def main() -> None:
             "strategy": f"MirroredStrategy({[f'CPU:{i}' for i in range(n)]})",
             "cases": dict(sorted(results.items())),
         }
-        path = GOLDEN / f"tf_n{n}.json"
         path.write_text(json.dumps(out, indent=1, sort_keys=False) + "\n")
         sys.stderr.write(f"wrote {path} ({len(results)} cases, {time.monotonic() - t0:.0f} s)\n")
 
