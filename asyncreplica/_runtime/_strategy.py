@@ -346,13 +346,8 @@ class Strategy:
         op = ReduceOp(reduce_op)
         axes = axis_tuple(axis)
         leaves, treedef = flatten(value)
-        out = [await self._reduce_leaf(op, leaf, axes) for leaf in leaves]
+        out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
         return unflatten(treedef, out)
-
-    async def _reduce_leaf(
-        self, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
-    ) -> object:
-        return await reduce_leaf(self, op, leaf, axes)
 
     async def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component along ``axis`` (cross-replica context).

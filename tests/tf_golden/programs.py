@@ -894,6 +894,25 @@ def _input_context(api: Any) -> Gen:
     yield
 
 
+# -- every dtype TF allows in all_gather, gather and reduce --------------------------------
+
+for _dtype in ("float16", "float32", "float64", "int32", "int64"):
+    add(
+        f"all_gather/dtype/{_dtype}",
+        _gather_prog(lambda r, _d=_dtype: np.full((1 + r % 2, 2), r, _d), 0),
+    )
+    add(f"gather/dtype/{_dtype}", _sgather(lambda r, n, _d=_dtype: np.full((1 + r % 2,), r, _d), 0))
+    for _op in ("SUM", "MEAN"):
+        for _axis_name, _axis in (("None", None), ("0", 0)):
+            add(
+                f"reduce/dtype/{_dtype}/{_op}/axis{_axis_name}",
+                _reduce_prog(_op, even(_dtype), _axis),
+                deliberate=D_INT_MEAN_ONE
+                if _op == "MEAN" and _axis is None and _dtype.startswith("int")
+                else None,
+            )
+
+
 # -- more context and error cases -------------------------------------------------------
 
 
