@@ -36,11 +36,15 @@ from ._runtime._context import get_replica_context as get_replica_context
 from ._runtime._context import get_strategy as get_strategy
 from ._runtime._context import has_strategy as has_strategy
 from ._runtime._context import in_cross_replica_context as in_cross_replica_context
-from ._runtime._strategy import DistributedDataset as DistributedDataset
+from ._runtime._extended import StrategyExtended as StrategyExtended
+from ._runtime._global_strategy import experimental_set_strategy as experimental_set_strategy
+from ._runtime._global_strategy import get_cross_replica_context as get_cross_replica_context
+from ._runtime._input import DistributedDataset as DistributedDataset
+from ._runtime._input import DistributedDatasetsFromFunction as DistributedDatasetsFromFunction
+from ._runtime._input import InputContext as InputContext
 from ._runtime._strategy import MirroredStrategy as MirroredStrategy
 from ._runtime._strategy import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
 from ._runtime._strategy import Strategy as Strategy
-from ._runtime._strategy import StrategyExtended as StrategyExtended
 from ._values import DistributedValues as DistributedValues
 from ._values import IndexedSlices as IndexedSlices
 from ._values import Mirrored as Mirrored
@@ -59,8 +63,10 @@ __all__ = [
     "CommunicationImplementation",
     "CommunicationOptions",
     "DistributedDataset",
+    "DistributedDatasetsFromFunction",
     "DistributedValues",
     "IndexedSlices",
+    "InputContext",
     "Mirrored",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
@@ -73,6 +79,8 @@ __all__ = [
     "StrategyExtended",
     "ValueContext",
     "__version__",
+    "experimental_set_strategy",
+    "get_cross_replica_context",
     "get_replica_context",
     "get_strategy",
     "has_strategy",

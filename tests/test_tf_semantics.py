@@ -1202,3 +1202,346 @@ async def test_run_inside_scope_of_another_strategy_is_context_error(
     other = ar.MirroredStrategy(["CPU:0"])
     with two.scope(), pytest.raises(ar.ReplicaContextError):
         await other.run(lambda: None)
+
+
+# Issue 15: parity fixes found by the TensorFlow golden run (tests/test_tf_golden.py) ------
+
+
+async def test_reduce_with_axis_rejects_replicas_of_different_ranks(
+    two: ar.MirroredStrategy,
+) -> None:
+    value = per_replica(np.ones((3, 2), np.float32), np.ones((0,), np.float32))
+    for op in ("sum", "mean"):
+        with pytest.raises(ValueError, match=r"replica 0 holds shape \(3, 2\); replica 1 holds"):
+            await two.reduce(op, value, axis=0)
+
+
+async def test_reduce_with_axis_rejects_disagreeing_other_dimensions(
+    two: ar.MirroredStrategy,
+) -> None:
+    value = per_replica(np.ones((2, 3)), np.ones((2, 4)))
+    with pytest.raises(ValueError, match="other dimensions must agree"):
+        await two.reduce("sum", value, axis=0)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 1), [0, 1]])
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.uint8, np.int64])
+async def test_reduce_sum_keeps_the_integer_dtype(
+    two: ar.MirroredStrategy, axis: Any, dtype: Any
+) -> None:
+    value = per_replica(np.ones((2, 3), dtype), np.ones((2, 3), dtype))
+    result = await two.reduce("sum", value, axis=axis)
+    assert result.dtype == dtype
+    ones = np.ones((2, 3), np.int64)
+    expected = (
+        ones if axis is None else ones.sum(axis=tuple(axis) if isinstance(axis, list) else axis)
+    )
+    np.testing.assert_array_equal(result, np.asarray(expected) * 2)
+
+
+async def test_reduce_mean_of_integers_does_not_overflow(two: ar.MirroredStrategy) -> None:
+    small = per_replica(np.full(2, 100, np.int8), np.full(2, 100, np.int8))
+    np.testing.assert_array_equal(await two.reduce("mean", small, None), [100.0, 100.0])
+    np.testing.assert_array_equal(await two.reduce("mean", small, 0), 100.0)
+    big = per_replica(np.full(1, 2**62, np.int64), np.full(1, 2**62, np.int64))
+    result = await two.reduce("mean", big, None)
+    assert result.dtype == np.float64
+    assert result[0] == 2.0**62
+
+
+async def test_reduce_of_a_plain_array_returns_a_new_writable_array() -> None:
+    one = ar.MirroredStrategy(["CPU:0"])
+    two = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+    x = np.array([1, 2], np.int32)
+    for strategy, op in ((one, "sum"), (one, "mean"), (two, "mean")):
+        result = await strategy.reduce(op, x, None)
+        assert result is not x
+        assert result.dtype == np.int32
+        result[0] = 7
+        np.testing.assert_array_equal(x, [1, 2])
+        single = await strategy.extended.reduce_to(op, x, "CPU:0")
+        assert single is not x
+        single[0] = 7
+        np.testing.assert_array_equal(x, [1, 2])
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+async def test_reduce_to_accepts_an_array_as_destinations(devices: int) -> None:
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(devices)])
+    x = strategy.experimental_distribute_values_from_function(
+        lambda c: np.array([c.replica_id_in_sync_group + 1.0])
+    )
+    target = np.zeros(1)
+    result = await strategy.extended.reduce_to("sum", x, destinations=target)
+    assert isinstance(result, np.ndarray)
+    np.testing.assert_array_equal(result, [sum(range(1, devices + 1))])
+    # TF's idiom reduce_to(op, x, destinations=x) is an all-reduce: one value at N=1.
+    same = await strategy.extended.reduce_to("sum", x, destinations=x)
+    assert isinstance(same, ar.Mirrored if devices > 1 else np.ndarray)
+
+
+async def test_broadcast_to_one_device_gives_a_plain_array(two: ar.MirroredStrategy) -> None:
+    x = np.array([1.0, 2.0])
+    result = await two.extended.broadcast_to(x, "CPU:0")
+    assert isinstance(result, np.ndarray)
+    assert result is not x
+    np.testing.assert_array_equal(result, x)
+
+
+@pytest.mark.parametrize("value", [(), {}, (5, "x"), [SHARED]])
+async def test_local_results_of_a_nest_without_distributed_leaves(
+    two: ar.MirroredStrategy, value: Any
+) -> None:
+    assert two.experimental_local_results(value) == (value, value)
+    assert ar.MirroredStrategy(["CPU:0"]).experimental_local_results(value) == (value,)
+
+
+async def test_values_from_function_regroups_a_dict_into_a_dict_of_per_replica(
+    two: ar.MirroredStrategy,
+) -> None:
+    result = two.experimental_distribute_values_from_function(
+        lambda c: {"x": c.replica_id_in_sync_group, "n": (SHARED,)}
+    )
+    assert isinstance(result, dict)
+    assert result["x"] == per_replica(0, 1)
+    # Every leaf is wrapped (TF's always_wrap), also a shared object.
+    assert isinstance(result["n"], tuple)
+    assert result["n"][0] == per_replica(SHARED, SHARED)
+
+
+async def test_values_from_function_wraps_at_one_replica() -> None:
+    one = ar.MirroredStrategy(["CPU:0"])
+    assert one.experimental_distribute_values_from_function(lambda c: 3) == per_replica(3)
+
+
+async def test_distribute_dataset_with_one_replica_yields_plain_batches() -> None:
+    one = ar.MirroredStrategy(["CPU:0"])
+    got = list(one.experimental_distribute_dataset([np.arange(3), {"a": np.arange(2)}]))
+    assert isinstance(got[0], np.ndarray)
+    np.testing.assert_array_equal(got[0], [0, 1, 2])
+    assert isinstance(got[1]["a"], np.ndarray)
+
+
+async def test_distribute_dataset_of_a_zero_d_array_says_what_to_do(
+    two: ar.MirroredStrategy,
+) -> None:
+    with pytest.raises(TypeError, match=r"0-d array.*np\.array\(\[3\.0\]\)"):
+        list(two.experimental_distribute_dataset([np.array(3.0)]))
+
+
+async def test_distribute_dataset_re_iterates_a_re_iterable_input(
+    two: ar.MirroredStrategy,
+) -> None:
+    dataset = two.experimental_distribute_dataset([np.arange(4), np.arange(2)])
+    assert len(list(dataset)) == 2
+    assert len(list(dataset)) == 2
+    assert len([x async for x in dataset]) == 2
+
+
+async def test_distribute_dataset_second_pass_over_a_generator_raises(
+    two: ar.MirroredStrategy,
+) -> None:
+    dataset = two.experimental_distribute_dataset(np.arange(4) + i for i in range(2))
+    assert len(list(dataset)) == 2
+    with pytest.raises(RuntimeError, match=r"one-shot iterator.*consumed"):
+        list(dataset)
+
+
+async def test_distribute_dataset_second_pass_over_an_async_generator_raises(
+    two: ar.MirroredStrategy,
+) -> None:
+    async def batches():
+        yield np.arange(4)
+
+    dataset = two.experimental_distribute_dataset(batches())
+    assert len([x async for x in dataset]) == 1
+    with pytest.raises(RuntimeError, match="one-shot iterator"):
+        [x async for x in dataset]
+
+
+async def test_batch_reduce_to_requires_tuples(two: ar.MirroredStrategy) -> None:
+    pr = per_replica(np.ones(1), np.ones(1))
+    for bad in ([[pr, pr]], [pr], [(pr,)], [(pr, pr, pr)]):
+        with pytest.raises(ValueError, match="should be a tuple"):
+            await two.extended.batch_reduce_to("sum", bad)
+
+
+async def test_batch_reduce_to_is_one_batched_reduction(
+    two: ar.MirroredStrategy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = two.backend
+    calls: list[int] = []
+    original = backend.all_reduce
+
+    async def counting(op: Any, values: Any, **kwargs: Any) -> Any:
+        calls.append(len(values[0]))
+        return await original(op, values, **kwargs)
+
+    monkeypatch.setattr(backend, "all_reduce", counting)
+    a = per_replica(np.float32(1), np.float32(2))
+    b = per_replica(np.arange(3.0), np.arange(3.0))
+    c = per_replica(np.array([1], np.int64), np.array([2], np.int64))
+    result = await two.extended.batch_reduce_to("sum", [(a, a), (b, "CPU:0"), ((c, a), c)])
+    assert calls == [3]  # one reduction of the three distinct values
+    assert isinstance(result[0], ar.Mirrored)
+    np.testing.assert_array_equal(result[1], [0.0, 2.0, 4.0])
+    assert result[1].flags.writeable
+    assert result[2][0] == ar.Mirrored([np.array([3]), np.array([3])])
+    assert float(result[2][1].values[1]) == 3.0
+
+
+async def test_distribute_datasets_from_function(two: ar.MirroredStrategy) -> None:
+    contexts = []
+
+    def dataset_fn(ctx: ar.InputContext) -> list[np.ndarray]:
+        contexts.append(ctx)
+        batch = ctx.get_per_replica_batch_size(8)
+        data = np.arange(11.0)
+        return [data[i : i + batch] for i in range(0, len(data), batch)]
+
+    dataset = two.distribute_datasets_from_function(dataset_fn)
+    (ctx,) = contexts
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync) == (1, 0, 2)
+    steps = [two.experimental_local_results(x) for x in dataset]
+    assert len(steps) == 2
+    np.testing.assert_array_equal(steps[0][1], [4, 5, 6, 7])
+    np.testing.assert_array_equal(steps[1][0], [8, 9, 10])
+    assert steps[1][1].shape == (0,)  # the input ran out: an empty batch, as in TF
+    assert len(list(dataset)) == 2  # re-iterable
+    alias = two.experimental_distribute_datasets_from_function(dataset_fn)
+    assert len([x async for x in alias]) == 2
+
+
+async def test_distribute_datasets_from_function_indivisible_batch(
+    two: ar.MirroredStrategy,
+) -> None:
+    three = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+    with pytest.raises(ValueError, match="`global_batch_size` 8 is not divisible by"):
+        three.distribute_datasets_from_function(lambda c: [c.get_per_replica_batch_size(8)])
+    with pytest.raises(TypeError, match="iterable"):
+        two.distribute_datasets_from_function(lambda c: 3)
+    with pytest.raises(ValueError, match="options"):
+        two.distribute_datasets_from_function(lambda c: [], options=object())
+
+
+async def test_input_context_defaults_and_repr() -> None:
+    ctx = ar.InputContext()
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id, ctx.num_replicas_in_sync) == (1, 0, 1)
+    assert ctx.get_per_replica_batch_size(5) == 5
+    assert "input_pipeline_id=0" in repr(ctx)
+
+
+async def test_update_in_cross_replica_context(two: ar.MirroredStrategy) -> None:
+    var = ar.Mirrored([np.ones(2), np.ones(2)])
+    delta = per_replica(np.float64(1), np.float64(2))
+
+    grouped = await two.extended.update(var, lambda v, d: v + d, args=(delta,))
+    assert isinstance(grouped, ar.Mirrored)
+    np.testing.assert_array_equal(grouped.values[1], [3.0, 3.0])
+
+    async def double(v: np.ndarray) -> np.ndarray:
+        return v * 2
+
+    ungrouped = await two.extended.update(var, double, group=False)
+    assert isinstance(ungrouped, tuple)
+    assert len(ungrouped) == 2
+    with pytest.raises(TypeError, match="distributed value"):
+        await two.extended.update(np.ones(2), double)
+
+
+async def test_update_in_replica_context_goes_through_merge_call(
+    two: ar.MirroredStrategy,
+) -> None:
+    var = ar.Mirrored([np.zeros(1), np.zeros(1)])
+    calls = []
+
+    def add(v: np.ndarray, d: Any) -> np.ndarray:
+        calls.append(ar.in_cross_replica_context())
+        return v + d
+
+    async def step() -> Any:
+        return await two.extended.update(var, add, args=(float(rid() + 1),))
+
+    result = await two.run(step)
+    assert calls == [True, True]  # once per component, in cross-replica context
+    local = two.experimental_local_results(result)
+    np.testing.assert_array_equal(local[0], [1.0])
+    np.testing.assert_array_equal(local[1], [2.0])
+
+
+async def test_update_in_replica_context_is_a_collective(two: ar.MirroredStrategy) -> None:
+    var = ar.Mirrored([np.zeros(1), np.zeros(1)])
+
+    async def step() -> Any:
+        if rid() == 0:
+            return await two.extended.update(var, lambda v: v)
+        return None
+
+    with pytest.raises(ar.ReplicaExitedError):
+        await two.run(step)
+
+
+async def test_call_for_each_replica(two: ar.MirroredStrategy) -> None:
+    async def fn(x: Any) -> Any:
+        return x + rid()
+
+    result = await two.extended.call_for_each_replica(fn, args=[10])
+    assert result == per_replica(10, 11)
+
+    async def merge_fn(strategy: ar.Strategy) -> Any:
+        return await strategy.extended.call_for_each_replica(fn, args=(0,))
+
+    async def step() -> Any:
+        return await ar.get_replica_context().merge_call(merge_fn)
+
+    assert await two.run(step) == per_replica(0, 1)
+
+    async def nested() -> Any:
+        return await two.extended.call_for_each_replica(fn, args=(0,))
+
+    with pytest.raises(ar.ReplicaContextError):
+        await two.run(nested)
+
+
+async def test_value_container_and_cluster_resolver(two: ar.MirroredStrategy) -> None:
+    x = np.ones(1)
+    assert two.extended.value_container(x) is x
+    assert two.cluster_resolver is None
+    assert ar.get_strategy().cluster_resolver is None
+
+
+async def test_get_cross_replica_context(two: ar.MirroredStrategy) -> None:
+    assert ar.get_cross_replica_context() is None
+    with two.scope():
+        assert ar.get_cross_replica_context() is two
+
+    seen = []
+
+    def merge_fn(strategy: ar.Strategy) -> None:
+        seen.append(ar.get_cross_replica_context())
+
+    async def step() -> None:
+        seen.append(ar.get_cross_replica_context())
+        await ar.get_replica_context().merge_call(merge_fn)
+
+    await two.run(step)
+    assert seen == [None, None, two]
+
+
+def test_experimental_set_strategy(two: ar.MirroredStrategy) -> None:
+    other = ar.MirroredStrategy(["CPU:0"])
+    try:
+        ar.experimental_set_strategy(two)
+        assert ar.get_strategy() is two
+        assert ar.in_cross_replica_context()
+        ar.experimental_set_strategy(other)  # replaces, as in TF
+        assert ar.get_strategy() is other
+        ar.experimental_set_strategy(None)
+        assert not ar.has_strategy()
+        with two.scope(), pytest.raises(RuntimeError, match="Must not be called inside"):
+            ar.experimental_set_strategy(other)
+        with pytest.raises(TypeError):
+            ar.experimental_set_strategy("CPU:0")  # type: ignore[arg-type]
+    finally:
+        ar.experimental_set_strategy(None)
+    assert not ar.has_strategy()

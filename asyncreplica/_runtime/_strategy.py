@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
-import math
 import random
 import threading
 from collections.abc import (
     AsyncIterable,
-    AsyncIterator,
     Callable,
     Iterable,
     Iterator,
@@ -30,11 +28,13 @@ from .._exceptions import (
 )
 from .._options import CommunicationOptions
 from .._registry import available_backends, load_backend_class
-from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
+from .._values import DistributedValues, IndexedSlices, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
+from ._extended import StrategyExtended, axis_tuple, normalize_axes, reduce_leaf
+from ._input import DistributedDataset, DistributedDatasetsFromFunction, InputContext
 from ._mode import MODE, Mode, current_mode
 from ._run import Run
-from ._values import component
+from ._values import component, regroup_always_wrap
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DefaultStrategy",
     "DistributedDataset",
+    "DistributedDatasetsFromFunction",
+    "InputContext",
     "MirroredStrategy",
     "Strategy",
     "StrategyExtended",
@@ -63,30 +65,6 @@ def _coroutine_error(fn: object) -> TypeError:
         "Instead pass the function and its arguments (notice: no call parentheses):\n\n"
         f"    await strategy.run({name}, args=(x,))     # correct"
     )
-
-
-def _axis_tuple(axis: object) -> tuple[int, ...] | None:
-    if axis is None:
-        return None
-    if isinstance(axis, int) and not isinstance(axis, bool):
-        return (axis,)
-    if isinstance(axis, tuple | list) and all(
-        isinstance(a, int) and not isinstance(a, bool) for a in axis
-    ):
-        return tuple(axis)
-    raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {type(axis)}")
-
-
-def _normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    rank = len(shape)
-    out = []
-    for a in axes:
-        if not -rank <= a < rank:
-            raise ValueError(f"`axis` = {a} out of range for `value` with rank {rank}")
-        out.append(a % rank)
-    if len(set(out)) != len(out):
-        raise ValueError(f"`axis` {axes} names the same axis twice")
-    return tuple(out)
 
 
 class Strategy:
@@ -349,60 +327,27 @@ class Strategy:
                 ``MEAN`` then divides the global sum by the global element count, so
                 uneven batches are weighted correctly.
 
+        ``SUM`` keeps the input dtype; the ``MEAN`` of integers is float64, accumulated
+        in float64 (no overflow).
+
         Returns:
-            The result, with the structure of ``value`` (new, writable arrays).
+            The result, with the structure of ``value`` (new, writable arrays; a plain
+            value comes back as a copy, never as the caller's own array).
 
         Raises:
             ReplicaContextError: Called inside a replica (use ``ctx.all_reduce``).
             TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
-            ValueError: Bad op or axis, or ``SUM``/``PROD`` of a value that is not
-                distributed (it would be counted once per replica).
+            ValueError: Bad op or axis; replicas whose values differ in shape
+                (``axis=None``), in rank, or in the dimensions left after reducing
+                ``axis``; or ``SUM``/``PROD`` of a value that is not distributed on
+                several replicas (it would be counted once per replica).
         """
         self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
         op = ReduceOp(reduce_op)
-        axes = _axis_tuple(axis)
+        axes = axis_tuple(axis)
         leaves, treedef = flatten(value)
-        out = [await self._reduce_leaf(op, leaf, axes) for leaf in leaves]
+        out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
         return unflatten(treedef, out)
-
-    async def _reduce_leaf(
-        self, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
-    ) -> object:
-        describe = self._backend.describe
-        n = self._num_local
-        if isinstance(leaf, DistributedValues):
-            components = [self._component(i, leaf) for i in range(n)]
-            specs = [describe(c) for c in components]
-            if axes is None:
-                shapes = {s.shape for s in specs}
-                if len(shapes) > 1:
-                    raise ValueError(
-                        f"Strategy.reduce with axis=None combines the replicas' values "
-                        f"element-wise, so they need one shape, got {sorted(shapes)}; pass "
-                        "axis=0 to reduce along the batch axis too"
-                    )
-                return await self._backend.reduce(op, components, None)
-            norm = {_normalize_axes(axes, s.shape) for s in specs}
-            if len(norm) > 1:
-                raise ValueError(f"`axis` {axes} means different axes for values of different rank")
-            return await self._backend.reduce(op, components, norm.pop())
-        spec = describe(leaf)
-        if self._group is not None and n == 1:
-            # Under MPI a process with one replica holds plain values (run unwraps
-            # them, as TensorFlow's multi-worker strategy does): this process's value.
-            return await self._backend.reduce(
-                op, [leaf], None if axes is None else _normalize_axes(axes, spec.shape)
-            )
-        if n > 1 and op in (ReduceOp.SUM, ReduceOp.PROD):
-            raise ValueError(
-                f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
-                f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
-                f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
-                "of strategy.run) or use MEAN."
-            )
-        if axes is None:
-            return leaf
-        return await self._backend.reduce(op, [leaf], _normalize_axes(axes, spec.shape))
 
     async def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component along ``axis`` (cross-replica context).
@@ -442,7 +387,7 @@ class Strategy:
                 shape = self._backend.describe(c).shape
                 if not shape:
                     raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
-                axes.add(_normalize_axes((axis,), shape)[0])
+                axes.add(normalize_axes((axis,), shape)[0])
             if len(axes) > 1:
                 raise ValueError(
                     f"gather: axis {axis} means different axes for components of different rank"
@@ -451,28 +396,33 @@ class Strategy:
         return unflatten(treedef, out)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
-        """Return the local components of ``value``, one per replica.
+        """Return the local components of ``value``, one per local replica.
 
-        A ``PerReplica``/``Mirrored`` gives its components; a nest containing such
-        values gives one nest per replica; anything else gives ``(value,)``.
+        A ``PerReplica``/``Mirrored`` gives its components. A nest (list, tuple, dict,
+        namedtuple) gives one nest per local replica, with each distributed leaf
+        replaced by that replica's component and other leaves kept, even when no leaf
+        is distributed (``()`` gives ``((), ())`` on two replicas), as in TensorFlow.
+        Any other value gives ``(value,)``.
         """
         if isinstance(value, DistributedValues):
             return value.values
         if is_nest(value):
-            leaves, _ = flatten(value)
-            if any(isinstance(leaf, DistributedValues) for leaf in leaves):
-                return tuple(
-                    select_replica(i, value, self._component) for i in range(self._num_local)
-                )
+            return tuple(select_replica(i, value, self._component) for i in range(self._num_local))
         return (value,)
 
     def experimental_distribute_values_from_function(
         self, value_fn: Callable[[ValueContext], Any]
     ) -> Any:
-        """Call ``value_fn(ValueContext(i, n))`` for each replica ``i``; return a ``PerReplica``.
+        """Call ``value_fn(ValueContext(i, n))`` for each local replica ``i``; regroup.
+
+        The results are regrouped as ``run``'s are, but every leaf is wrapped (TF's
+        ``always_wrap``): a single value gives a ``PerReplica`` (also when every
+        replica returned the same object, and with one replica), a dict of values
+        gives a dict of ``PerReplica``, and so on.
 
         Raises:
             TypeError: ``value_fn`` is not callable or is ``async``.
+            ValueError: Replicas returned values of different structure.
         """
         if not callable(value_fn):
             raise TypeError(f"value_fn must be callable, got {value_fn!r}")
@@ -486,7 +436,7 @@ class Strategy:
                     value.close()
                 raise TypeError("value_fn must be a plain function, not an async one")
             values.append(value)
-        return PerReplica(values)
+        return regroup_always_wrap(values)
 
     def experimental_distribute_dataset(
         self, dataset: Iterable[Any] | AsyncIterable[Any], options: object = None
@@ -497,10 +447,14 @@ class Strategy:
         split along its first axis into contiguous slices of ``ceil(len / n)``
         elements, filled in replica order, as TensorFlow 2.21 does: a batch of 6 over
         4 replicas gives 2, 2, 2 and 0 elements. Each element becomes a
-        ``PerReplica`` (in a nest, each leaf does).
+        ``PerReplica`` (in a nest, each leaf does); with one local replica it stays
+        the plain slice, as in TensorFlow.
 
         Args:
-            dataset: An iterable or async iterable of global batches.
+            dataset: An iterable or async iterable of global batches. A re-iterable
+                input (a list, or an object whose ``__iter__`` starts over) gives one
+                pass per epoch; a one-shot iterator (a generator) can be iterated
+                once, and a second pass raises ``RuntimeError``.
             options: Accepted for TensorFlow compatibility; must be None.
 
         Returns:
@@ -516,6 +470,73 @@ class Strategy:
             range(self._replica_offset, self._replica_offset + self._num_local),
         )
 
+    def distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: object = None
+    ) -> DistributedDatasetsFromFunction:
+        """Build this process's input pipeline with ``dataset_fn``; split it per replica.
+
+        ``dataset_fn(InputContext(...))`` is called once, now, for this process's input
+        pipeline (one per process: ``MirroredStrategy`` has one, a
+        ``MultiWorkerMirroredStrategy`` one per MPI process) and returns an iterable of
+        **per-replica** batches; use ``ctx.get_per_replica_batch_size(global_batch)``
+        to size them and ``ctx.input_pipeline_id`` to shard. No rebatching is done:
+        each step, each local replica takes the next batch, in replica order, as in
+        TensorFlow. If the input runs out in the middle of a step, the remaining
+        replicas get empty batches (length 0).
+
+        Args:
+            dataset_fn: ``dataset_fn(input_context)`` returns an iterable (or async
+                iterable) of per-replica batches.
+            options: Accepted for TensorFlow compatibility; must be None.
+
+        Returns:
+            A dataset to iterate with ``for`` or ``async for``; each element is a
+            ``PerReplica`` (in a nest, each leaf is), or the plain batch with one
+            local replica.
+
+        Raises:
+            TypeError: ``dataset_fn`` is not callable or returns something that is not
+                iterable.
+            ValueError: ``options`` is not None, or as ``dataset_fn`` raises (for
+                example ``get_per_replica_batch_size`` of an indivisible batch).
+
+        Example:
+            >>> import asyncreplica as ar
+            >>> import numpy as np
+            >>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+            >>> def dataset_fn(ctx):
+            ...     batch = ctx.get_per_replica_batch_size(4)
+            ...     data = np.arange(8.0)
+            ...     return [data[i : i + batch] for i in range(0, len(data), batch)]
+            >>> for x in strategy.distribute_datasets_from_function(dataset_fn):
+            ...     print(strategy.experimental_local_results(x))
+            (array([0., 1.]), array([2., 3.]))
+            (array([4., 5.]), array([6., 7.]))
+        """
+        if options is not None:
+            raise ValueError("distribute_datasets_from_function takes no options here; pass None")
+        if not callable(dataset_fn):
+            raise TypeError(f"dataset_fn must be callable, got {dataset_fn!r}")
+        group = self._group
+        context = InputContext(
+            num_input_pipelines=1 if group is None else group.size,
+            input_pipeline_id=0 if group is None else group.rank,
+            num_replicas_in_sync=self.num_replicas_in_sync,
+        )
+        dataset = dataset_fn(context)
+        if not isinstance(dataset, Iterable | AsyncIterable):
+            raise TypeError(
+                f"dataset_fn must return an iterable of per-replica batches, got "
+                f"{type(dataset).__name__}"
+            )
+        return DistributedDatasetsFromFunction(dataset, self._num_local)
+
+    def experimental_distribute_datasets_from_function(
+        self, dataset_fn: Callable[[InputContext], Any], options: object = None
+    ) -> DistributedDatasetsFromFunction:
+        """Deprecated alias of :meth:`distribute_datasets_from_function` (as in TensorFlow)."""
+        return self.distribute_datasets_from_function(dataset_fn, options)
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} of {self.num_replicas_in_sync} replicas on {list(self._devices)}>"
 
@@ -524,181 +545,6 @@ class Strategy:
 
     def __deepcopy__(self, memo: object) -> Strategy:
         raise TypeError(f"{type(self).__name__} objects cannot be copied; share the one you have")
-
-
-@final
-class DistributedDataset:
-    """Global batches split across replicas (see ``experimental_distribute_dataset``)."""
-
-    def __init__(
-        self,
-        dataset: Iterable[Any] | AsyncIterable[Any],
-        num_replicas: int,
-        local: range | None = None,
-    ) -> None:
-        self._dataset = dataset
-        self._num_replicas = num_replicas
-        # The global ids of this process's replicas: it keeps only their slices.
-        self._local = range(num_replicas) if local is None else local
-
-    def _split(self, batch: Any) -> Any:
-        leaves, treedef = flatten(batch)
-        if leaves and not any(hasattr(leaf, "__len__") for leaf in leaves):
-            # A plain list (or tuple) of numbers is one batch, not a nest of scalars.
-            leaves, treedef = [batch], None
-        lengths = set()
-        for leaf in leaves:
-            if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
-                raise TypeError(
-                    "each element of a distributed dataset must be a batch (an array or a "
-                    f"sequence, or a nest of them) that can be split along its first axis, got "
-                    f"{type(leaf).__name__}"
-                )
-            lengths.add(len(leaf))
-        if len(lengths) > 1:
-            raise ValueError(f"the leaves of one batch have different lengths: {sorted(lengths)}")
-        n = self._num_replicas
-        size = lengths.pop() if lengths else 0
-        per = math.ceil(size / n)
-        bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
-        split = [
-            PerReplica([leaf[a:b] for a, b in bounds])  # type: ignore[index]
-            for leaf in leaves
-        ]
-        return unflatten(treedef, split)
-
-    def __iter__(self) -> Iterator[Any]:
-        if not isinstance(self._dataset, Iterable):
-            raise TypeError("this dataset is async: iterate it with `async for`")
-        for batch in self._dataset:
-            yield self._split(batch)
-
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        if isinstance(self._dataset, AsyncIterable):
-            async for batch in self._dataset:
-                yield self._split(batch)
-        else:
-            for batch in self._dataset:
-                yield self._split(batch)
-
-
-@final
-class StrategyExtended:
-    """The extended, cross-replica API of a strategy (``strategy.extended``)."""
-
-    def __init__(self, strategy: Strategy) -> None:
-        self._strategy = strategy
-
-    @property
-    def worker_devices(self) -> tuple[str, ...]:
-        """The device of each local replica, in replica order."""
-        return self._strategy._devices
-
-    @property
-    def parameter_devices(self) -> tuple[str, ...]:
-        """The devices that hold mirrored values: the same as :attr:`worker_devices`."""
-        return self._strategy._devices
-
-    def _destination_count(self, destinations: object) -> int | None:
-        """None for one device (a single result); else how many components."""
-        if destinations is None:
-            raise ValueError(
-                "destinations must be given: a device string (one result), a list of "
-                "devices, or a distributed value whose devices receive a Mirrored result"
-            )
-        if isinstance(destinations, str):
-            parse_device(destinations)
-            return None
-        if isinstance(destinations, DistributedValues):
-            return len(destinations.values)
-        if isinstance(destinations, list | tuple) and destinations:
-            for d in destinations:
-                parse_device(d)
-            return len(destinations)
-        raise TypeError(
-            f"destinations must be a device string, a non-empty list of devices or a "
-            f"distributed value, got {destinations!r}"
-        )
-
-    async def _mirror(self, value: object, count: int | None) -> object:
-        if count is None:
-            return value
-        views = await self._strategy.backend.broadcast([value], count)
-        return Mirrored([v[0] for v in views])
-
-    async def reduce_to(
-        self,
-        reduce_op: ReduceOp | str,
-        value: Any,
-        destinations: Any,
-        options: CommunicationOptions | None = None,
-    ) -> Any:
-        """Reduce ``value`` across replicas and place the result on ``destinations``.
-
-        Args:
-            reduce_op: A :class:`ReduceOp` or its name.
-            value: A ``PerReplica`` (or plain) value, or a nest of them (each leaf is
-                reduced).
-            destinations: A device string gives one result; a list of devices or a
-                distributed value gives a ``Mirrored`` result with one read-only view
-                per destination (an all-reduce).
-            options: ``CommunicationOptions`` (hints).
-
-        Returns:
-            The reduced value, single or ``Mirrored``.
-
-        Raises:
-            ReplicaContextError: Called inside a replica.
-            ValueError: ``destinations`` is None, or as :meth:`Strategy.reduce`.
-        """
-        strategy = self._strategy
-        strategy._require_cross_replica("extended.reduce_to", "await ctx.all_reduce(...)")
-        if options is not None and not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
-        op = ReduceOp(reduce_op)
-        count = self._destination_count(destinations)
-        leaves, treedef = flatten(value)
-        out = [await self._mirror(await strategy._reduce_leaf(op, v, None), count) for v in leaves]
-        return unflatten(treedef, out)
-
-    async def batch_reduce_to(
-        self,
-        reduce_op: ReduceOp | str,
-        value_destination_pairs: Sequence[tuple[Any, Any]],
-        options: CommunicationOptions | None = None,
-    ) -> list[Any]:
-        """Reduce several values, each to its destinations (see :meth:`reduce_to`).
-
-        Returns:
-            One result per pair, in order; ``[]`` for no pairs.
-        """
-        self._strategy._require_cross_replica(
-            "extended.batch_reduce_to", "await ctx.all_reduce(...)"
-        )
-        if not isinstance(value_destination_pairs, list | tuple):
-            raise TypeError("value_destination_pairs must be a list of (value, destinations) pairs")
-        results = []
-        for pair in value_destination_pairs:
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise TypeError(f"each item must be a (value, destinations) pair, got {pair!r}")
-            results.append(await self.reduce_to(reduce_op, pair[0], pair[1], options))
-        return results
-
-    async def broadcast_to(self, value: Any, destinations: Any) -> Any:
-        """Copy ``value`` to ``destinations`` as a ``Mirrored`` value.
-
-        Python numbers are returned unchanged, as in TensorFlow.
-
-        Raises:
-            ValueError: ``destinations`` is None.
-        """
-        strategy = self._strategy
-        strategy._require_cross_replica("extended.broadcast_to", "await ctx.broadcast(...)")
-        count = self._destination_count(destinations)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return value
-        strategy.backend.describe(value)
-        return await self._mirror(value, 1 if count is None else count)
 
 
 def _load_backend(name: str, devices: Sequence[str]) -> Backend:
@@ -741,6 +587,9 @@ class MirroredStrategy(Strategy):
         BackendNotFoundError: ``backend`` names no installed backend.
         BackendError: The backend is installed but cannot run here.
     """
+
+    #: TensorFlow's ``strategy.cluster_resolver``: None for a one-process strategy.
+    cluster_resolver: None = None
 
     def __init__(
         self,
@@ -979,6 +828,9 @@ def _default_devices(backend: str | None) -> list[str]:
 @final
 class DefaultStrategy(Strategy):
     """The strategy in effect outside any other: one replica, reductions are the identity."""
+
+    #: TensorFlow's ``strategy.cluster_resolver``: None (one process).
+    cluster_resolver: None = None
 
     def __init__(self) -> None:
         devices = ["CPU:0"]

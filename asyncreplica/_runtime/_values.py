@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from .._values import DistributedValues
+from collections.abc import Sequence
 
-__all__ = ["component"]
+from .._core._nest import flatten, treedef_str, unflatten
+from .._values import DistributedValues, PerReplica
+
+__all__ = ["component", "regroup_always_wrap"]
 
 
 def component(replica_id: int, leaf: object, *, num_replicas: int) -> object:
@@ -22,3 +25,26 @@ def component(replica_id: int, leaf: object, *, num_replicas: int) -> object:
             )
         return leaf.values[replica_id]
     return leaf
+
+
+def regroup_always_wrap(values: Sequence[object]) -> object:
+    """Merge one structure per replica, wrapping *every* leaf in a ``PerReplica``.
+
+    TensorFlow's ``regroup(..., always_wrap=True)`` (used by
+    ``experimental_distribute_values_from_function``): containers are rebuilt as in
+    ``run``'s regroup, but a leaf is wrapped even when every replica holds the same
+    object, and with one replica.
+
+    Raises:
+        ValueError: The replicas' values have different structures.
+    """
+    flat = [flatten(v) for v in values]
+    leaves0, treedef = flat[0]
+    for i, (_, t) in enumerate(flat):
+        if t != treedef:
+            raise ValueError(
+                f"value_fn returned values of different structure: replica 0 gave "
+                f"{treedef_str(treedef)} but replica {i} gave {treedef_str(t)}; every replica "
+                "must return the same structure (same containers, lengths and keys)"
+            )
+    return unflatten(treedef, [PerReplica([f[0][j] for f in flat]) for j in range(len(leaves0))])

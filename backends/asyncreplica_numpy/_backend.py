@@ -651,14 +651,25 @@ class NumpyBackend(Backend):
     ) -> object:
         """Reduce to one writable result; see :meth:`Backend.reduce`."""
         arrays = [self._reducible(_as_array(c)) for c in components]
+        exact = arrays[0].dtype.kind in "iub"
+        if op is ReduceOp.MEAN and exact:
+            # The mean of integers is float64: accumulate in float64, so that int8 100 + 100
+            # or int64 2**62 + 2**62 does not wrap around before the division.
+            arrays = [a.astype(np.float64) for a in arrays]
         if axis is None:
             return _combine(op, arrays)
         if op is ReduceOp.MEAN:
             total = _combine(ReduceOp.SUM, [a.sum(axis=axis) for a in arrays])
             count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
-            return _divide(total, count) if count else np.true_divide(total, count)
+            if count:
+                return _divide(total, count)
+            with np.errstate(invalid="ignore", divide="ignore"):  # no elements: nan, as TF
+                return np.true_divide(total, count)
         local = _LOCAL[op]
-        return _combine(op, [np.asarray(local(a, axis=axis)) for a in arrays])
+        # Keep the input dtype (numpy's sum and prod promote small integers to int64;
+        # TensorFlow keeps int32).
+        kw = {"dtype": arrays[0].dtype} if op in (ReduceOp.SUM, ReduceOp.PROD) else {}
+        return _combine(op, [np.asarray(local(a, axis=axis, **kw)) for a in arrays])
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`."""

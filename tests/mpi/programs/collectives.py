@@ -115,7 +115,9 @@ async def main() -> None:
     pairs = [(ones, "CPU:0"), (ones, ones)]
     single, mirrored = await strategy.extended.batch_reduce_to("MEAN", pairs)
     check("batch_reduce_to", single, [1.0, 1.0])
-    for component in mirrored.values:
+    # One local replica gives one array (TF's regroup); more give a Mirrored.
+    assert isinstance(mirrored, ar.Mirrored) == (LOCAL > 1)
+    for component in strategy.experimental_local_results(mirrored):
         check("batch_reduce_to-mirrored", component, [1.0, 1.0])
     gathered = await strategy.gather(per, axis=0)
     check("gather-cross", gathered, np.ones(sum(range(1, TOTAL + 1))))
@@ -125,6 +127,20 @@ async def main() -> None:
         parts = strategy.experimental_local_results(batch)
         for i, part in enumerate(parts):
             check("dataset", part, np.arange(2) + 2 * (FIRST + i))
+    # distribute_datasets_from_function: one input pipeline per process
+    contexts = []
+
+    def dataset_fn(ctx: ar.InputContext) -> list[np.ndarray]:
+        contexts.append(ctx)
+        return [np.full(1, 10 * RANK + k) for k in range(LOCAL)]
+
+    steps = list(strategy.distribute_datasets_from_function(dataset_fn))
+    (ctx,) = contexts
+    assert (ctx.num_input_pipelines, ctx.input_pipeline_id) == (SIZE, RANK), ctx
+    assert ctx.num_replicas_in_sync == TOTAL, ctx
+    assert len(steps) == 1
+    for k, part in enumerate(strategy.experimental_local_results(steps[0])):
+        check("datasets_from_function", part, [10 * RANK + k])
     # a second run works after the first
     again = await strategy.run(lambda: ar.get_replica_context().all_reduce("SUM", 1.0))
     for v in strategy.experimental_local_results(again):

@@ -1,0 +1,496 @@
+"""Cross-replica reductions: ``Strategy.reduce``'s leaves and ``strategy.extended``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast, final
+
+from .._core._devices import parse_device
+from .._core._nest import flatten, map_structure, regroup, select_replica, unflatten
+from .._core._signature import ReduceOp
+from .._exceptions import ReplicaContextError
+from .._options import CommunicationOptions
+from .._values import DistributedValues, IndexedSlices, Mirrored
+from ._context import DefaultReplicaContext, _check_args
+from ._mode import current_mode
+
+if TYPE_CHECKING:
+    from ._strategy import Strategy
+
+__all__ = ["StrategyExtended", "axis_tuple", "normalize_axes", "reduce_leaf"]
+
+
+def axis_tuple(axis: object) -> tuple[int, ...] | None:
+    """``Strategy.reduce``'s ``axis`` as a tuple (None for None).
+
+    Raises:
+        TypeError: ``axis`` is not an int, a tuple or list of ints, or None.
+    """
+    if axis is None:
+        return None
+    if isinstance(axis, int) and not isinstance(axis, bool):
+        return (axis,)
+    if isinstance(axis, tuple | list) and all(
+        isinstance(a, int) and not isinstance(a, bool) for a in axis
+    ):
+        return tuple(axis)
+    raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {type(axis)}")
+
+
+def normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Non-negative axes of a value of this shape.
+
+    Raises:
+        ValueError: An axis is out of range or named twice.
+    """
+    rank = len(shape)
+    out = []
+    for a in axes:
+        if not -rank <= a < rank:
+            raise ValueError(f"`axis` = {a} out of range for `value` with rank {rank}")
+        out.append(a % rank)
+    if len(set(out)) != len(out):
+        raise ValueError(f"`axis` {axes} names the same axis twice")
+    return tuple(out)
+
+
+def _replicas(ids: Sequence[int]) -> str:
+    return f"replica{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+
+
+def _by_shape(shapes: Sequence[tuple[int, ...]]) -> str:
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, shape in enumerate(shapes):
+        groups.setdefault(shape, []).append(i)
+    return "; ".join(
+        f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} shape {shape}"
+        for shape, ids in groups.items()
+    )
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float | complex) and not isinstance(value, bool)
+
+
+async def reduce_leaf(
+    strategy: Strategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
+) -> object:
+    """Reduce one leaf across replicas (``Strategy.reduce`` and ``extended.reduce_to``).
+
+    Returns:
+        A new value; for a plain (non-distributed) array a new writable copy.
+
+    Raises:
+        ValueError: Replicas hold values of different shapes or ranks, an axis is out
+            of range, or SUM/PROD of a value that is not distributed on several replicas.
+    """
+    backend = strategy.backend
+    describe = backend.describe
+    n = strategy._num_local
+    if isinstance(leaf, DistributedValues):
+        components = [strategy._component(i, leaf) for i in range(n)]
+        specs = [describe(c) for c in components]
+        shapes = [tuple(s.shape) for s in specs]
+        if axes is None:
+            if len(set(shapes)) > 1:
+                raise ValueError(
+                    f"Strategy.reduce with axis=None combines the replicas' values "
+                    f"element-wise, so they need one shape, but {_by_shape(shapes)}. Pass "
+                    "axis=0 to reduce along the batch axis too (then only the other "
+                    "dimensions must agree)."
+                )
+            return await backend.reduce(op, components, None)
+        if len({len(s) for s in shapes}) > 1:
+            raise ValueError(
+                f"Strategy.reduce with axis={axes} needs values of one rank on every "
+                f"replica, but {_by_shape(shapes)}. TensorFlow raises here too; give every "
+                "replica a value of the same rank (an empty batch has shape (0, ...), not (0,))."
+            )
+        norm = normalize_axes(axes, shapes[0])
+        kept = [tuple(d for k, d in enumerate(s) if k not in norm) for s in shapes]
+        if len(set(kept)) > 1:
+            raise ValueError(
+                f"Strategy.reduce with axis={axes} sums each replica's value along those "
+                f"axes, then across replicas element-wise, so the other dimensions must "
+                f"agree, but {_by_shape(shapes)}."
+            )
+        return await backend.reduce(op, components, norm)
+    spec = describe(leaf)
+    if strategy._group is not None and n == 1:
+        # Under MPI a process with one replica holds plain values (run unwraps
+        # them, as TensorFlow's multi-worker strategy does): this process's value.
+        return await backend.reduce(
+            op, [leaf], None if axes is None else normalize_axes(axes, spec.shape)
+        )
+    if n > 1 and op in (ReduceOp.SUM, ReduceOp.PROD):
+        raise ValueError(
+            f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
+            f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
+            f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
+            "of strategy.run) or use MEAN."
+        )
+    if axes is None:
+        if _is_number(leaf) or isinstance(leaf, IndexedSlices):
+            return leaf  # immutable (a number) or not an array
+        # The value itself, as a new writable array (never the caller's own object).
+        return await backend.reduce(ReduceOp.SUM, [leaf], None)
+    return await backend.reduce(op, [leaf], normalize_axes(axes, spec.shape))
+
+
+def _destination_count(destinations: object, num_local: int) -> int | None:
+    """None for one device (a single result); else how many components."""
+    if destinations is None:
+        raise ValueError(
+            "destinations must be given: a device string or an array (one result), a list "
+            "of devices, or a distributed value whose devices receive a Mirrored result"
+        )
+    count: int | None
+    if isinstance(destinations, str):
+        parse_device(destinations)
+        return None
+    if isinstance(destinations, DistributedValues):
+        count = len(destinations.values)
+    elif isinstance(destinations, list | tuple) and destinations:
+        for d in destinations:
+            parse_device(d)
+        count = len(destinations)
+    elif hasattr(destinations, "dtype") and not isinstance(destinations, type):
+        # An array names the device it lives on, as a TensorFlow tensor does.
+        return None
+    else:
+        raise TypeError(
+            f"destinations must be a device string, an array, a non-empty list of devices "
+            f"or a distributed value, got {destinations!r:.80}"
+        )
+    # One destination is one device: a single result, as TensorFlow's regroup gives.
+    return None if count == 1 else count
+
+
+@final
+class StrategyExtended:
+    """The extended, cross-replica API of a strategy (``strategy.extended``)."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self._strategy = strategy
+
+    @property
+    def worker_devices(self) -> tuple[str, ...]:
+        """The device of each local replica, in replica order."""
+        return self._strategy._devices
+
+    @property
+    def parameter_devices(self) -> tuple[str, ...]:
+        """The devices that hold mirrored values: the same as :attr:`worker_devices`."""
+        return self._strategy._devices
+
+    def value_container(self, value: Any) -> Any:
+        """Return the distributed variable that holds ``value``: ``value`` itself here.
+
+        asyncreplica has no variables, so every value is its own container, as a
+        non-variable value is in TensorFlow.
+        """
+        return value
+
+    async def _mirror(self, value: object, count: int | None) -> object:
+        if count is None:
+            return value
+        views = await self._strategy.backend.broadcast([value], count)
+        return Mirrored([v[0] for v in views])
+
+    def _bytes_per_pack(self, options: CommunicationOptions | None) -> int:
+        if options is not None and not isinstance(options, CommunicationOptions):
+            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+        merged = self._strategy.communication_options.merge(options)
+        return merged.bytes_per_pack
+
+    async def reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        destinations: Any,
+        options: CommunicationOptions | None = None,
+    ) -> Any:
+        """Reduce ``value`` across replicas and place the result on ``destinations``.
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name.
+            value: A ``PerReplica`` (or plain) value, or a nest of them (each leaf is
+                reduced; all leaves in one batched reduction).
+            destinations: A device string or an array (it names its device) gives one
+                result; a list of devices or a distributed value gives a ``Mirrored``
+                result with one read-only view per destination (an all-reduce). One
+                destination gives a single result, as in TensorFlow.
+            options: ``CommunicationOptions`` (hints).
+
+        Returns:
+            The reduced value, single (a new writable array) or ``Mirrored``.
+
+        Raises:
+            ReplicaContextError: Called inside a replica.
+            ValueError: ``destinations`` is None, or as :meth:`Strategy.reduce`.
+        """
+        self._strategy._require_cross_replica("extended.reduce_to", "await ctx.all_reduce(...)")
+        op = ReduceOp(reduce_op)
+        return (await self._batch(op, [(value, destinations)], options))[0]
+
+    async def batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None = None,
+    ) -> list[Any]:
+        """Reduce several values, each to its destinations (see :meth:`reduce_to`).
+
+        All the values are reduced in one batch, packed as ``all_reduce`` packs them
+        (``bytes_per_pack``); results never depend on packing.
+
+        Args:
+            reduce_op: A :class:`ReduceOp` or its name.
+            value_destination_pairs: A list of ``(value, destinations)`` tuples.
+            options: ``CommunicationOptions`` (hints).
+
+        Returns:
+            One result per pair, in order; ``[]`` for no pairs.
+
+        Raises:
+            ValueError: An element is not a ``(value, destinations)`` tuple, or as
+                :meth:`reduce_to`.
+        """
+        self._strategy._require_cross_replica(
+            "extended.batch_reduce_to", "await ctx.all_reduce(...)"
+        )
+        op = ReduceOp(reduce_op)
+        if not isinstance(value_destination_pairs, list | tuple):
+            raise ValueError(
+                "value_destination_pairs must be a list of (value, destinations) tuples, got "
+                f"{type(value_destination_pairs).__name__}"
+            )
+        for k, pair in enumerate(value_destination_pairs):
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ValueError(
+                    "Each element of `value_destination_pairs` should be a tuple "
+                    f"(value, destinations); element {k} is {type(pair).__name__} {pair!r:.60}"
+                )
+        return await self._batch(op, value_destination_pairs, options)
+
+    async def _batch(
+        self,
+        op: ReduceOp,
+        pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
+        """Reduce every leaf of every pair, the distributed dense ones in one batch."""
+        strategy = self._strategy
+        bytes_per_pack = self._bytes_per_pack(options)
+        n = strategy._num_local
+        plan: list[tuple[list[object], Any, int | None]] = []
+        batch: list[DistributedValues[Any]] = []
+        for value, destinations in pairs:
+            count = _destination_count(destinations, n)
+            leaves, treedef = flatten(value)
+            plan.append((leaves, treedef, count))
+            for leaf in leaves:
+                if self._batchable(leaf) and all(leaf is not b for b in batch):
+                    batch.append(leaf)  # type: ignore[arg-type]
+        reduced = await self._reduce_batch(op, batch, bytes_per_pack)
+        results: list[Any] = []
+        for leaves, treedef, count in plan:
+            out: list[object] = []
+            for leaf in leaves:
+                index = next((k for k, b in enumerate(batch) if b is leaf), None)
+                if index is None:
+                    out.append(
+                        await self._mirror(await reduce_leaf(strategy, op, leaf, None), count)
+                    )
+                elif count is None:
+                    # One destination: a new writable array.
+                    out.append(
+                        await strategy.backend.reduce(ReduceOp.SUM, [reduced[0][index]], None)
+                    )
+                elif count == n:
+                    out.append(Mirrored([reduced[i][index] for i in range(n)]))
+                else:
+                    out.append(await self._mirror(reduced[0][index], count))
+            results.append(unflatten(treedef, out))
+        return results
+
+    def _batchable(self, leaf: object) -> bool:
+        """Whether ``leaf`` can join the one batched reduction of a local strategy."""
+        strategy = self._strategy
+        if strategy._group is not None or not isinstance(leaf, DistributedValues):
+            return False  # under MPI each leaf is its own agreed cross-process reduction
+        return not any(isinstance(c, IndexedSlices) for c in leaf.values)
+
+    async def _reduce_batch(
+        self, op: ReduceOp, batch: Sequence[DistributedValues[Any]], bytes_per_pack: int
+    ) -> list[list[object]]:
+        if not batch:
+            return []
+        strategy = self._strategy
+        n = strategy._num_local
+        per_replica = [[strategy._component(i, leaf) for leaf in batch] for i in range(n)]
+        describe = strategy.backend.describe
+        for j in range(len(batch)):
+            shapes = [tuple(describe(per_replica[i][j]).shape) for i in range(n)]
+            if len(set(shapes)) > 1:
+                raise ValueError(
+                    f"extended.reduce_to combines the replicas' values element-wise, so they "
+                    f"need one shape, but {_by_shape(shapes)} (value {j} of the batch)."
+                )
+        return await strategy.backend.all_reduce(op, per_replica, bytes_per_pack=bytes_per_pack)
+
+    async def broadcast_to(self, value: Any, destinations: Any) -> Any:
+        """Copy ``value`` to ``destinations``.
+
+        Several destinations give a ``Mirrored`` of read-only views; one device gives
+        a single new array, as in TensorFlow. Python numbers are returned unchanged.
+
+        Raises:
+            ValueError: ``destinations`` is None.
+        """
+        strategy = self._strategy
+        strategy._require_cross_replica("extended.broadcast_to", "await ctx.broadcast(...)")
+        count = _destination_count(destinations, strategy._num_local)
+        if _is_number(value):
+            return value
+        strategy.backend.describe(value)
+        if count is None:
+            return await strategy.backend.reduce(ReduceOp.SUM, [value], None)
+        return await self._mirror(value, count)
+
+    async def update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        group: bool = True,
+    ) -> Any:
+        """Call ``fn(component_i, *args_i, **kwargs_i)`` on each component of ``var``.
+
+        TensorFlow's ``extended.update``. In cross-replica context ``fn`` runs once per
+        local component of ``var`` (a ``Mirrored`` or ``PerReplica`` value; a plain value
+        with one replica), with the ``i``-th component of each distributed argument.
+        In replica context the call goes through ``merge_call`` (so every replica must
+        call it, and it is a collective); ``var`` must then be the same object on every
+        replica (captured, not a per-replica argument). ``fn`` may be ``async``.
+
+        Args:
+            var: The distributed value to update.
+            fn: ``fn(component, *args, **kwargs)``; its result is collected.
+            args: Positional arguments (a list or tuple); distributed leaves are split.
+            kwargs: Keyword arguments; distributed leaves are split.
+            group: True regroups the results as ``Mirrored`` (one replica: the plain
+                result); False returns a tuple of the per-component results.
+
+        Returns:
+            The regrouped results.
+
+        Raises:
+            TypeError: ``fn`` is not callable, or ``var`` is not distributed on several
+                replicas.
+            ValueError: ``args`` is not a list or tuple, or a component count is wrong.
+
+        Example:
+            >>> import asyncio
+            >>> import asyncreplica as ar
+            >>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+            >>> weights = ar.Mirrored([1.0, 1.0])
+            >>> step = ar.PerReplica([0.5, 0.25])
+            >>> asyncio.run(strategy.extended.update(weights, lambda w, d: w - d, args=(step,)))
+            Mirrored:{
+              0: 0.5,
+              1: 0.75
+            }
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable as fn(component, *args, **kwargs), got {fn!r}")
+        args, kwargs = _check_args(args, kwargs, "extended.update")
+        if not isinstance(group, bool):
+            raise TypeError(f"group must be True or False, got {group!r}")
+        mode = current_mode()
+        replica = mode.replica
+        if replica is not None and not isinstance(replica, DefaultReplicaContext):
+            if replica.strategy is not self._strategy:
+                raise ReplicaContextError(
+                    f"extended.update of {self._strategy!r} was called in a replica of "
+                    f"{replica.strategy!r}: mixing strategies is not supported."
+                )
+
+            def merge_fn(strategy: Strategy, var: Any, *a: Any, **k: Any) -> Any:
+                # Replica 0's closure runs, as in TensorFlow (every replica's has one code).
+                return strategy.extended._update(var, fn, a, k, group)
+
+            return await replica.merge_call(merge_fn, args=(var, *args), kwargs=kwargs)
+        return await self._update(var, fn, args, kwargs, group)
+
+    async def _update(
+        self,
+        var: Any,
+        fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        group: bool,
+    ) -> Any:
+        strategy = self._strategy
+        n = strategy._num_local
+        if isinstance(var, DistributedValues):
+            components = [strategy._component(i, var) for i in range(n)]
+        elif n == 1:
+            components = [var]
+        else:
+            raise TypeError(
+                f"extended.update needs a distributed value (a Mirrored or PerReplica with one "
+                f"component per replica) to update on {n} replicas, got {type(var).__name__}"
+            )
+        results = []
+        for i, component in enumerate(components):
+            a = cast("tuple[Any, ...]", select_replica(i, tuple(args), strategy._component))
+            k = cast("dict[str, Any]", select_replica(i, dict(kwargs), strategy._component))
+            result = fn(component, *a, **k)
+            if inspect.isawaitable(result):
+                result = await result
+            results.append(result)
+        regrouped = regroup(results, Mirrored)
+        if group:
+            return regrouped
+        return map_structure(
+            lambda leaf: leaf.values if isinstance(leaf, DistributedValues) else (leaf,),
+            regrouped,
+        )
+
+    async def call_for_each_replica(
+        self,
+        fn: Callable[..., Any],
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Run ``fn`` once per replica and regroup the results (``Strategy.run``'s engine).
+
+        As in TensorFlow it skips ``run``'s check that ``args`` is a list or tuple
+        (any sequence is taken) and may be called inside a ``merge_fn``, where its
+        result becomes the ``merge_call`` result.
+
+        Raises:
+            ReplicaContextError: Called inside a replica.
+
+        Example:
+            >>> import asyncio
+            >>> import asyncreplica as ar
+            >>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+            >>> def fn(x):
+            ...     return x + ar.get_replica_context().replica_id_in_sync_group
+            >>> asyncio.run(strategy.extended.call_for_each_replica(fn, args=[10]))
+            PerReplica:{
+              0: 10,
+              1: 11
+            }
+        """
+        strategy = self._strategy
+        strategy._require_cross_replica(
+            "extended.call_for_each_replica", "call the function directly"
+        )
+        if not callable(fn):
+            raise TypeError(f"call_for_each_replica expects a function, got {fn!r}")
+        return await strategy._run(fn, tuple(args), dict(kwargs or {}))
