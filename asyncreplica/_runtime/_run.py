@@ -35,7 +35,7 @@ import anyio.lowlevel
 
 from .._core._ledger import Key, Ledger
 from .._core._nest import unflatten
-from .._core._report import DOCS, key_text, resumed_message
+from .._core._report import key_text, resumed_message, see_also
 from .._core._signature import ReduceOp, Signature
 from .._exceptions import CollectiveError
 from . import _tasks
@@ -701,7 +701,7 @@ class Run:
                 f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
                 "A collective runs only when awaited; without `await` this replica skips it "
                 "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
-                f"See {DOCS}#collectiveerror in the asyncreplica documentation.",
+                + see_also("CollectiveError"),
                 report=self.ledger.report(),
             )
 

@@ -158,7 +158,7 @@ def test_bug_prints_the_error_as_users_see_it_and_exits_1(
     # The type name, then the message exactly as str() gives it (first line: the fact).
     assert err.startswith(f"{error_type.__name__}: {start}")
     assert fragment in err
-    assert "See docs/errors.md#" + error_type.__name__.lower() in err
+    assert err.rstrip().endswith(f"run `asyncreplica explain {error_type.code}`.")
 
 
 def test_bug_output_is_the_exceptions_str(
