@@ -155,8 +155,8 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         choices=_BUGS,
         help=(
             "run a training step in which replica 1 makes a mistake, and print the error it"
-            " causes: skip (skips the gradient all_reduce), swap (swaps two same-shape"
-            " collectives), shape (its gradient has another shape), stall (awaits something"
+            " causes: skip (skips the gradient all_reduce), swap (issues two named"
+            " collectives in the other order), shape (its gradient has another shape), stall (awaits something"
             " that never happens; collectives time out after 0.5 s); needs 2+ replicas"
         ),
     )
