@@ -22,8 +22,9 @@ Exit status:
   run (always: it shows an error), no usable backend (doctor), findings (lint);
 * 2: a usage error (argparse, or an argument that cannot work: an unknown backend, an
   unavailable event loop, a path that cannot be read or written, a file that is not a
-  trace) or a missing optional dependency (matplotlib for ``trace plot``, the benchmark
-  module for ``bench``). Every such error is one line on stderr, starting
+  trace, an unknown error code) or a missing optional dependency (CuPy or a GPU for
+  ``demo --backend cupy``, mpi4py or mpiexec for ``--mpi``, matplotlib for ``trace plot``,
+  the benchmark module for ``bench``). Every such error is one line on stderr, starting
   ``asyncreplica COMMAND: error:``, except argparse's, which prints the usage first.
 
 Modules behind a subcommand (numpy, the runtime, tracing, lint, matplotlib) are imported
@@ -348,6 +349,14 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     # Imported here: numpy and the strategy are only needed once a demo actually runs.
     import asyncreplica as ar
+    from asyncreplica._registry import load_backend_class
+
+    try:
+        # A backend that is missing, or installed without what it needs (cupy without CuPy
+        # or a GPU): one line, before anything runs.
+        load_backend_class(args.backend).check_available()
+    except (ar.BackendNotFoundError, ar.BackendError) as exc:
+        return _error("demo", f"--backend {args.backend}: {exc}")
     from asyncreplica._demo import DemoConfig, run_demo
 
     config = DemoConfig(
