@@ -33,6 +33,7 @@ from .._registry import available_backends, load_backend_class
 from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._mode import MODE, Mode, current_mode
+from ._preload import preload_async_backends
 from ._run import Run
 from ._values import component
 
@@ -106,6 +107,8 @@ class Strategy:
         schedule: str = "fifo",
         seed: int | None = None,
     ) -> None:
+        # Not inside the first run, where the import would block the event loop.
+        preload_async_backends()
         self._devices = tuple(devices)
         self._schedule = schedule
         self._seed = seed
