@@ -23,6 +23,7 @@ from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._signature import ReduceOp
 from .._exceptions import (
+    AsyncReplicaError,
     BackendError,
     BackendNotFoundError,
     CollectiveError,
@@ -35,6 +36,7 @@ from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._mode import MODE, Mode, current_mode
 from ._preload import preload_async_backends
 from ._run import Run
+from ._traceback import hide_library_frames
 from ._values import component
 
 if TYPE_CHECKING:
@@ -285,7 +287,11 @@ class Strategy:
             raise ReplicaContextError(
                 f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
             )
-        return await self._run(fn, args, kwargs)
+        try:
+            return await self._run(fn, args, kwargs)
+        except AsyncReplicaError as error:
+            hide_library_frames(error)  # the user's frames only (see _traceback)
+            raise  # ASYNCREPLICA_FULL_TRACEBACK=1 shows asyncreplica's frames too
 
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
