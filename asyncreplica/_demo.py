@@ -548,10 +548,13 @@ def format_error(error: BaseException) -> str:
         error: An exception.
 
     Returns:
-        ``"TypeName: message"``, followed by the exception's notes, one per line.
+        ``"TypeName: message"``, followed by the exception's notes, one per line, except
+        the note about hidden traceback frames: no traceback is printed here.
     """
+    from asyncreplica._runtime._traceback import NOTE
+
     lines = [f"{type(error).__name__}: {error}"]
-    lines.extend(str(note) for note in getattr(error, "__notes__", ()))
+    lines.extend(str(note) for note in getattr(error, "__notes__", ()) if note != NOTE)
     return "\n".join(lines)
 
 
