@@ -2,19 +2,20 @@
 
 Run N replicas of an ``async def`` step function, let them meet at collectives
 (``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``, ``barrier``,
-``merge_call``), and get a precise error -- never a hang -- when they disagree::
+``merge_call``), and get a precise error -- never a hang -- when they disagree:
 
-    import asyncio
-    import asyncreplica as ar
+>>> import asyncio
+>>> import asyncreplica as ar
+>>> strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+>>> async def step(x):
+...     ctx = ar.get_replica_context()
+...     return await ctx.all_reduce(ar.ReduceOp.SUM, x)
+>>> result = asyncio.run(strategy.run(step, args=(1.0,)))
+>>> strategy.experimental_local_results(result)
+(array(2.), array(2.))
 
-    strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
-
-    async def step(x):
-        ctx = ar.get_replica_context()
-        return await ctx.all_reduce(ar.ReduceOp.SUM, x)
-
-    result = asyncio.run(strategy.run(step, args=(1.0,)))
-    strategy.experimental_local_results(result)   # (2.0, 2.0)
+Every public class reports ``asyncreplica`` as its module (``asyncreplica.ReplicaExitedError``
+in a traceback, not the private module that defines it), as trio's classes do.
 """
 
 from __future__ import annotations
@@ -86,3 +87,20 @@ __all__ = [
     "has_strategy",
     "in_cross_replica_context",
 ]
+
+
+def _set_public_module() -> None:
+    """Make every public class say ``asyncreplica``, the module to import it from.
+
+    Tracebacks, ``repr`` and ``help()`` then print ``asyncreplica.ReplicaExitedError``
+    instead of ``asyncreplica._exceptions.ReplicaExitedError``. Pickling still works: it
+    finds a class by ``__module__`` and ``__qualname__``, and both name it here.
+    """
+    namespace = globals()
+    for name in __all__:
+        obj = namespace[name]
+        if isinstance(obj, type) and obj.__module__.startswith("asyncreplica."):
+            obj.__module__ = __name__
+
+
+_set_public_module()

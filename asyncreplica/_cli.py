@@ -11,6 +11,8 @@ Subcommands:
 * ``trace summarize FILE`` and ``trace plot FILE -o PNG``: read a trace written by
   ``strategy.trace()``, ``demo --trace`` or ``ASYNCREPLICA_TRACE``.
 * ``lint PATH...``: flag collectives under conditions that depend on the replica.
+* ``explain [CODE]``: what an error code (``AR103``, as every error message ends) means,
+  with a broken and a fixed program, like ``rustc --explain``; without a code, the list.
 * ``bench``: measure the collectives (options after ``bench`` belong to it).
 
 Exit status:
@@ -20,8 +22,9 @@ Exit status:
   run (always: it shows an error), no usable backend (doctor), findings (lint);
 * 2: a usage error (argparse, or an argument that cannot work: an unknown backend, an
   unavailable event loop, a path that cannot be read or written, a file that is not a
-  trace) or a missing optional dependency (matplotlib for ``trace plot``, the benchmark
-  module for ``bench``). Every such error is one line on stderr, starting
+  trace, an unknown error code) or a missing optional dependency (CuPy or a GPU for
+  ``demo --backend cupy``, mpi4py or mpiexec for ``--mpi``, matplotlib for ``trace plot``,
+  the benchmark module for ``bench``). Every such error is one line on stderr, starting
   ``asyncreplica COMMAND: error:``, except argparse's, which prints the usage first.
 
 Modules behind a subcommand (numpy, the runtime, tracing, lint, matplotlib) are imported
@@ -153,8 +156,8 @@ def _add_demo(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         choices=_BUGS,
         help=(
             "run a training step in which replica 1 makes a mistake, and print the error it"
-            " causes: skip (skips the gradient all_reduce), swap (swaps two same-shape"
-            " collectives), shape (its gradient has another shape), stall (awaits something"
+            " causes: skip (skips the gradient all_reduce), swap (issues two named"
+            " collectives in the other order), shape (its gradient has another shape), stall (awaits something"
             " that never happens; collectives time out after 0.5 s); needs 2+ replicas"
         ),
     )
@@ -254,6 +257,21 @@ def _add_lint(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     lint.set_defaults(handler=_run_lint)
 
 
+def _add_explain(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    explain = commands.add_parser(
+        "explain",
+        help="explain an error code such as AR103, with a broken and a fixed program",
+        description=(
+            "Print the explanation of an error code: when the error is raised, a real"
+            " message, its attributes, and a broken and a fixed program. Every error"
+            " asyncreplica raises ends with the command to run. A class name"
+            " (ReplicaExitedError) works too; without a code, list the codes."
+        ),
+    )
+    explain.add_argument("code", nargs="?", metavar="CODE", help="e.g. AR103")
+    explain.set_defaults(handler=_run_explain)
+
+
 def _add_bench(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     # Only for the listing in --help: main() hands 'bench ...' to the benchmark's own parser.
     commands.add_parser(
@@ -281,6 +299,7 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_doctor(commands)
     _add_trace(commands)
     _add_lint(commands)
+    _add_explain(commands)
     _add_bench(commands)
     return parser
 
@@ -330,6 +349,14 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     # Imported here: numpy and the strategy are only needed once a demo actually runs.
     import asyncreplica as ar
+    from asyncreplica._registry import load_backend_class
+
+    try:
+        # A backend that is missing, or installed without what it needs (cupy without CuPy
+        # or a GPU): one line, before anything runs.
+        load_backend_class(args.backend).check_available()
+    except (ar.BackendNotFoundError, ar.BackendError) as exc:
+        return _error("demo", f"--backend {args.backend}: {exc}")
     from asyncreplica._demo import DemoConfig, run_demo
 
     config = DemoConfig(
@@ -481,6 +508,37 @@ def _run_lint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- explain --------------------------------------------------------------------------------
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    """Run ``asyncreplica explain [CODE]``: print the explanation, or list the codes."""
+    from importlib import resources
+
+    from asyncreplica._core._codes import CODES
+
+    given: str | None = args.code
+    if given is None:
+        print("Error codes (asyncreplica explain CODE prints one):")
+        for name, code in CODES.items():
+            print(f"  {code}  {name}")
+        return EXIT_OK
+    names = {code: name for name, code in CODES.items()}
+    by_name = {name.lower(): code for name, code in CODES.items()}
+    code = given.strip().upper()
+    if code not in names:
+        code = by_name.get(given.strip().lower(), "")
+    if not code:
+        return _error(
+            "explain",
+            f"unknown error code {given!r}; the codes are {', '.join(names)}"
+            " ('asyncreplica explain' lists them)",
+        )
+    text = resources.files("asyncreplica").joinpath("_explain", f"{code}.md").read_text("utf-8")
+    print(text.rstrip("\n"))
+    return EXIT_OK
+
+
 # -- bench ----------------------------------------------------------------------------------
 
 
@@ -543,4 +601,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_bench(arguments[1:])
     args = _build_parser().parse_args(arguments)
     handler: Callable[[argparse.Namespace], int] = args.handler
-    return handler(args)
+    try:
+        return handler(args)
+    except BrokenPipeError:
+        # The reader went away (`asyncreplica explain AR103 | head`): stop quietly, and keep
+        # Python from reporting the pipe again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK

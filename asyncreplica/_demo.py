@@ -65,8 +65,8 @@ STALL_TIMEOUT_SECONDS = 0.5
 BUGS: dict[BugName, str] = {
     "skip": f"replica {BUGGY_REPLICA} skips the all_reduce of the weight gradient",
     "swap": (
-        f"replica {BUGGY_REPLICA} reduces the loss before the bias gradient"
-        " (two collectives of the same shape, swapped)"
+        f"replica {BUGGY_REPLICA} reduces the loss before the bias gradient; the others"
+        " reduce the bias gradient first (two named collectives in swapped order)"
     ),
     "shape": f"replica {BUGGY_REPLICA}'s bias gradient has shape (1,) instead of ()",
     "stall": (
@@ -307,12 +307,17 @@ async def buggy_train_step(
         summed["w"] = grads["w"]  # uses its own gradient: the replicas drift apart
     else:
         summed["w"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["w"])
+    # For the swap, every replica names these two collectives: they then match by name, and
+    # the error says that the replicas issue them in different orders. (Unnamed, the
+    # swapped pair is a call-site mismatch at the first of them, which cannot tell a swap
+    # from an extra or a skipped call.)
+    name_b, name_loss = ("grad_b", "loss") if bug == "swap" else (None, None)
     if faulty and bug == "swap":  # asyncreplica: ignore
-        total = await ctx.all_reduce(ar.ReduceOp.SUM, share)
-        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"])
+        total = await ctx.all_reduce(ar.ReduceOp.SUM, share, name=name_loss)
+        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"], name=name_b)
     else:
-        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"])
-        total = await ctx.all_reduce(ar.ReduceOp.SUM, share)
+        summed["b"] = await ctx.all_reduce(ar.ReduceOp.SUM, grads["b"], name=name_b)
+        total = await ctx.all_reduce(ar.ReduceOp.SUM, share, name=name_loss)
     return _apply(params, summed, learning_rate), np.float64(total / ctx.num_replicas_in_sync)
 
 
@@ -543,10 +548,13 @@ def format_error(error: BaseException) -> str:
         error: An exception.
 
     Returns:
-        ``"TypeName: message"``, followed by the exception's notes, one per line.
+        ``"TypeName: message"``, followed by the exception's notes, one per line, except
+        the note about hidden traceback frames: no traceback is printed here.
     """
+    from asyncreplica._runtime._traceback import NOTE
+
     lines = [f"{type(error).__name__}: {error}"]
-    lines.extend(str(note) for note in getattr(error, "__notes__", ()))
+    lines.extend(str(note) for note in getattr(error, "__notes__", ()) if note != NOTE)
     return "\n".join(lines)
 
 

@@ -17,14 +17,19 @@ use this tree; the second bases keep TensorFlow-style ``except RuntimeError`` ha
 working. Each collective error builds its message from structured data (the builders
 live in :mod:`asyncreplica._core._report`) and keeps that data as attributes, so that no
 one has to parse the text.
+
+Every kind of error has a stable code (:attr:`AsyncReplicaError.code`, ``"AR103"`` for
+``ReplicaExitedError``), and every message ends with the command that explains it:
+``For more on this error, run `asyncreplica explain AR103`.``
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from ._core import _report
+from ._core._codes import CODES, explain_line
 
 if TYPE_CHECKING:
     from ._core._ledger import Report
@@ -51,7 +56,22 @@ _INSTALL_HINTS = {
 
 
 class AsyncReplicaError(Exception):
-    """The base class of every error that asyncreplica raises on purpose."""
+    """The base class of every error that asyncreplica raises on purpose.
+
+    Attributes:
+        code: The stable code of this kind of error, such as ``"AR103"``;
+            ``asyncreplica explain AR103`` prints what it means, with a broken and a
+            fixed example. The message ends with that command.
+    """
+
+    code: ClassVar[str] = CODES["AsyncReplicaError"]
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        line = explain_line(self.code)
+        if f"asyncreplica explain {self.code}" in message:
+            return message
+        return f"{message}\n{line}" if message else line
 
 
 class CollectiveError(AsyncReplicaError, RuntimeError):
@@ -62,6 +82,8 @@ class CollectiveError(AsyncReplicaError, RuntimeError):
             replica: state, position, signature, call site and its recent
             collectives), or None when no run was involved.
     """
+
+    code: ClassVar[str] = CODES["CollectiveError"]
 
     def __init__(self, message: str, *, report: Report | None = None) -> None:
         if not message:
@@ -80,6 +102,8 @@ class CollectiveMismatchError(CollectiveError):
         signatures: The signature of each replica that had arrived, by replica id.
         fields: The names of the signature fields that differ.
     """
+
+    code: ClassVar[str] = CODES["CollectiveMismatchError"]
 
     def __init__(
         self,
@@ -111,6 +135,8 @@ class ReplicaExitedError(CollectiveError):
         position: The position at which the others wait.
         waiting: The ids of the replicas waiting there.
     """
+
+    code: ClassVar[str] = CODES["ReplicaExitedError"]
 
     def __init__(
         self,
@@ -149,6 +175,8 @@ class CollectiveDeadlockError(CollectiveError):
             the collective it waits at, or its position for an unnamed one.
     """
 
+    code: ClassVar[str] = CODES["CollectiveDeadlockError"]
+
     def __init__(
         self,
         edges: Sequence[tuple[int, str, Signature, Sequence[int]]],
@@ -172,6 +200,8 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
         missing: The ids of the replicas that did not.
         timeout: The timeout, in seconds.
     """
+
+    code: ClassVar[str] = CODES["CollectiveTimeoutError"]
 
     def __init__(
         self,
@@ -202,12 +232,16 @@ class ReplicaContextError(AsyncReplicaError, RuntimeError):
     ended. The message names the call to use instead.
     """
 
+    code: ClassVar[str] = CODES["ReplicaContextError"]
+
 
 class BackendError(AsyncReplicaError, RuntimeError):
     """A backend could not be used or an operation in it failed.
 
     The native error, if any, is kept as ``__cause__``.
     """
+
+    code: ClassVar[str] = CODES["BackendError"]
 
 
 class BackendNotFoundError(AsyncReplicaError, LookupError):
@@ -218,6 +252,8 @@ class BackendNotFoundError(AsyncReplicaError, LookupError):
         available: The names of the backends that can be loaded.
         load_error: Why the backend failed to load, if it is installed but broken.
     """
+
+    code: ClassVar[str] = CODES["BackendNotFoundError"]
 
     def __init__(
         self, name: str, available: Sequence[str], load_error: BaseException | None = None

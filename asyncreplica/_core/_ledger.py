@@ -252,7 +252,7 @@ class Ledger:
                 f"Replica {replica} issued {signature.describe()} after it {rep.state.value}.\n\n"
                 "A collective belongs to the run of the replica that issues it: issue it from "
                 "the step function (or a coroutine it awaits), not from a task that outlives "
-                f"it.\nSee {_report.DOCS}#collectiveerror in the asyncreplica documentation.",
+                "it.\n" + _report.see_also("CollectiveError"),
                 report=self.report(),
             )
         if name is None:
@@ -394,7 +394,7 @@ class Ledger:
             "A collective cannot be abandoned half-way: every replica must complete it. "
             "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
             "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"
-            f"See {_report.DOCS}#collectiveerror in the asyncreplica documentation.",
+            + _report.see_also("CollectiveError"),
             report=self.report(),
         )
 

@@ -8,13 +8,14 @@ Every message has the same shape, so that people learn to read it once:
    each with what they did and where (``file:line``);
 3. the rule that was broken, in one sentence;
 4. the usual cause and the fix;
-5. where the documentation explains it.
+5. the command that explains it (``asyncreplica explain AR102``, see :mod:`._codes`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+from ._codes import see_also
 from ._nest import treedef_str
 from ._signature import CallSite, CollectiveKind, Signature, ordinal
 
@@ -31,10 +32,11 @@ __all__ = [
     "format_replicas",
     "in_flight_message",
     "mismatch_message",
+    "see_also",
     "timeout_message",
 ]
 
-DOCS = "docs/errors.md"
+DOCS = "docs/errors.md"  # the page that explains each error, on the documentation site
 
 
 def key_text(key: int | tuple[str, int]) -> str:
@@ -178,8 +180,9 @@ def _verb(ids: Sequence[int], singular: str, plural: str) -> str:
     return singular if len(ids) == 1 else plural
 
 
-def _see(anchor: str) -> str:
-    return f"See {DOCS}#{anchor.lower()} in the asyncreplica documentation."
+def _see(kind: str) -> str:
+    """The message's last line: the ``asyncreplica explain`` command of error ``kind``."""
+    return see_also(kind)
 
 
 def mismatch_message(

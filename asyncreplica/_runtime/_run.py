@@ -36,12 +36,12 @@ import anyio.lowlevel
 from .._core._ledger import Key, Ledger, key_index
 from .._core._nest import unflatten
 from .._core._report import (
-    DOCS,
     ended_message,
     key_text,
     merge_fn_stall_message,
     merge_fn_timeout_message,
     resumed_message,
+    see_also,
 )
 from .._core._signature import CollectiveKind, ReduceOp, Signature
 from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
@@ -906,7 +906,7 @@ class Run:
                 f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
                 "A collective runs only when awaited; without `await` this replica skips it "
                 "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
-                f"See {DOCS}#collectiveerror in the asyncreplica documentation.",
+                + see_also("CollectiveError"),
                 report=self.ledger.report(),
             )
 

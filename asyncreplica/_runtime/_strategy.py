@@ -21,6 +21,7 @@ from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._signature import ReduceOp
 from .._exceptions import (
+    AsyncReplicaError,
     BackendError,
     BackendNotFoundError,
     CollectiveError,
@@ -33,7 +34,9 @@ from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._extended import StrategyExtended, axis_tuple, normalize_axes, reduce_leaf
 from ._input import DistributedDataset, DistributedDatasetsFromFunction, InputContext
 from ._mode import MODE, Mode, current_mode
+from ._preload import preload_async_backends
 from ._run import Run
+from ._traceback import hide_library_frames
 from ._values import component, regroup_always_wrap
 
 if TYPE_CHECKING:
@@ -84,6 +87,8 @@ class Strategy:
         schedule: str = "fifo",
         seed: int | None = None,
     ) -> None:
+        # Not inside the first run, where the import would block the event loop.
+        preload_async_backends()
         self._devices = tuple(devices)
         self._schedule = schedule
         self._seed = seed
@@ -260,7 +265,11 @@ class Strategy:
             raise ReplicaContextError(
                 f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
             )
-        return await self._run(fn, args, kwargs)
+        try:
+            return await self._run(fn, args, kwargs)
+        except AsyncReplicaError as error:
+            hide_library_frames(error)  # the user's frames only (see _traceback)
+            raise  # ASYNCREPLICA_FULL_TRACEBACK=1 shows asyncreplica's frames too
 
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any

@@ -9,8 +9,9 @@ Never both: pytest refuses to register one module under two names.
 Fixtures:
 
 * ``strategy``: a fresh :class:`~asyncreplica.MirroredStrategy` per test, and the test runs
-  once per replica count (``--asyncreplica-replicas``, default ``2,4``) and per installed
-  backend (``--asyncreplica-backends``, default: all). A backend whose
+  once per replica count (``--asyncreplica-replicas``, default ``2,4``) and per backend
+  (``--asyncreplica-backends``, default: every installed backend that can run here, so no
+  ``cupy`` variants without a GPU). A backend named in ``--asyncreplica-backends`` whose
   ``check_available()`` fails skips its tests with the reason; a device backend with fewer
   devices than replicas skips too. Test ids end in ``[numpy-2]``, ``[numpy-4]``, ...
 * ``asyncreplica_strategy_factory``: ``factory(replicas=2, *, backend=None, **kwargs)``
@@ -29,7 +30,9 @@ report has an ``asyncreplica`` section with its seed and the option that replays
 
     pytest "tests/test_step.py::test_sum[numpy-4]" --asyncreplica-schedule=random --asyncreplica-seed=1234567
 
-Every option can also go in ``addopts`` of the pytest configuration.
+Every option can also go in ``addopts`` of the pytest configuration. The fixtures are plain
+(synchronous) fixtures, so they work with any async test runner: pytest-asyncio (strict
+or auto mode), anyio's pytest plugin, or a test that calls ``asyncio.run`` itself.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ SCHEDULES = ("fifo", "random")
 DEFAULT_REPLICAS = "2,4"
 MARKER = "asyncreplica"
 _CREATED = pytest.StashKey[list["_Created"]]()
+_USABLE = pytest.StashKey[tuple[tuple[str, ...], tuple[str, ...]]]()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +116,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--asyncreplica-backends",
         default=None,
         metavar="NAME,...",
-        help="backends of the `strategy` fixture (default: every installed backend)",
+        help=(
+            "backends of the `strategy` fixture (default: every installed backend that can"
+            " run here)"
+        ),
     )
     group.addoption(
         "--asyncreplica-schedule",
@@ -150,7 +157,14 @@ def pytest_report_header(config: pytest.Config) -> str:
     """Say how the plugin makes strategies (pytest hook)."""
     counts = ",".join(str(n) for n in _replica_counts(config.getoption("asyncreplica_replicas")))
     backends = _names(config.getoption("asyncreplica_backends"))
-    line = f"asyncreplica: replicas {counts}; backends {','.join(backends) if backends else 'all'}"
+    if backends:
+        which = ",".join(backends)
+    else:
+        usable, unusable = _default_backends(config)
+        which = ",".join(usable) or "none"
+        if unusable:
+            which += f" ({', '.join(unusable)} cannot run here: 'asyncreplica doctor' says why)"
+    line = f"asyncreplica: replicas {counts}; backends {which}"
     schedule: str = config.getoption("asyncreplica_schedule")
     if schedule == "random":
         seed: int | None = config.getoption("asyncreplica_seed")
@@ -167,6 +181,27 @@ def _installed_backends() -> tuple[str, ...]:
     return available_backends()
 
 
+def _can_run(name: str) -> bool:
+    """Whether backend ``name`` loads and passes its ``check_available()`` here."""
+    import asyncreplica as ar
+    from asyncreplica._registry import load_backend_class
+
+    try:
+        load_backend_class(name).check_available()
+    except (ar.BackendNotFoundError, ar.BackendError):
+        return False
+    return True
+
+
+def _default_backends(config: pytest.Config) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The installed backends that can run here, and those that cannot (checked once)."""
+    if _USABLE not in config.stash:
+        installed = _installed_backends()
+        usable = tuple(name for name in installed if _can_run(name))
+        config.stash[_USABLE] = (usable, tuple(n for n in installed if n not in usable))
+    return config.stash[_USABLE]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrise the ``strategy`` fixture over replica counts and backends (pytest hook)."""
     if "strategy" not in metafunc.fixturenames:
@@ -177,7 +212,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     config = metafunc.config
     counts = _replica_counts(config.getoption("asyncreplica_replicas"))
-    backends = _names(config.getoption("asyncreplica_backends")) or list(_installed_backends())
+    backends = _names(config.getoption("asyncreplica_backends")) or list(
+        _default_backends(config)[0]
+    )
     marker = metafunc.definition.get_closest_marker(MARKER)
     if marker is not None:
         if marker.args:
@@ -294,8 +331,8 @@ def strategy(
     """A fresh ``MirroredStrategy``; the test runs once per replica count and backend.
 
     The counts come from ``--asyncreplica-replicas`` (default ``2,4``), the backends from
-    ``--asyncreplica-backends`` (default: every installed one), both overridable with
-    ``@pytest.mark.asyncreplica(replicas=..., backends=...)``. With
+    ``--asyncreplica-backends`` (default: every installed one that can run here), both
+    overridable with ``@pytest.mark.asyncreplica(replicas=..., backends=...)``. With
     ``--asyncreplica-schedule=random`` the strategy interleaves replicas in a seeded
     random order.
     """

@@ -409,8 +409,7 @@ class MPIProcessGroup(ProcessGroup):
                     f"Process {ranks} of this MultiWorkerMirroredStrategy has exited, so no "
                     "collective can complete any more (this is process "
                     f"{self.rank} of {self.size}).\n\nEvery process must run the same "
-                    "collectives; see the earlier error for where they diverged.\n"
-                    "See docs/errors.md#replicaexitederror in the asyncreplica documentation."
+                    "collectives; see the earlier error for where they diverged."
                 ),
             )
         if self._broken is not None:
@@ -462,8 +461,7 @@ class MPIProcessGroup(ProcessGroup):
                     f"{self.timeout} s (this is process {self.rank} of {self.size}).\n\n"
                     "A process that is alive but busy (I/O, a long computation) or stuck "
                     "delays every other one. The processes are now out of step: the job "
-                    "cannot continue.\nSee docs/errors.md#collectivetimeouterror in the "
-                    "asyncreplica documentation."
+                    "cannot continue."
                 ),
             ) from None
         # Every process sees the same details and raises: the run ends everywhere.

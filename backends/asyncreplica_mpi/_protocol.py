@@ -48,7 +48,6 @@ __all__ = [
     "signature_fields",
 ]
 
-DOCS = "docs/errors.md"
 MAGIC = 0x61724D5049  # "arMPI": a header from something else is caught at once
 HEADER_WORDS = 4  # magic, status, fingerprint, exchange number
 #: The header's layout (native int64 words, as :func:`header` lists them).
@@ -350,7 +349,6 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
             "process (rank, local data): move it out of the branch, or make every process "
             "take the same path."
         )
-        anchor = "collectivemismatcherror"
     else:
         waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
@@ -383,12 +381,12 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
             "Look at the failing process's own error (it is raised there), or at the "
             "condition that makes one process skip or add a collective."
         )
-        anchor = "replicaexitederror"
     lines.append("")
     positions = {d["fields"].get("position") for d in details if d.get("fields")}
     for d in details:
         lines.append(f"  * {_replicas(d)} {_what(d, len(positions) > 1, paths.get(d['rank']))}")
-    lines += ["", rule, fix, f"See {DOCS}#{anchor} in the asyncreplica documentation."]
+    # The exception adds its last line, the `asyncreplica explain` command of its kind.
+    lines += ["", rule, fix]
     return kind, "\n".join(lines)
 
 

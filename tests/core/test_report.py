@@ -89,7 +89,7 @@ def test_mismatch_message_golden() -> None:
         "(`if ctx.replica_id_in_sync_group == 0:`), or values whose shape or dtype depends on the replica. "
         "Move the collective out of the branch, or make every replica pass values of the same structure, "
         "shape and dtype.\n"
-        "See docs/errors.md#collectivemismatcherror in the asyncreplica documentation."
+        "For more on this error, run `asyncreplica explain AR102`."
     )
 
 
@@ -156,7 +156,7 @@ def test_exited_message_golden() -> None:
         "Either replica 1 skipped a collective (a collective inside `if` on the replica id or on per-replica "
         "data, or a loop whose trip count differs per replica, such as an uneven last batch), or replicas 0, 2 "
         "made an extra one. Make every replica issue the same sequence of collectives.\n"
-        "See docs/errors.md#replicaexitederror in the asyncreplica documentation."
+        "For more on this error, run `asyncreplica explain AR103`."
     )
     assert error.waiting == frozenset({0, 2})
 
@@ -229,7 +229,7 @@ def test_timeout_message_golden() -> None:
         "but busy elsewhere.\n"
         "Find what they wait for (I/O, a lock, a long computation) or raise timeout_seconds in "
         "CommunicationOptions.\n"
-        "See docs/errors.md#collectivetimeouterror in the asyncreplica documentation."
+        "For more on this error, run `asyncreplica explain AR104`."
     )
 
 
@@ -258,7 +258,7 @@ def test_deadlock_message_golden() -> None:
         "peers wait at; here each waits for a name that another issues only after its own wait.\n"
         "Await named collectives in the same order on every replica, or start them concurrently "
         "(asyncio.gather or a task group) so that none blocks the others.\n"
-        "See docs/errors.md#collectivedeadlockerror in the asyncreplica documentation."
+        "For more on this error, run `asyncreplica explain AR105`."
     )
 
 
@@ -274,7 +274,7 @@ def test_in_flight_message_golden() -> None:
         "Unnamed collectives match by their order, so one replica issues them one at a time: await "
         "each collective before issuing the next, or give each concurrent collective a name "
         "(name='grads') so that they match by name.\n"
-        "See docs/errors.md#collectiveerror in the asyncreplica documentation."
+        "For more on this error, run `asyncreplica explain AR101`."
     )
 
 

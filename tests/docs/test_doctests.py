@@ -18,7 +18,7 @@ import pytest
 import asyncreplica
 
 # Modules whose docstrings must keep at least one example (the API reference shows them).
-MUST_HAVE_EXAMPLES = ("asyncreplica._values",)
+MUST_HAVE_EXAMPLES = ("asyncreplica", "asyncreplica._values")
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
@@ -36,9 +36,35 @@ def _module_names() -> list[str]:
 MODULES = _module_names()
 
 
+class _Finder(doctest.DocTestFinder):
+    """Finds the examples of classes whose ``__module__`` is the public ``asyncreplica``.
+
+    ``asyncreplica`` sets ``__module__ = "asyncreplica"`` on its public classes, so the
+    standard finder would think that ``asyncreplica._values.PerReplica`` comes from
+    elsewhere and skip its examples. A class belongs to the module that binds it under its
+    own name and whose functions it holds (functions keep their defining module).
+    """
+
+    def _from_module(self, module: ModuleType | None, object: object) -> bool:  # noqa: A002
+        if module is not None and isinstance(object, type) and object.__module__ == "asyncreplica":
+            if module.__name__ == "asyncreplica":
+                return False  # a re-export: its examples run with its defining module
+            functions = [
+                v for v in vars(object).values() if callable(v) and hasattr(v, "__module__")
+            ]
+            if functions:
+                return any(f.__module__ == module.__name__ for f in functions)
+            return getattr(module, object.__name__, None) is object
+        return bool(super()._from_module(module, object))  # type: ignore[misc]
+
+
 def _testmod(name: str) -> doctest.TestResults:
     module: ModuleType = importlib.import_module(name)
-    return doctest.testmod(module, optionflags=OPTIONS, report=True, verbose=False)
+    runner = doctest.DocTestRunner(optionflags=OPTIONS, verbose=False)
+    for test in _Finder().find(module, name):
+        runner.run(test)
+    runner.summarize(verbose=False)
+    return doctest.TestResults(runner.failures, runner.tries)
 
 
 def test_modules_are_found() -> None:

@@ -8,9 +8,10 @@ each script in a fresh interpreter and checks the includes in both directions.
 The one other include is ``docs/changelog.md``, which pulls in the repository's
 ``CHANGELOG.md`` as markdown (outside any fence); ``MARKDOWN_INCLUDES`` lists it.
 
-It also checks the anchors of ``docs/errors.md``: every error message ends with "See
-docs/errors.md#<exception name, lowercase>", so each of those anchors must exist, and
-each section has a broken and a fixed example.
+It also checks the anchors of ``docs/errors.md``: each error's section has the anchor of
+its code (``#ar103``, what ``asyncreplica explain AR103`` prints) and of its class name in
+lowercase (``#replicaexitederror``, which other pages link to), and a broken and a fixed
+example.
 """
 
 from __future__ import annotations
@@ -128,8 +129,8 @@ ERROR_ANCHORS = [
     "backenderror",
     "backendnotfounderror",
 ]
-# Where the library points at the page: `See docs/errors.md#name` or `_see("ClassName")`.
-LIBRARY_LINK = re.compile(r'docs/errors\.md#([A-Za-z0-9_-]+)|_see\(\s*"([A-Za-z0-9_]+)"\s*\)')
+# Where the library names an error kind for its last line: `see_also("ClassName")`.
+LIBRARY_LINK = re.compile(r'(?:_see|see_also)\(\s*"([A-Za-z0-9_]+)"\s*\)')
 PAGE_LINK = re.compile(r"errors\.md#([A-Za-z0-9_-]+)")
 
 
@@ -141,9 +142,13 @@ def _anchors() -> set[str]:
 def test_errors_page_has_the_anchor(anchor: str) -> None:
     text = ERRORS_PAGE.read_text(encoding="utf-8")
     assert anchor in _anchors(), f'docs/errors.md has no <a id="{anchor}"></a>'
-    # The anchor sits right before the section's heading, so the link lands on it.
+    # The anchor sits right before the section's heading (after the code's anchor), so
+    # the link lands on it.
     following = text.split(f'<a id="{anchor}"></a>', 1)[1].lstrip("\n")
-    assert following.startswith("#"), f"the anchor {anchor!r} must be followed by a heading"
+    assert following.startswith("## "), f"the anchor {anchor!r} must be followed by a heading"
+    code = getattr(__import__("asyncreplica"), following[3:].split()[0]).code
+    assert text.split(f'<a id="{anchor}"></a>', 1)[0].endswith(f'<a id="{code.lower()}"></a>\n')
+    assert following.startswith(f"## {following[3:].split()[0]} ({code})\n")
 
 
 @pytest.mark.parametrize("anchor", ERROR_ANCHORS)
@@ -171,9 +176,8 @@ def test_every_public_exception_has_an_anchor() -> None:
 def test_library_messages_point_at_existing_anchors() -> None:
     links: set[str] = set()
     for source in sorted((ROOT / "asyncreplica").rglob("*.py")):
-        for literal, see in LIBRARY_LINK.findall(source.read_text(encoding="utf-8")):
-            links.add((literal or see).lower())
-    assert "collectivemismatcherror" in links, "found no link to docs/errors.md in the library"
+        links.update(name.lower() for name in LIBRARY_LINK.findall(source.read_text("utf-8")))
+    assert "collectivemismatcherror" in links, "found no see_also() in the library"
     missing = sorted(links - _anchors())
     assert not missing, f"messages link to docs/errors.md anchors that do not exist: {missing}"
 

@@ -57,7 +57,7 @@ def test_the_nav_lists_only_existing_pages_once() -> None:
 
 @pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path: Path) -> None:
-    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers"):
+    for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "ruff"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed: pip install -e '.[docs]' to build the site")
     proc = subprocess.run(
@@ -84,6 +84,8 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
     )
     assert (tmp_path / "site" / "reference" / "asyncreplica" / "index.html").is_file()
+    # The [docs] extra brings Ruff, so long signatures are wrapped, not one scrolling line.
+    assert "Formatting signatures requires" not in proc.stdout + proc.stderr
 
 
 def test_rst_markup_extension_rewrites_roles_and_literal_blocks() -> None:
@@ -97,3 +99,16 @@ def test_rst_markup_extension_rewrites_roles_and_literal_blocks() -> None:
     assert convert(text) == "See `Backend` and `anyio.run`:\n\n    code"
     assert convert("Example::\n\n    x = 1") == "**Example:**\n\n    x = 1"
     assert convert("::\n\n    x = 1") == "\n\n    x = 1"
+
+
+def test_the_docs_extra_brings_a_signature_formatter() -> None:
+    # mkdocstrings wraps long signatures with Ruff (or Black); without either it logs
+    # "Formatting signatures requires either Black or Ruff" and renders one long line.
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    for extra in ("docs", "test"):  # the suite builds the site too
+        names = {re.split(r"[<>=;\[ ]", dep, maxsplit=1)[0] for dep in extras[extra]}
+        assert names & {"ruff", "black"}, f"[{extra}] has no signature formatter"

@@ -137,7 +137,7 @@ def test_bad_program_raises_on_every_process(scenario: str, tmp_path: Path) -> N
         assert logs[rank].startswith(f"raised {error}\n"), (rank, logs[rank], output)
         for word in words:
             assert word in logs[rank], (rank, word, logs[rank])
-        assert "See docs/errors.md#" in logs[rank]
+        assert "asyncreplica explain AR" in logs[rank]
 
 
 def test_exception_in_one_process_raises_on_the_others(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ import re
 import zlib
 from typing import ClassVar
 
+import numpy  # noqa: F401  # imported once here: the in-process inner runs cannot re-import it
 import pytest
+from anyio.pytest_plugin import get_available_backends
 
 import asyncreplica as ar
 from asyncreplica import _registry
@@ -22,7 +24,7 @@ pytest_plugins = ["pytester"]
 
 # hypothesis's and pytest-benchmark's plugins are switched off: the inner runs do not need
 # them, and re-importing hypothesis in every inner run costs seconds.
-PLUGIN = (
+COMMON = (
     "-p",
     "no:hypothesispytest",
     "-p",
@@ -32,6 +34,8 @@ PLUGIN = (
     "-p",
     "asyncreplica.testing._plugin",
 )
+# pytest-asyncio is switched off too, except in the tests that run under it (below).
+PLUGIN = (*COMMON, "-p", "no:asyncio")
 
 REPLICAS_TEST = """
 import asyncreplica as ar
@@ -111,7 +115,7 @@ def test_strategy_runs_once_per_default_replica_count(pytester: pytest.Pytester)
     result.stdout.fnmatch_lines(["test_inner.py::test_replicas?numpy-2? REPLICAS 2*", "PASSED"])
     result.stdout.fnmatch_lines(["test_inner.py::test_replicas?numpy-4? REPLICAS 4*", "PASSED"])
     assert printed(result, "REPLICAS") == ["2 ('fifo', None)", "4 ('fifo', None)"]
-    result.stdout.fnmatch_lines(["asyncreplica: replicas 2,4; backends all; schedule fifo"])
+    result.stdout.fnmatch_lines(["asyncreplica: replicas 2,4; backends numpy; schedule fifo"])
 
 
 def test_replicas_option(pytester: pytest.Pytester) -> None:
@@ -157,15 +161,38 @@ class UnavailableBackend(Backend):
 UnavailableBackend.__abstractmethods__ = frozenset()
 
 
-def test_unavailable_backend_skips_with_the_reason(
+def test_backends_that_cannot_run_here_are_not_parameters_by_default(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No cupy-2/cupy-4 variants skipped on a machine without a GPU: only what can run.
+    monkeypatch.setitem(_registry._registered, "unavailable", UnavailableBackend)
+    pytester.makepyfile(test_inner=REPLICAS_TEST)
+
+    result = run(pytester, "-v", "-rs", "--asyncreplica-replicas=2")
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_replicas?numpy-2? *"])
+    assert "unavailable-2" not in result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            (
+                "asyncreplica: replicas 2; backends numpy (unavailable cannot run here:"
+                " 'asyncreplica doctor' says why); schedule fifo"
+            )
+        ]
+    )
+
+
+def test_unavailable_backend_asked_for_skips_with_the_reason(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(_registry._registered, "unavailable", UnavailableBackend)
     pytester.makepyfile(test_inner=REPLICAS_TEST)
 
-    result = run(pytester, "-rs", "--asyncreplica-replicas=2")
+    result = run(
+        pytester, "-rs", "--asyncreplica-replicas=2", "--asyncreplica-backends=numpy,unavailable"
+    )
 
-    # Every installed backend is a parameter; the unavailable one skips, numpy passes.
     result.assert_outcomes(passed=1, skipped=1)
     result.stdout.fnmatch_lines(
         ["SKIPPED*backend 'unavailable' is not available*the frobnicator is not plugged in*"]
@@ -341,3 +368,132 @@ def test_passing_tests_have_no_asyncreplica_section(pytester: pytest.Pytester) -
 
     result.assert_outcomes(passed=2)
     assert "replay:" not in result.stdout.str()
+
+
+# Async test runners -----------------------------------------------------------------------
+# The fixtures are synchronous, so they serve any runner. Each runner gets a test using the
+# `strategy` fixture, the factory, and the order-dependent bug that the random schedule
+# finds, with the replay line in the report.
+
+ASYNC_TEST = """
+import pytest
+import asyncreplica as ar
+
+{mark}
+
+async def step():
+    ctx = ar.get_replica_context()
+    return await ctx.all_reduce("sum", 1.0)
+
+async def test_fixture(strategy):
+    result = await strategy.run(step)
+    assert strategy.experimental_local_results(result) == (
+        float(strategy.num_replicas_in_sync),
+    ) * strategy.num_replicas_in_sync
+    print("RAN", strategy.num_replicas_in_sync)
+
+async def test_factory(asyncreplica_strategy_factory):
+    strategy = asyncreplica_strategy_factory(3, check_call_sites=False)
+    result = await strategy.run(step)
+    print("RAN", *strategy.experimental_local_results(result))
+
+@pytest.mark.asyncreplica(replicas=[4])
+async def test_order(strategy):
+    starts = []
+
+    async def buggy():
+        ctx = ar.get_replica_context()
+        rid = ctx.replica_id_in_sync_group
+        starts.append(rid)
+        if rid == 0:
+            shared["table"] = [1.0, 2.0]
+        table = shared["table"]  # KeyError when replica 0 has not run first
+        await ctx.barrier()
+        return len(table)
+
+    try:
+        for _ in range(5):
+            shared = {{}}
+            await strategy.run(buggy)
+    finally:
+        print("ORDER", starts)
+"""
+
+RUNNERS = {
+    # name: (module-level mark, extra pytest arguments, the id prefix a runner adds).
+    # pytest-asyncio loads through its entry point ("-p asyncio" would name the stdlib).
+    "pytest-asyncio-strict": (
+        "pytestmark = pytest.mark.asyncio",
+        ("-o", "asyncio_mode=strict"),
+        "",
+    ),
+    "pytest-asyncio-auto": ("", ("-o", "asyncio_mode=auto"), ""),
+    "anyio": (
+        (
+            "pytestmark = pytest.mark.anyio\n\n"
+            "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'"
+        ),
+        ("-p", "no:asyncio"),
+        "",
+    ),
+    "anyio-every-backend": ("pytestmark = pytest.mark.anyio", ("-p", "no:asyncio"), "asyncio-"),
+}
+
+
+def run_async(pytester: pytest.Pytester, runner: str, *args: str) -> pytest.RunResult:
+    if runner.startswith("pytest-asyncio"):
+        pytest.importorskip("pytest_asyncio", reason="pytest-asyncio is in the [test] extra")
+    _, options, _ = RUNNERS[runner]
+    pytester.makepyfile(test_inner=ASYNC_TEST.format(mark=RUNNERS[runner][0]))
+    # The ini option pytest-asyncio asks for, as a project using it sets it.
+    loop_scope = ("-o", "asyncio_default_fixture_loop_scope=function")
+    extra = loop_scope if runner.startswith("pytest-asyncio") else ()
+    # "-p no:asyncreplica" must come before the explicit "-p" of the plugin (COMMON).
+    return pytester.runpytest(*COMMON, *options, *extra, "-s", "-W", "error", *args)
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_fixtures_under_each_async_runner(pytester: pytest.Pytester, runner: str) -> None:
+    result = run_async(pytester, runner, "-v", "-k", "not order")
+
+    prefix = RUNNERS[runner][2]
+    # anyio's own anyio_backend fixture runs each test once per installed anyio backend
+    # (asyncio, trio), and says so in the ids: test_fixture[asyncio-numpy-2].
+    backends = len(get_available_backends()) if prefix else 1
+    result.assert_outcomes(passed=3 * backends)
+    result.stdout.fnmatch_lines([f"*test_fixture?{prefix}numpy-2? RAN 2*"])
+    result.stdout.fnmatch_lines([f"*test_fixture?{prefix}numpy-4? RAN 4*"])
+    assert "RAN 3.0 3.0 3.0" in result.stdout.str()
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_random_schedule_and_replay_under_each_async_runner(
+    pytester: pytest.Pytester, runner: str
+) -> None:
+    prefix = RUNNERS[runner][2]
+    # asyncio only: trio shuffles its run queue itself, so runs there do not replay exactly.
+    order = "order and not trio"
+    fixed = run_async(pytester, runner, "-k", order)
+    fixed.assert_outcomes(passed=1)  # replicas start in order: the bug hides
+
+    found = run_async(pytester, runner, "-k", order, "--asyncreplica-schedule=random")
+
+    found.assert_outcomes(failed=1)
+    found.stdout.fnmatch_lines(
+        [
+            "*- asyncreplica -*",
+            "strategy 0: 4 replicas, backend numpy, schedule random, seed *",
+            (
+                f"replay: pytest 'test_inner.py::test_order?{prefix}numpy-4?'"
+                " --asyncreplica-schedule=random --asyncreplica-seed=*"
+            ),
+        ]
+    )
+    match = re.search(r"--asyncreplica-seed=(\d+)", found.stdout.str())
+    assert match
+    replay = ("-k", order, "--asyncreplica-schedule=random", f"--asyncreplica-seed={match[1]}")
+
+    replayed = run_async(pytester, runner, *replay)
+
+    replayed.assert_outcomes(failed=1)
+    assert printed(replayed, "ORDER") == printed(found, "ORDER")

@@ -4,6 +4,7 @@ Process 0 runs two replicas and process 1 one: replica ids are global (0, 1 | 2)
 """
 
 import asyncio
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -49,6 +50,12 @@ if __name__ == "__main__":
         mpiexec = shutil.which(
             "mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
         )
+        if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+            missing = "mpiexec" if mpiexec is None else "mpi4py"
+            print(
+                f"train.py: {missing} is missing: pip install 'asyncreplica[mpi]'", file=sys.stderr
+            )
+            raise SystemExit(2)
         done = subprocess.run(
             [mpiexec, "-n", "2", sys.executable, __file__], capture_output=True, text=True
         )
