@@ -365,7 +365,8 @@ class NumpyBackend(Backend):
                 return spec
         if isinstance(value, IndexedSlices):
             values = self._checked(value.values, "IndexedSlices.values")
-            self._checked(value.indices, "IndexedSlices.indices")
+            indices = self._checked(value.indices, "IndexedSlices.indices")
+            _check_slices(values, indices, value.dense_shape)
             return LeafSpec(value.dense_shape, _dtype_name(values.dtype), sparse=True)
         array = self._checked(value, "a collective's value")
         key = (array.shape, array.dtype)
@@ -631,7 +632,11 @@ class NumpyBackend(Backend):
             raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
         parts = [s for s in slices if isinstance(s, IndexedSlices)]
         values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
-        indices = np.concatenate([_as_array(s.indices) for s in parts], axis=0)
+        index_arrays = [_as_array(s.indices) for s in parts]
+        # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
+        # with uint64 float64 (describe refused non-integer indices already).
+        same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
+        indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
         if op is ReduceOp.MEAN:
             values = _divide(values, len(parts))
         values_views = _shared(values, len(parts))
@@ -729,6 +734,35 @@ class NumpyBackend(Backend):
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`."""
         return np.concatenate([_as_array(c) for c in components], axis=axis)
+
+
+def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -> None:
+    """Raise in the replica that built them when ``IndexedSlices`` do not fit together.
+
+    Otherwise numpy's error would come from concatenating every replica's slices, in
+    whichever replica dispatched the collective.
+    """
+    if indices.dtype.kind not in "iu":
+        raise TypeError(
+            f"IndexedSlices.indices must be integers (row numbers of the dense value), got "
+            f"{indices.dtype} {indices!r:.60}: pass np.asarray(indices, dtype=np.int64)"
+        )
+    if indices.ndim != 1:
+        raise ValueError(
+            f"IndexedSlices.indices must be one row number per row, shape (n,), got shape "
+            f"{indices.shape}"
+        )
+    if not dense_shape or values.shape[1:] != dense_shape[1:] or values.ndim != len(dense_shape):
+        raise ValueError(
+            f"IndexedSlices.values has shape {values.shape}, but dense_shape {dense_shape} "
+            f"needs values of shape (n, {', '.join(map(str, dense_shape[1:]))}): each row is "
+            "one row of the dense value"
+        )
+    if values.shape[0] != indices.shape[0]:
+        raise ValueError(
+            f"IndexedSlices has {values.shape[0]} rows of values but {indices.shape[0]} "
+            "indices: give one row number per row"
+        )
 
 
 def _not_numeric(value: object, what: str) -> str:
