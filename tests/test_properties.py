@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import anyio
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -39,9 +38,8 @@ from random_programs import (
     Program,
     RandomChooser,
     act,
-    check_step,
+    check_results,
     draw_program,
-    expected_named,
 )
 
 import asyncreplica as ar
@@ -123,19 +121,6 @@ def leaves(error: BaseException) -> list[BaseException]:
     if isinstance(error, BaseExceptionGroup):
         return [leaf for e in error.exceptions for leaf in leaves(e)]
     return [error]
-
-
-def check_results(program: Program, rid: int, got: list[Any], local: Sequence[int]) -> None:
-    """Replica ``rid`` of a consistent program got exactly numpy's results."""
-    actions = [a for a in program.actions[rid] if a[0] in ("step", "named")]
-    assert len(got) == len(actions)
-    for action, g in zip(actions, got, strict=True):
-        if action[0] == "named":
-            ra, rb = g
-            np.testing.assert_array_equal(ra, expected_named(action[1], program.n, "a"))
-            np.testing.assert_array_equal(rb, expected_named(action[1], program.n, "b"))
-        else:
-            check_step(action[1], rid, program.n, action[2], g, local)
 
 
 def check_outcome(
