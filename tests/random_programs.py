@@ -337,22 +337,24 @@ def draw_program(
         for _ in range(c.integer(0, 3)):  # checkpoints never change the outcome
             acts.insert(c.integer(0, len(acts)), (c.choice(("checkpoint", "sleep0")),))
         per_replica.append(tuple(acts))
-    if drawn and "spawn_then_raise" in broken:
-        # The same bug: a helper task (asyncio.ensure_future) is left pending when the
-        # run fails or is cancelled, so no helper tasks in a program that may fail.
-        per_replica = [
-            tuple(("named", a[1], "taskgroup") if a[:1] == ("named",) and a[2] == "ensure_future"
-                  else a for a in acts)
-            for acts in per_replica
-        ]
+    # Bugs of KNOWN_BROKEN that any faulty program can hit when a replica awaits its
+    # named pair through asyncio.gather or a helper task: a wait cycle (even one that a
+    # skipped or extra collective makes) is missed and the program hangs ("cycle_gather",
+    # "cycle_task"); a helper task is left pending after the run fails ("spawn_then_raise").
+    # While they are broken, faulty programs use a task group instead.
+    hidden = {
+        "gather": {"cycle_gather"},
+        "ensure_future": {"cycle_task", "spawn_then_raise"},
+    }
     program = Program(n, tuple(base), tuple(per_replica), tuple(drawn))
-    if program.cycle:
-        # The same bug as cycle_gather and cycle_task: a replica that awaits its named
-        # pair through asyncio.gather or a task hides a wait cycle between two others.
-        hidden = {"gather": "cycle_gather", "ensure_future": "cycle_task"}
+    if drawn or program.cycle:
         per_replica = [
-            tuple(("named", a[1], "taskgroup") if a[:1] == ("named",) and hidden.get(a[2]) in broken
-                  else a for a in acts)
+            tuple(
+                ("named", a[1], "taskgroup")
+                if a[:1] == ("named",) and hidden.get(a[2], set()) & broken
+                else a
+                for a in acts
+            )
             for acts in per_replica
         ]
         program = Program(n, tuple(base), tuple(per_replica), tuple(drawn))
