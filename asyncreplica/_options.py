@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import math
 from typing import final
 
 __all__ = ["CommunicationImplementation", "CommunicationOptions"]
@@ -32,12 +33,14 @@ class CommunicationOptions:
         bytes_per_pack: Pack size for batched values; 0 puts everything in one pack.
             Packing never changes results.
         timeout_seconds: Raise ``CollectiveTimeoutError`` when a rendezvous waits
-            longer than this; ``None`` or ``0`` waits for ever (a replica that exits or
-            disagrees is reported at once, without any timeout).
+            longer than this; ``None``, ``0`` or ``math.inf`` waits for ever (a replica
+            that exits or disagrees is reported at once, without any timeout). ``inf``
+            differs from ``None`` in :meth:`merge` only: it overrides a finite default.
         implementation: A :class:`CommunicationImplementation` or its name.
 
     Raises:
-        ValueError: ``bytes_per_pack`` is negative or ``implementation`` unknown.
+        ValueError: ``bytes_per_pack`` is negative, ``timeout_seconds`` is negative or
+            NaN, or ``implementation`` unknown.
         TypeError: An argument has the wrong type.
     """
 
@@ -57,6 +60,11 @@ class CommunicationOptions:
             if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
                 raise TypeError(
                     f"timeout_seconds must be a number of seconds or None, got {timeout_seconds!r}"
+                )
+            if math.isnan(timeout_seconds):
+                raise ValueError(
+                    "Argument `timeout_seconds` must be a number of seconds >= 0, None, 0 or "
+                    f"math.inf (wait for ever), Received {timeout_seconds}."
                 )
             if timeout_seconds < 0:
                 raise ValueError(f"timeout_seconds must be >= 0 (or None), got {timeout_seconds}")

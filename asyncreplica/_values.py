@@ -108,9 +108,14 @@ class IndexedSlices:
     (duplicate indices are kept, as TensorFlow does); ``MEAN`` also divides ``values``
     by the number of replicas. ``all_gather`` does not accept it.
 
+    A collective checks the parts fit together before any data moves, in the replica
+    that passed them: integer ``indices`` (``TypeError`` otherwise), one per row, and
+    rows of shape ``dense_shape[1:]`` (``ValueError`` otherwise). Replicas whose indices
+    have different integer dtypes get int64 indices.
+
     Args:
         values: The rows, shape ``(n, *dense_shape[1:])``.
-        indices: Their row indices, shape ``(n,)``.
+        indices: Their row indices (integers), shape ``(n,)``.
         dense_shape: The shape of the dense value.
     """
 

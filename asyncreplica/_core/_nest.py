@@ -10,7 +10,14 @@ A structure's shape is a *treedef*: nested tuples that are hashable and compare
 with ``==``, so the ledger can check that replicas passed the same structure without
 touching a single leaf. A treedef node is ``None`` for a leaf, or
 ``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences and, for
-mappings, ``(sorted keys, insertion order or None, default_factory or None)``.
+mappings, ``(sorted keys, KeyOrder, default_factory or None)``.
+
+Two mappings with the same keys are the same structure whatever order their keys
+were inserted in, as in TensorFlow's ``nest`` (which sorts dict keys): the insertion
+order is kept in a :class:`KeyOrder`, which rebuilds the mapping as it was but takes
+no part in ``==`` or ``hash``. So replicas that built equal dicts in different orders
+pass the same structure, in one process and across processes alike, and each one's
+result comes back in its own key order.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 __all__ = [
+    "KeyOrder",
     "TreeDef",
     "flatten",
     "is_nest",
@@ -48,17 +56,46 @@ def _sorted_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
         return tuple(sorted(mapping, key=lambda k: (type(k).__qualname__, repr(k))))
 
 
+class KeyOrder:
+    """A mapping's key insertion order: kept to rebuild the mapping, never compared.
+
+    Every ``KeyOrder`` equals every other and they all hash alike, so a treedef's
+    ``==`` and ``hash`` see a mapping's key set, not the order its keys were inserted.
+
+    Args:
+        keys: The keys in insertion order, or None when that is the sorted order.
+    """
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys: tuple[object, ...] | None) -> None:
+        self.keys = keys
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KeyOrder)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return f"KeyOrder({self.keys!r})"
+
+
+_SORTED = KeyOrder(None)
+
+
 def _mapping_keys(mapping: Mapping[object, object]) -> object:
-    """The treedef metadata of a mapping: ``(sorted keys, insertion order, factory)``.
+    """The treedef metadata of a mapping: ``(sorted keys, KeyOrder, factory)``.
 
     Leaves are visited in sorted key order (so replicas that built equal dicts in
-    different orders still flatten alike); the insertion order is kept, only when it
-    differs, so that the rebuilt mapping iterates as the original did.
+    different orders flatten alike); the insertion order is kept, in a
+    :class:`KeyOrder` that takes no part in comparisons, so that the rebuilt mapping
+    iterates as the original did.
     """
     keys = _sorted_keys(mapping)
     insertion = tuple(mapping)
     factory = mapping.default_factory if isinstance(mapping, defaultdict) else None
-    return (keys, None if insertion == keys else insertion, factory)
+    return (keys, _SORTED if insertion == keys else KeyOrder(insertion), factory)
 
 
 def flatten(value: object) -> tuple[list[object], TreeDef]:
@@ -111,8 +148,8 @@ def _build(cls: type, keys: object, children: list[object]) -> object:
     assert isinstance(keys, tuple)
     ordered, insertion, factory = keys
     items = dict(zip(ordered, children, strict=True))
-    if insertion is not None:
-        items = {k: items[k] for k in insertion}
+    if insertion.keys is not None:
+        items = {k: items[k] for k in insertion.keys}
     make: Callable[..., object] = cls
     if issubclass(cls, defaultdict):
         return make(factory, items)

@@ -184,6 +184,9 @@ class _Spent:
 
 _SPENT = _Spent()
 
+# Loop turns a run's end gives the helper tasks it woke or cancelled to finish.
+_LEFTOVER_TURNS = 8
+
 
 # Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
 _ACCEPTS_PACK: dict[type, bool] = {}
@@ -1044,7 +1047,16 @@ class Run:
             self.closed = True
             if self._errors:
                 self._ended = "failed"
-            self._close_leftovers()
+            leftovers = self._close_leftovers()
+            if leftovers:
+                # Give the helper tasks just woken with an error (or cancelled) the few
+                # loop turns they need to finish, so none outlives the run. Bounded: a
+                # helper that swallows its error and goes on is its own business.
+                with anyio.CancelScope(shield=True):
+                    for _ in range(_LEFTOVER_TURNS):
+                        if all(task.done() for task in leftovers):
+                            break
+                        await anyio.lowlevel.checkpoint()
             if self.tracer is not None:
                 for error in self._abandonments:
                     self.tracer.failed(error, error.report)
@@ -1057,7 +1069,7 @@ class Run:
             raise self._root_cause()
         return self._results
 
-    def _close_leftovers(self) -> None:
+    def _close_leftovers(self) -> list[asyncio.Task[Any]]:
         """The run is over: no collective still pending can complete; tasks are told.
 
         A collective awaited by a task that outlived its replica (one started with
@@ -1065,6 +1077,9 @@ class Run:
         ``CollectiveError`` saying the run ended, so whoever awaits that task later
         gets an error, never a hang. When the run failed or was cancelled, the other
         unfinished tasks its replicas created are cancelled, as the replicas were.
+
+        Returns:
+            The tasks that were woken or cancelled: they finish within a loop turn or two.
         """
         ended = self._ended or "ended"
         self._ended = ended
@@ -1084,6 +1099,8 @@ class Run:
         if ended != "ended":
             for task in idle:
                 task.cancel()
+            return parked + idle
+        return parked
 
     def _helper_ended(self, key: Key | None, signature: Signature | None) -> CollectiveError:
         """:meth:`_ended_error`, raised in a helper task that outlived its replica.

@@ -74,8 +74,24 @@ def _mean_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
     return dtype if dtype.kind in "fc" else np.dtype(np.float64)
 
 
+def _exact_mean(totals: Sequence[Array], count: int) -> Array:
+    """The float64 nearest to ``sum(totals) / count``, the totals being integer arrays.
+
+    The sum is taken in Python integers (which cannot overflow) and Python's ``int / int``
+    is correctly rounded: the mean of integers as the contract defines it.
+    """
+    exact = sum(
+        (np.asarray(t).astype(object) for t in totals[1:]), np.asarray(totals[0]).astype(object)
+    )
+    exact = np.asarray(exact, dtype=object)
+    means = [int(t) / count for t in exact.ravel().tolist()]
+    return np.array(means, dtype=np.float64).reshape(exact.shape)
+
+
 def _fold(op: ReduceOp, arrays: Sequence[Array]) -> Array:
     """Combine ``arrays`` left to right, in replica order; ``MEAN`` divides by their count."""
+    if op is ReduceOp.MEAN and np.asarray(arrays[0]).dtype.kind in "iu":
+        return _exact_mean(arrays, len(arrays))
     out = np.array(arrays[0], copy=True)
     for a in arrays[1:]:
         out = np.asarray(_FOLD[op](out, a))
@@ -87,8 +103,10 @@ def _fold(op: ReduceOp, arrays: Sequence[Array]) -> Array:
 def _reduce_along(op: ReduceOp, arrays: Sequence[Array], axis: tuple[int, ...]) -> Array:
     """What ``Backend.reduce`` returns with an axis tuple: MEAN weights by element count."""
     if op is ReduceOp.MEAN:
-        total = _fold(ReduceOp.SUM, [np.asarray(np.sum(a, axis=axis)) for a in arrays])
         count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
+        if arrays[0].dtype.kind in "iu":
+            return _exact_mean([np.asarray(a).astype(object).sum(axis=axis) for a in arrays], count)
+        total = _fold(ReduceOp.SUM, [np.asarray(np.sum(a, axis=axis)) for a in arrays])
         return np.asarray(np.true_divide(total, count, dtype=_mean_dtype(total.dtype)))
     return _fold(op, [np.asarray(_LOCAL[op](a, axis=axis)) for a in arrays])
 
@@ -382,6 +400,53 @@ class BackendConformanceTests(abc.ABC):
         expected = np.asarray([sum(range(n)) / n, 1 / n], dtype=np.float64)
         for r in range(n):
             self._check(results[r][0], expected, f"MEAN of {dtype} on replica {r}")
+
+    @pytest.mark.parametrize("leaves", [1, 3], ids=["one-leaf", "batch"])
+    @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint64"])
+    def test_all_reduce_mean_of_integers_does_not_overflow(self, dtype: str, leaves: int) -> None:
+        """``MEAN`` of integers is the float64 nearest the exact mean, even near the limits.
+
+        It is never summed in the input dtype (int8 ``100`` on two replicas is 100.0, not
+        -28.0), and a batch of leaves (packed or not) gives what each leaf gives alone.
+        """
+        n = self._n
+        info = np.iinfo(dtype)
+        big, small = int(info.max), int(info.min)
+        arrays = [
+            np.asarray(
+                [big, big - r, small + r, small, 100, 2**53 + 1 if info.bits == 64 else 1],
+                dtype=dtype,
+            )
+            for r in range(n)
+        ]
+        values = self._rows(*[arrays] * leaves)
+        results = self._check_layout(
+            self._run(lambda: self.backend.all_reduce(ReduceOp.MEAN, values)), n, leaves
+        )
+        expected = _exact_mean(arrays, n)
+        for r in range(n):
+            for j in range(leaves):
+                self._check(results[r][j], expected, f"MEAN of {dtype} leaf {j} on replica {r}")
+
+    @pytest.mark.parametrize("dtype", ["int8", "int64", "uint64"])
+    def test_reduce_scatter_and_reduce_mean_of_integers_do_not_overflow(self, dtype: str) -> None:
+        """``reduce_scatter`` and ``reduce`` (with and without axes) take MEAN exactly too."""
+        n = self._n
+        big = int(np.iinfo(dtype).max)
+        arrays = [np.asarray([[big - r, big], [big, 7]] * n, dtype=dtype) for r in range(n)]
+        results = self._check_layout(
+            self._run(lambda: self.backend.reduce_scatter(ReduceOp.MEAN, self._rows(arrays), 0)),
+            n,
+            1,
+        )
+        chunks = np.split(_exact_mean(arrays, n), n, axis=0)
+        for r in range(n):
+            self._check(results[r][0], chunks[r], f"reduce_scatter(MEAN) of {dtype}, replica {r}")
+        comps = self._on_replicas(arrays)
+        whole = self._run(lambda: self.backend.reduce(ReduceOp.MEAN, comps, None))
+        self._check(whole, _exact_mean(arrays, n), f"reduce(MEAN) of {dtype}")
+        along = self._run(lambda: self.backend.reduce(ReduceOp.MEAN, comps, (0,)))
+        self._check(along, _reduce_along(ReduceOp.MEAN, arrays, (0,)), f"reduce(MEAN, 0) {dtype}")
 
     @pytest.mark.parametrize("dtype", ["float32", "float64"])
     def test_all_reduce_combines_in_replica_order(self, dtype: str) -> None:

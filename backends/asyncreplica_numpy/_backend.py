@@ -77,6 +77,8 @@ def _shared(out: Array, n: int) -> list[Array]:
 
 def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
     """Combine arrays in replica order into one new array (inputs untouched)."""
+    if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
+        return _mean_of_ints(arrays)
     ufunc = _BINARY[op]
     if len(arrays) == 1:
         out = np.array(arrays[0], copy=True)
@@ -181,6 +183,8 @@ def _reduce_batch(
     dtype = dtypes[0]
     if dtypes.count(dtype) != m or dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
         return None
+    if op is ReduceOp.MEAN and dtype.kind in "iu":
+        return None  # summed in int64 or exactly: see _mean_of_ints
     sizes = list(map(_nbytes_of, first))
     if max(sizes) >= POOL_BYTES or not sum(sizes):
         return None
@@ -259,6 +263,62 @@ async def _off_loop(fn: Callable[[], object]) -> None:
     await anyio.to_thread.run_sync(call)
 
 
+# Integers below this magnitude are exact in float64 (and, being below 2**63, in int64).
+_EXACT_IN_FLOAT64 = 1 << 53
+
+
+def _magnitude(array: Array) -> int:
+    """The largest absolute value in an integer array, as a Python int (0 when empty)."""
+    if not array.size:
+        return 0
+    return max(-int(array.min()), int(array.max()))
+
+
+def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) -> Array:
+    """The MEAN of integer arrays as float64: the exact sum, divided, rounded once.
+
+    The sum is never taken in the input dtype (int8 ``100 + 100`` wraps to -56, int64
+    near ``2**62`` wraps negative). When every partial sum is provably below ``2**53``
+    (always so for 32-bit and smaller integers on fewer than a million replicas), it is
+    taken in int64, where it is exact, then converted to float64 (exactly) and divided
+    (one rounding). Otherwise it is taken in Python integers, whose ``/`` is correctly
+    rounded too, so both paths give the same bits: the float64 nearest to the true mean.
+    Exact sums do not depend on the order of the replicas.
+
+    Args:
+        arrays: One integer array per replica, all of one shape (``axis`` None) or rank.
+        axis: Also sum each array along these axes first (``Backend.reduce``); the
+            count is then the number of elements summed.
+
+    Returns:
+        A new, writable float64 array.
+    """
+    if axis is None:
+        count = len(arrays)
+        small = arrays[0].dtype.itemsize <= 4 and count < (1 << 20)
+        bound = 0 if small else sum(map(_magnitude, arrays))
+    else:
+        count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
+        bound = sum(_magnitude(a) * a.size for a in arrays)
+    if bound < _EXACT_IN_FLOAT64:
+        parts = arrays if axis is None else [a.sum(axis=axis, dtype=np.int64) for a in arrays]
+        total = np.array(parts[0], dtype=np.int64)
+        for part in parts[1:]:
+            np.add(total, part, out=total)
+        return np.asarray(np.true_divide(total, count, dtype=np.float64))
+    # astype(object) holds Python ints (np.asarray(..., dtype=object) of a numpy
+    # scalar would hold the numpy scalar, whose + wraps around).
+    exact = [np.asarray(a).astype(object) for a in arrays]
+    if axis is not None:
+        exact = [np.asarray(e.sum(axis=axis), dtype=object) for e in exact]
+    sums = exact[0]
+    for part in exact[1:]:
+        sums = sums + part
+    sums = np.asarray(sums, dtype=object)
+    means = [t / count for t in sums.ravel().tolist()]
+    return np.array(means, dtype=np.float64).reshape(sums.shape)
+
+
 def _divide(out: Array, n: int) -> Array:
     if out.dtype.kind in "fc":
         np.true_divide(out, n, out=out)
@@ -305,7 +365,8 @@ class NumpyBackend(Backend):
                 return spec
         if isinstance(value, IndexedSlices):
             values = self._checked(value.values, "IndexedSlices.values")
-            self._checked(value.indices, "IndexedSlices.indices")
+            indices = self._checked(value.indices, "IndexedSlices.indices")
+            _check_slices(values, indices, value.dense_shape)
             return LeafSpec(value.dense_shape, _dtype_name(values.dtype), sparse=True)
         array = self._checked(value, "a collective's value")
         key = (array.shape, array.dtype)
@@ -454,15 +515,19 @@ class NumpyBackend(Backend):
         total = sum(size for _, _, size in pack)
         indices = [j for j, _, _ in pack]
         pick = operator.itemgetter(*indices)  # a pack holds two leaves or more
-        flat = np.concatenate(pick(values[0]), axis=None, dtype=dtype)
-        if n > 1:
-            ufunc = _BINARY[op]
-            scratch = np.empty(total, dtype)
-            for r in range(1, n):
-                np.concatenate(pick(values[r]), axis=None, out=scratch)
-                ufunc(flat, scratch, out=flat)
-        if op is ReduceOp.MEAN:
-            flat = _divide(flat, n)
+        if op is ReduceOp.MEAN and dtype.kind in "iu":
+            # Never summed in the input dtype, which can overflow: see _mean_of_ints.
+            flat = _mean_of_ints([np.concatenate(pick(v), axis=None, dtype=dtype) for v in values])
+        else:
+            flat = np.concatenate(pick(values[0]), axis=None, dtype=dtype)
+            if n > 1:
+                ufunc = _BINARY[op]
+                scratch = np.empty(total, dtype)
+                for r in range(1, n):
+                    np.concatenate(pick(values[r]), axis=None, out=scratch)
+                    ufunc(flat, scratch, out=flat)
+            if op is ReduceOp.MEAN:
+                flat = _divide(flat, n)
         flat.flags.writeable = False
         slices = []
         shaped = False
@@ -567,7 +632,11 @@ class NumpyBackend(Backend):
             raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
         parts = [s for s in slices if isinstance(s, IndexedSlices)]
         values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
-        indices = np.concatenate([_as_array(s.indices) for s in parts], axis=0)
+        index_arrays = [_as_array(s.indices) for s in parts]
+        # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
+        # with uint64 float64 (describe refused non-integer indices already).
+        same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
+        indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
         if op is ReduceOp.MEAN:
             values = _divide(values, len(parts))
         values_views = _shared(values, len(parts))
@@ -658,6 +727,8 @@ class NumpyBackend(Backend):
             arrays = [a.astype(np.float64) for a in arrays]
         if axis is None:
             return _combine(op, arrays)
+        if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu" and any(a.size for a in arrays):
+            return _mean_of_ints(arrays, axis)
         if op is ReduceOp.MEAN:
             total = _combine(ReduceOp.SUM, [a.sum(axis=axis) for a in arrays])
             count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
@@ -674,6 +745,35 @@ class NumpyBackend(Backend):
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`."""
         return np.concatenate([_as_array(c) for c in components], axis=axis)
+
+
+def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -> None:
+    """Raise in the replica that built them when ``IndexedSlices`` do not fit together.
+
+    Otherwise numpy's error would come from concatenating every replica's slices, in
+    whichever replica dispatched the collective.
+    """
+    if indices.dtype.kind not in "iu":
+        raise TypeError(
+            f"IndexedSlices.indices must be integers (row numbers of the dense value), got "
+            f"{indices.dtype} {indices!r:.60}: pass np.asarray(indices, dtype=np.int64)"
+        )
+    if indices.ndim != 1:
+        raise ValueError(
+            f"IndexedSlices.indices must be one row number per row, shape (n,), got shape "
+            f"{indices.shape}"
+        )
+    if not dense_shape or values.shape[1:] != dense_shape[1:] or values.ndim != len(dense_shape):
+        raise ValueError(
+            f"IndexedSlices.values has shape {values.shape}, but dense_shape {dense_shape} "
+            f"needs values of shape (n, {', '.join(map(str, dense_shape[1:]))}): each row is "
+            "one row of the dense value"
+        )
+    if values.shape[0] != indices.shape[0]:
+        raise ValueError(
+            f"IndexedSlices has {values.shape[0]} rows of values but {indices.shape[0]} "
+            "indices: give one row number per row"
+        )
 
 
 def _not_numeric(value: object, what: str) -> str:

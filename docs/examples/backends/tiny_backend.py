@@ -36,8 +36,16 @@ def divide(total: np.ndarray, count: int) -> np.ndarray:
     return np.asarray(np.true_divide(total, count, dtype=dtype))
 
 
+def exact_mean(totals: Sequence[np.ndarray], count: int) -> np.ndarray:
+    """The mean of integers: summed in Python ints (no overflow), divided, rounded once."""
+    total = np.asarray(sum(t.astype(object) for t in totals), dtype=object)
+    return np.array([t / count for t in total.ravel().tolist()], np.float64).reshape(total.shape)
+
+
 def combine(op: ReduceOp, arrays: Sequence[np.ndarray]) -> np.ndarray:
     """Combine left to right, in replica-id order, into a new array; MEAN divides by the count."""
+    if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
+        return exact_mean(arrays, len(arrays))
     out = np.array(arrays[0], copy=True)
     for a in arrays[1:]:
         out = np.asarray(FOLD[op](out, a))
@@ -119,8 +127,10 @@ class TinyBackend(Backend):
         if axis is None:
             return combine(op, arrays)
         if op is ReduceOp.MEAN:  # global sum over global count: uneven components weigh right
-            total = combine(ReduceOp.SUM, [np.asarray(a.sum(axis=axis)) for a in arrays])
             count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
+            if arrays[0].dtype.kind in "iu":
+                return exact_mean([np.asarray(a.astype(object).sum(axis=axis)) for a in arrays], count)
+            total = combine(ReduceOp.SUM, [np.asarray(a.sum(axis=axis)) for a in arrays])
             return divide(total, count)
         return combine(op, [np.asarray(LOCAL[op](a, axis=axis)) for a in arrays])
 
