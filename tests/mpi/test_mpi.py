@@ -305,3 +305,11 @@ def test_small_all_reduces_travel_with_their_agreement_intact(n: int, tmp_path: 
     # Every exchange reuses one buffer: results must not alias it, leaves of mixed
     # dtypes at odd offsets must come back intact, and a scalar's MEAN is an array.
     _every_rank_finishes(n, "inline.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: Path) -> None:
+    # Big-endian inputs (a different byte order on each process) and 0-d values give
+    # the values and shapes a one-process MirroredStrategy gives, on every path:
+    # inline, gathered, MPI Allreduce, all_gather and broadcast from every source.
+    _every_rank_finishes(n, "values.py", tmp_path)
