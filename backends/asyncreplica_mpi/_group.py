@@ -35,6 +35,7 @@ from asyncreplica import (
     BackendError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    ReplicaContextError,
     ReplicaExitedError,
 )
 from asyncreplica.abc import CollectiveKind, ProcessGroup, Signature
@@ -242,6 +243,7 @@ class MPIProcessGroup(ProcessGroup):
         self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
+        self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._closed = False
@@ -544,8 +546,24 @@ class MPIProcessGroup(ProcessGroup):
     # -- what the runtime calls ----------------------------------------------------------
 
     def begin_run(self) -> None:
-        """A run starts: it will end with one final exchange (or an earlier one)."""
+        """A run starts: it will end with one final exchange (or an earlier one).
+
+        Raises:
+            ReplicaContextError: A run of this group is in progress: two runs at once
+                would interleave their collectives differently on each process.
+        """
+        if self._running:
+            raise ReplicaContextError(
+                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
+                f"progress on process {self.rank}: one strategy runs one step at a time "
+                "across processes (two concurrent runs would interleave their "
+                "collectives in a different order on each process).\n\nAwait each run "
+                "before starting the next (no asyncio.gather / task group of runs of one "
+                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
+                "step function."
+            )
         self._check_usable()
+        self._running = True
         self._run_ended = False
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
@@ -696,17 +714,22 @@ class MPIProcessGroup(ProcessGroup):
             ReplicaExitedError: This process finished, but another failed or issued
                 more collectives.
         """
-        if self._run_ended or self._broken is not None or self._departed:
-            self._run_ended = True
-            return
-        status = Status.FINISHED if error is None else Status.FAILED
-        detail = {"error": None if error is None else describe_exception(error)}
-        await self._acquire()
+        if not self._running:
+            return  # not this group's run (begin_run refused it)
         try:
-            details = await self._agree(status, None, detail, 0)
+            if self._run_ended or self._broken is not None or self._departed:
+                self._run_ended = True
+                return
+            status = Status.FINISHED if error is None else Status.FAILED
+            detail = {"error": None if error is None else describe_exception(error)}
+            await self._acquire()
+            try:
+                details = await self._agree(status, None, detail, 0)
+            finally:
+                self._release()
+            self._run_ended = True
         finally:
-            self._release()
-        self._run_ended = True
+            self._running = False
         if details is not None and error is None:
             self._raise_for(details)
 

@@ -313,3 +313,16 @@ def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: 
     # the values and shapes a one-process MirroredStrategy gives, on every path:
     # inline, gathered, MPI Allreduce, all_gather and broadcast from every source.
     _every_rank_finishes(n, "values.py", tmp_path)
+
+
+def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
+    # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
+    # second run is refused before it issues anything, on every process; the first
+    # completes, and the processes stay in step.
+    rc, logs, output = launch(2, "scenarios.py", "concurrent", tmp_path=tmp_path)
+    assert rc != 0, output
+    for rank in (0, 1):
+        assert logs[rank].startswith("first (3.0"), (rank, logs[rank], output)
+        assert "raised ReplicaContextError\n" in logs[rank], logs[rank]
+        assert "Another MultiWorkerMirroredStrategy.run of this strategy is still in" in logs[rank]
+        assert f"progress on process {rank}" in logs[rank]

@@ -7,6 +7,7 @@ with status 1 after an error.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import anyio
@@ -121,6 +122,20 @@ async def responsive(strategy: ar.MultiWorkerMirroredStrategy) -> None:
     report(f"result {strategy.experimental_local_results(result)[0]}")
 
 
+async def concurrent(strategy: ar.MultiWorkerMirroredStrategy) -> None:
+    """Two runs of one strategy at once: the second is refused, the first completes."""
+
+    async def second() -> float:
+        return float(await ar.get_replica_context().all_reduce("SUM", 2.0))
+
+    first, refused = await asyncio.gather(
+        strategy.run(STEPS["responsive"]), strategy.run(second), return_exceptions=True
+    )
+    report(f"first {strategy.experimental_local_results(first)}")
+    assert isinstance(refused, BaseException), refused
+    raise refused
+
+
 async def main() -> None:
     options = ar.CommunicationOptions(timeout_seconds=0.5) if SCENARIO == "timeout" else None
     strategy = ar.MultiWorkerMirroredStrategy(
@@ -132,6 +147,8 @@ async def main() -> None:
         return
     if SCENARIO == "raise_outside" and RANK == 1:
         raise ValueError("process 1 crashed before its run")
+    if SCENARIO == "concurrent":
+        await concurrent(strategy)
     await strategy.run(STEPS[SCENARIO])
     report("finished")
 
