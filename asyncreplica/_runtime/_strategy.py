@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import math
 import random
@@ -29,7 +28,11 @@ from .._exceptions import (
     ReplicaContextError,
 )
 from .._options import CommunicationOptions
-from .._registry import available_backends, load_backend_class
+from .._registry import (
+    available_process_groups,
+    load_backend_class,
+    load_process_group_class,
+)
 from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._mode import MODE, Mode, current_mode
@@ -838,21 +841,20 @@ class MultiWorkerMirroredStrategy(Strategy):
         parsed, local, communication_options = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )
+        # The "mpi" process group, from its entry point (asyncreplica.process_groups).
+        group_cls = cast("Callable[..., ProcessGroup]", load_process_group_class("mpi"))
         try:
-            mpi = importlib.import_module("asyncreplica_mpi")
-            group_cls = mpi.MPIProcessGroup
-            backend_cls = mpi.MPIBackend
-        except ImportError as exc:
-            raise BackendNotFoundError("mpi", available_backends(), exc) from exc
-        group = group_cls(
-            communicator,
-            len(parsed),
-            check_call_sites=check_call_sites,
-            timeout=communication_options.timeout_seconds,
-        )
+            group = group_cls(
+                communicator,
+                len(parsed),
+                check_call_sites=check_call_sites,
+                timeout=communication_options.timeout_seconds,
+            )
+        except ImportError as exc:  # mpi4py, or its MPI library, is missing
+            raise BackendNotFoundError("mpi", available_process_groups(), exc) from exc
         super().__init__(
             parsed,
-            backend_cls(local, group),
+            group.wrap(local),
             communication_options,
             check_call_sites,
             stall_warning_seconds,

@@ -38,7 +38,7 @@ from asyncreplica import (
     ReplicaContextError,
     ReplicaExitedError,
 )
-from asyncreplica.abc import CollectiveKind, ProcessGroup, Signature
+from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from ._protocol import (
     HEADER,
@@ -270,6 +270,12 @@ class MPIProcessGroup(ProcessGroup):
                 self._gather = self._ctl.Allgather_init(self._send, self._recv)
         _groups.add(self)
         _install_hooks()
+
+    def wrap(self, local: Backend) -> Backend:
+        """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes."""
+        from ._backend import MPIBackend
+
+        return MPIBackend(local, self)
 
     # -- look-ups -----------------------------------------------------------------------
 
