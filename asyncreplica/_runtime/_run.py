@@ -389,7 +389,9 @@ class Run:
         self._packs = accepts_bytes_per_pack(backend)
         self.describe = backend.describe
         self.num_replicas = strategy._num_local
-        self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
+        self.ledger = Ledger(
+            self.num_replicas, check_call_sites=check_call_sites, offset=strategy._replica_offset
+        )
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
@@ -697,7 +699,8 @@ class Run:
         if pending:
             sites = "\n".join(f"  * {c.describe()}" for c in pending)
             raise CollectiveError(
-                f"Replica {replica} created {len(pending)} collective"
+                f"Replica {replica + self.strategy._replica_offset} created {len(pending)} "
+                f"collective"
                 f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
                 "A collective runs only when awaited; without `await` this replica skips it "
                 "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
@@ -829,7 +832,8 @@ class Run:
         for replica, error in errors:
             if not isinstance(error, CollectiveError) and id(error) not in self._noted:
                 error.add_note(
-                    f"(raised in replica {replica} of {self.num_replicas} in "
+                    f"(raised in replica {replica + self.strategy._replica_offset} of "
+                    f"{self.strategy.num_replicas_in_sync} in "
                     f"{type(self.strategy).__name__}.run)"
                 )
         if len(errors) == 1:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
+from .._core._report import format_replicas
 from .._core._signature import ReduceOp
 from .._exceptions import (
     BackendError,
@@ -314,11 +315,11 @@ class Strategy:
             # Tell the other processes, so that none of them waits for this one.
             await group.end_run(exc)
             if isinstance(exc, CollectiveError) and exc.report is not None:
-                # Found by this process's ledger: its messages count local replicas.
-                first = self._replica_offset
+                # Found by this process's ledger (its messages use global replica ids).
+                last = self._replica_offset + self._num_local - 1
                 exc.add_note(
-                    f"(on process {group.rank} of {group.size}: replica ids in this message "
-                    f"are local; local replica i is global replica {first} + i)"
+                    f"(found on process {group.rank} of {group.size}, which runs "
+                    f"{format_replicas(range(self._replica_offset, last + 1))})"
                 )
             raise
         await group.end_run(None)

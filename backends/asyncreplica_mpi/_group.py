@@ -454,6 +454,7 @@ class MPIProcessGroup(ProcessGroup):
                 return None
             if position is not None and fields is not None:
                 fields = {**fields, "position": key_text(position)}
+                detail = {**detail, "key": _key_json(position)}
             details = await self._drive(self._details(status, fields, detail), deadline)
         except _Expired:
             if position is not None and fields is not None:
@@ -482,28 +483,43 @@ class MPIProcessGroup(ProcessGroup):
         return details
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
+        """Raise the error every process raises for these (non-unanimous) details.
+
+        Its attributes agree with its message: global replica ids (every replica of a
+        process that reached the collective, with that process's signature), and the
+        position and name of the collective the processes wait at.
+        """
         kind, message = outcome_message(details)
-        signatures = {
-            d["replicas"][0]: rebuild_signature(d["fields"], d.get("site"))
-            for d in details
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]
-        }
+        signatures: dict[int, Signature] = {}
+        key: Any = None
+        for d in details:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+                signature = rebuild_signature(d["fields"], d.get("site"))
+                first, count = d["replicas"]
+                for replica in range(first, first + count):
+                    signatures[replica] = signature
+                if key is None:
+                    key = d.get("key")
+        name = key[0] if isinstance(key, list) else None
+        position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
             raise CollectiveMismatchError(
-                0,
+                position,
                 signatures,
                 differing_fields(details),
                 num_replicas=self.num_replicas,
+                name=name,
                 message=message,
             )
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
         first = gone[0]["replicas"][0] if gone else 0
         raise ReplicaExitedError(
             first,
-            0,
+            position,
             signatures,
             exited_count=0,
             exited_last=None,
+            name=name,
             message=message,
         )
 
@@ -787,6 +803,13 @@ class MPIProcessGroup(ProcessGroup):
         for comm in (self._ctl, self._data):
             with contextlib.suppress(Exception):
                 comm.Free()
+
+
+def _key_json(position: Hashable) -> Any:
+    """A ledger key as JSON: an index, or ``[name, occurrence]``."""
+    if isinstance(position, tuple) and len(position) == 2:
+        return [str(position[0]), int(position[1])]
+    return position if isinstance(position, int) else None
 
 
 def _light(signature: Signature) -> bool:

@@ -263,10 +263,7 @@ def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path
     rc, logs, output = launch(2, "scenarios.py", "local", tmp_path=tmp_path)
     assert rc != 0, output
     assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
-    assert (
-        "(on process 0 of 2: replica ids in this message are local; local replica i is "
-        "global replica 0 + i)"
-    ) in logs[0]
+    assert "(found on process 0 of 2, which runs replicas 0, 1)" in logs[0]
     assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
     assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]
 
@@ -326,3 +323,68 @@ def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
         assert "raised ReplicaContextError\n" in logs[rank], logs[rank]
         assert "Another MultiWorkerMirroredStrategy.run of this strategy is still in" in logs[rank]
         assert f"progress on process {rank}" in logs[rank]
+
+
+def _attributes(log: str) -> dict[str, object]:
+    """The ``attributes {...}`` line a scenario logs for its error."""
+    import ast
+
+    text = next(t for t in log.splitlines() if t.startswith("attributes "))
+    value = ast.literal_eval(text[len("attributes ") :])
+    assert isinstance(value, dict)
+    return value
+
+
+def test_errors_inside_one_process_use_global_replica_ids(tmp_path: Path) -> None:
+    # 2 processes x 2 replicas; global replica 3 (process 1's second) skips the 2nd
+    # collective. Process 1's own ledger finds it: its message and attributes must say
+    # replica 3 and replica 2 (global), never 1 and 0; process 0 sees process 1 fail
+    # with that message, at position 1 where its own replicas 0 and 1 wait.
+    rc, logs, output = launch(2, "scenarios.py", "local_skip", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith(
+        "raised ReplicaExitedError\nReplica 3 finished after 1 collective, but replica 2 is "
+        "waiting at its 2nd collective (position 1)."
+    ), logs[1]
+    assert "  * replica 3 returned after all_reduce(SUM)" in logs[1]
+    assert "(found on process 1 of 2, which runs replicas 2, 3)" in logs[1]
+    assert _attributes(logs[1]) == {
+        "replica_id": 3,
+        "position": 1,
+        "waiting": [2],
+        "report": [2, 3],
+    }
+    assert logs[0].startswith("raised ReplicaExitedError\nProcess 1 failed"), logs[0]
+    assert (
+        "process 1 (replicas 2, 3) failed: ReplicaExitedError: Replica 3 finished after 1 "
+        "collective, but replica 2 is waiting"
+    ) in logs[0]
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 1, "waiting": [0, 1]}
+
+
+def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "scenarios.py", "local_mismatch", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[1]
+    assert "  * replica 2 called all_reduce(SUM) on float64[3]" in logs[1]
+    assert "  * replica 3 called all_reduce(SUM) on float64[4]" in logs[1]
+    assert _attributes(logs[1]) == {"position": 0, "signatures": [2, 3], "report": [2, 3]}
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "want"),
+    [
+        # the message says "at their 2nd collective (position 1)": so must .position
+        ("skip", {"replica_id": 2, "position": 1, "waiting": [0, 1]}),
+        ("extra", {"replica_id": 0, "position": 1, "waiting": [2]}),
+        ("shape", {"position": 0, "signatures": [0, 1, 2]}),
+    ],
+)
+def test_cross_process_error_attributes_agree_with_the_message(
+    scenario: str, want: dict[str, object], tmp_path: Path
+) -> None:
+    rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
+    assert rc != 0, output
+    for rank in (0, 1):
+        assert _attributes(logs[rank]) == want, (rank, logs[rank])

@@ -19,7 +19,8 @@ from mpi4py import MPI
 import asyncreplica as ar
 
 SCENARIO = sys.argv[1]
-LOCAL = 2 if RANK == 0 else 1
+# Process 0 runs 2 replicas, process 1 one; both run 2 in the scenarios named here.
+LOCAL = 2 if RANK == 0 or SCENARIO in ("local_skip", "local_mismatch") else 1
 
 
 async def skip() -> None:
@@ -70,6 +71,18 @@ async def local() -> None:
         await ctx.all_reduce("SUM", np.ones(3))
 
 
+async def local_skip() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3))
+    if ctx.replica_id_in_sync_group != 3:  # global replica 3 (process 1's 2nd) skips
+        await ctx.all_reduce("SUM", np.ones(3))  # marker: local_skip
+
+
+async def local_mismatch() -> None:
+    ctx = ar.get_replica_context()
+    await ctx.all_reduce("SUM", np.ones(3 if ctx.replica_id_in_sync_group != 3 else 4))
+
+
 async def busy() -> None:
     ctx = ar.get_replica_context()
     if RANK == 1:
@@ -93,6 +106,8 @@ STEPS = {
     "raise_outside": ok,
     "timeout": busy,
     "local": local,
+    "local_skip": local_skip,
+    "local_mismatch": local_mismatch,
     "responsive": ok,
 }
 
@@ -161,6 +176,15 @@ if __name__ == "__main__":
         report(str(exc))
         for note in getattr(exc, "__notes__", ()):
             report(note)
+        attrs = {
+            name: sorted(value) if isinstance(value, frozenset | dict) else value
+            for name in ("replica_id", "position", "name", "waiting", "signatures")
+            if (value := getattr(exc, name, None)) is not None
+        }
+        rows = getattr(getattr(exc, "report", None), "rows", None)
+        if rows is not None:
+            attrs["report"] = [row.replica_id for row in rows]
+        report(f"attributes {attrs}")
         if SCENARIO == "raise_outside" and RANK == 1:
             raise  # uncaught: the goodbye at exit tells the other process
         sys.exit(1)
