@@ -850,6 +850,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 len(parsed),
                 check_call_sites=check_call_sites,
                 timeout=communication_options.timeout_seconds,
+                stall_warning_seconds=stall_warning_seconds,
             )
         except ImportError as exc:  # mpi4py, or its MPI library, is missing
             raise BackendNotFoundError("mpi", available_process_groups(), exc) from exc

@@ -19,8 +19,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 
 from asyncreplica import IndexedSlices
@@ -30,7 +28,6 @@ from ._group import (
     THREAD_WAIT_BYTES,
     MPIProcessGroup,
     thread_multiple,
-    wait_request,
 )
 from ._protocol import cross_fields
 
@@ -129,10 +126,10 @@ class MPIBackend(Backend):
         """
         comm = self.group.data_comm
         if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
-            await anyio.to_thread.run_sync(functools.partial(getattr(comm, name), *args, **kwargs))
+            await self.group.blocking(functools.partial(getattr(comm, name), *args, **kwargs))
             return
         request = getattr(comm, "I" + name.lower())(*args, **kwargs)
-        await wait_request(request)
+        await self.group.wait_data(request)
 
     async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Every process's equal-sized ``flat`` buffer, stacked in rank order."""

@@ -388,3 +388,59 @@ def test_cross_process_error_attributes_agree_with_the_message(
     assert rc != 0, output
     for rank in (0, 1):
         assert _attributes(logs[rank]) == want, (rank, logs[rank])
+
+
+def test_a_late_process_is_named_in_a_stall_warning(tmp_path: Path) -> None:
+    # stall_warning_seconds=0.3; process 1 joins the first collective only once process
+    # 0 has logged its stall warning (its logging handler releases process 1): the
+    # warning names the late process and its replicas, then the collective resumes.
+    rc, logs, output = launch(2, "scenarios.py", "late", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert (
+        "warning: Collective stalled across processes: process 0 (replicas 0, 1) has waited"
+    ) in logs[0], logs[0]
+    assert "at the 1st collective (position 0): all_reduce(SUM) on float64[] at " in logs[0]
+    assert "for process 1 (replica 2)." in logs[0]
+    assert "  * process 1 (replica 2) did not arrive: " in logs[0]
+    assert "warning: Collective resumed: the processes completed the 1st collective" in logs[0]
+    assert logs[1].startswith("released by the stall warning\n"), logs[1]
+    assert "finished" in logs[0]
+    assert "finished" in logs[1]
+
+
+def test_creating_the_strategy_is_bounded_and_names_the_missing_process(tmp_path: Path) -> None:
+    # Process 1 never creates its strategy; process 0 (timeout_seconds=1) warns, then
+    # raises naming process 1, instead of waiting inside MPI_Comm_dup for ever.
+    rc, logs, output = launch(2, "scenarios.py", "construct", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert ("warning: MultiWorkerMirroredStrategy creation stalled: process 0 has waited") in logs[
+        0
+    ], logs[0]
+    assert "for process 1 to create theirs" in logs[0]
+    assert "raised CollectiveTimeoutError\nTimed out after 1 s creating " in logs[0]
+    assert (
+        "process 1 did not create theirs (this is process 0 of 2; arrived: process 0)" in (logs[0])
+    )
+    assert logs[1] == "released by process 0's error\n", logs[1]
+
+
+@pytest.mark.parametrize("scenario", ["transfer", "transfer_thread", "transfer_timeout"])
+def test_a_failure_inside_one_data_transfer_reaches_every_process(
+    scenario: str, tmp_path: Path
+) -> None:
+    # Process 1 raises inside its data transfer, after the processes agreed (polled
+    # from the loop; in a worker thread; with timeout_seconds=30): process 0, which
+    # waits for its data, raises at once naming process 1's own error (not a timeout).
+    rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised TypeError\nsimulated: mpi4py refused the buffer"), logs[1]
+    assert logs[0].startswith("raised ReplicaExitedError\nProcess 1 failed while moving"), logs[0]
+    size = 300_000 if scenario == "transfer_thread" else 100_000
+    assert (
+        f"the data of the 1st collective (position 0): all_reduce(SUM) on float64[{size}] "
+        f"at {PROGRAMS / 'scenarios.py'}:{line('transfer')} in step"
+    ) in logs[0]
+    assert (
+        "  * process 1 (replica 2) failed: TypeError: simulated: mpi4py refused the buffer"
+    ) in logs[0]
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}

@@ -8,6 +8,7 @@ with status 1 after an error.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sys
 
 import anyio
@@ -137,6 +138,43 @@ async def responsive(strategy: ar.MultiWorkerMirroredStrategy) -> None:
     report(f"result {strategy.experimental_local_results(result)[0]}")
 
 
+async def late() -> float:
+    ctx = ar.get_replica_context()
+    if RANK == 1:
+        # Late for good reasons: until process 0 has warned that it waits for us.
+        report(f"released by {MPI.COMM_WORLD.recv(source=0, tag=8)}")
+    return float(await ctx.all_reduce("SUM", 1.0))
+
+
+STEPS.update(late=late, construct=ok)
+
+
+class _Released(logging.Handler):
+    """On process 0: log warnings to the rank log; release process 1 at the stall one."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        report(f"warning: {message}")
+        if RANK == 0 and "stalled" in message:
+            MPI.COMM_WORLD.send("the stall warning", dest=1, tag=8)
+
+
+async def transfer_fails(n: int) -> None:
+    """Process 1 fails inside its data transfer, after the processes agreed."""
+    if RANK == 1:
+        from asyncreplica_mpi import MPIBackend
+
+        async def refuse(self: object, *args: object, **kwargs: object) -> None:
+            raise TypeError("simulated: mpi4py refused the buffer")
+
+        MPIBackend._move = refuse  # type: ignore[method-assign]
+
+    async def step() -> None:
+        await ar.get_replica_context().all_reduce("SUM", np.ones(n))  # marker: transfer
+
+    return step  # type: ignore[return-value]
+
+
 async def concurrent(strategy: ar.MultiWorkerMirroredStrategy) -> None:
     """Two runs of one strategy at once: the second is refused, the first completes."""
 
@@ -152,10 +190,29 @@ async def concurrent(strategy: ar.MultiWorkerMirroredStrategy) -> None:
 
 
 async def main() -> None:
+    logging.getLogger("asyncreplica").addHandler(_Released())
     options = ar.CommunicationOptions(timeout_seconds=0.5) if SCENARIO == "timeout" else None
-    strategy = ar.MultiWorkerMirroredStrategy(
-        [f"CPU:{i}" for i in range(LOCAL)], communication_options=options
-    )
+    if SCENARIO in ("transfer_timeout", "construct"):
+        options = ar.CommunicationOptions(timeout_seconds=30 if SCENARIO != "construct" else 1)
+    if SCENARIO == "construct" and RANK == 1:
+        # Never creates the strategy: waits until process 0 has given up on it.
+        report(f"released by {MPI.COMM_WORLD.recv(source=0, tag=9)}")
+        return
+    try:
+        strategy = ar.MultiWorkerMirroredStrategy(
+            [f"CPU:{i}" for i in range(LOCAL)],
+            communication_options=options,
+            stall_warning_seconds=0.3 if SCENARIO in ("late", "construct") else 30.0,
+        )
+    finally:
+        if SCENARIO == "construct":
+            MPI.COMM_WORLD.send("process 0's error", dest=1, tag=9)
+    if SCENARIO.startswith("transfer"):
+        # 800 KB moves polled from the loop, 2.4 MB in a worker thread.
+        size = 300_000 if SCENARIO == "transfer_thread" else 100_000
+        await strategy.run(await transfer_fails(size))
+        report("finished")
+        return
     if SCENARIO == "responsive":
         await responsive(strategy)
         report("finished")
