@@ -64,7 +64,6 @@ __all__ = [
     "THREAD_WAIT_BYTES",
     "MPIProcessGroup",
     "thread_multiple",
-    "wait_request",
 ]
 
 #: A partial result up to this size travels inside the agreement exchange.
@@ -282,42 +281,6 @@ def _spin(test: Callable[[], bool]) -> bool:
         if test():
             return True
     return False
-
-
-async def _poll(test: Callable[[], bool]) -> None:
-    """Call ``test`` until it returns True, yielding to the loop in between."""
-    # On asyncio, a plain sleep(0) is anyio's checkpoint without the look-up of the
-    # running library (one poll per loop iteration: its cost is the wait's resolution).
-    on_asyncio = asyncio._get_running_loop() is not None
-    spin_until = time.perf_counter() + _SPIN_SECONDS
-    delay = 1e-4
-    while not test():
-        if time.perf_counter() < spin_until:
-            if on_asyncio:
-                await asyncio.sleep(0)
-            else:
-                await anyio.lowlevel.checkpoint()
-        else:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
-
-
-async def wait_request(request: Any, nbytes: int = 0) -> None:
-    """Wait for an MPI request without blocking the event loop.
-
-    The caller shields the wait from cancellation (a posted request must complete).
-
-    Args:
-        request: The request.
-        nbytes: How many bytes it moves; large transfers are waited for in a thread.
-    """
-    test = request.Test
-    if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
-        if not test():
-            await anyio.to_thread.run_sync(request.Wait)
-        return
-    if not _spin(test):
-        await _poll(test)
 
 
 _serials = iter(range(1 << 62))
@@ -559,7 +522,8 @@ class MPIProcessGroup(ProcessGroup):
     async def _watch(self, test: Callable[[], bool], exchange: int | None = None) -> None:
         """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
 
-        It polls as :func:`_poll` does, and once the wait is slow reads the peers' notes.
+        It tests without yielding, then yields to the loop in between (``asyncio.sleep(0)``
+        on asyncio) for up to _SPIN_SECONDS, then sleeps up to _MAX_SLEEP between tests.
 
         A peer's failure after an agreement raises here (see :meth:`_read_notes`).
         For an exchange (``exchange``: its number), a wait that passes
