@@ -89,6 +89,7 @@ _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
 _ACK_SECONDS = 10.0
+_DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
 # The per-signature and per-position caches are cleared past this many entries.
 _MAX_CACHED = 4096
@@ -814,6 +815,10 @@ class MPIProcessGroup(ProcessGroup):
             self._check_usable()
         deadline = None if self.timeout is None else anyio.current_time() + self.timeout
         pending = self._pending = (position, detail)
+        if not self._number & _DRAIN_EVERY:
+            # A process that never waits long never reads its peers' notes there: read
+            # them now and then, so that they do not pile up in MPI's queues.
+            self._read_notes()
         request = self._post(status, fp, payload)
         if request is None:
             return None
