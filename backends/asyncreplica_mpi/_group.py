@@ -130,19 +130,21 @@ def _goodbye_all() -> None:
 # after timeout_seconds, instead of leaving the others inside MPI_Comm_dup for ever.
 
 _ARRIVAL_TAG = 0x6172  # "ar"
+_GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
 _ARRIVED = 1
-_EXITED = 2
-_GAVE_UP = 3
+_GAVE_UP = 2
 _logger = logging.getLogger("asyncreplica")
 # Per user communicator (by handle): the communicator, and how many groups this
 # process created on it.
 _created: dict[int, tuple[Any, int]] = {}
 
 
-def _note_to_all(comm: Any, kind: int, serial: int, value: int) -> list[Any]:
+def _note_to_all(
+    comm: Any, kind: int, serial: int, value: int, tag: int = _ARRIVAL_TAG
+) -> list[Any]:
     note = np.array([MAGIC, kind, serial, value], np.int64)
     rank = comm.Get_rank()
-    return [comm.Isend(note, dest=r, tag=_ARRIVAL_TAG) for r in range(comm.Get_size()) if r != rank]
+    return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -154,10 +156,15 @@ def _arrive(
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
 
+    Notes arrive in the order they were sent (MPI does not overtake messages between
+    two processes on one communicator and tag), so each process's ``k``-th note is
+    the one of its ``k``-th group on this communicator.
+
     Raises:
         CollectiveTimeoutError: Some processes did not create their group within
             ``timeout`` seconds (the message names them).
-        ReplicaExitedError: A process exited without creating it, or gave up waiting.
+        BackendError: A process gave up waiting (its timeout passed) before this one
+            arrived, or a malformed note arrived.
     """
     from mpi4py import MPI
 
@@ -180,31 +187,19 @@ def _arrive(
             if recvs[r].Test():
                 del recvs[r]
                 magic, kind, their_serial, value = (int(v) for v in notes[r])
-                if magic != MAGIC:
+                if magic != MAGIC or kind != _ARRIVED:
                     raise BackendError(
                         f"process {r} sent a malformed message while the strategy was being "
                         "created: is the communicator used by other code with tag "
-                        f"{_ARRIVAL_TAG}?"
+                        f"{_ARRIVAL_TAG}? The processes are out of step."
                     )
-                if kind != _ARRIVED or their_serial != serial:
-                    _give_up(base, serial, sends, recvs)
-                    what = "exited" if kind == _EXITED else "gave up waiting"
-                    raise ReplicaExitedError(
-                        0,
-                        0,
-                        {},
-                        exited_count=0,
-                        exited_last=None,
-                        message=(
-                            f"Process {r} {what} without creating MultiWorkerMirroredStrategy "
-                            f"number {serial + 1} on this communicator (it created "
-                            f"{their_serial}), so this process (process {rank} of {size}) "
-                            "cannot create it.\n\nCreating the strategy is collective: every "
-                            "process must create it, in the same order (create it at the same "
-                            "point of the program on every process, outside rank-dependent "
-                            "branches).\nSee docs/errors.md#replicaexitederror in the "
-                            "asyncreplica documentation."
-                        ),
+                if their_serial != serial:
+                    raise BackendError(
+                        f"Process {r} is creating its MultiWorkerMirroredStrategy number "
+                        f"{their_serial + 1} on this communicator, this process (process "
+                        f"{rank}) its number {serial + 1}: the processes created different "
+                        "numbers of strategies (one created it alone, or gave up waiting). "
+                        "The processes are out of step."
                     )
                 counts[r] = value
         if not recvs:
@@ -240,9 +235,9 @@ def _arrive(
         delay = min(delay * 2, 1e-3)
     MPI.Request.Waitall(sends)
     for r in range(size):  # one that arrived, then gave up waiting for a late one
-        if r != rank and base.Iprobe(source=r, tag=_ARRIVAL_TAG):
+        if r != rank and base.Iprobe(source=r, tag=_GAVE_UP_TAG):
             note = np.zeros(4, np.int64)
-            base.Recv(note, source=r, tag=_ARRIVAL_TAG)
+            base.Recv(note, source=r, tag=_GAVE_UP_TAG)
             if int(note[1]) == _GAVE_UP:
                 raise BackendError(
                     f"Process {r} gave up waiting for the other processes to create "
@@ -258,7 +253,7 @@ def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) ->
         with contextlib.suppress(Exception):
             request.Cancel()
     _pending_notes.extend(sends)
-    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial + 1, 0))
+    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
 
 
 _pending_notes: list[Any] = []
