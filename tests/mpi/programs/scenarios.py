@@ -189,6 +189,9 @@ async def concurrent(strategy: ar.MultiWorkerMirroredStrategy) -> None:
     raise refused
 
 
+_release_after_report: list[bool] = []
+
+
 async def main() -> None:
     logging.getLogger("asyncreplica").addHandler(_Released())
     options = ar.CommunicationOptions(timeout_seconds=0.5) if SCENARIO == "timeout" else None
@@ -206,7 +209,9 @@ async def main() -> None:
         )
     finally:
         if SCENARIO == "construct":
-            MPI.COMM_WORLD.send("process 0's error", dest=1, tag=9)
+            # Released once process 0 has logged its error (below), so that process 1's
+            # exit cannot end process 0 before then.
+            _release_after_report.append(True)
     if SCENARIO.startswith("transfer"):
         # 800 KB moves polled from the loop, 2.4 MB in a worker thread.
         size = 300_000 if SCENARIO == "transfer_thread" else 100_000
@@ -242,6 +247,8 @@ if __name__ == "__main__":
         if rows is not None:
             attrs["report"] = [row.replica_id for row in rows]
         report(f"attributes {attrs}")
+        if _release_after_report:
+            MPI.COMM_WORLD.send("process 0's error", dest=1, tag=9)
         if SCENARIO == "raise_outside" and RANK == 1:
             raise  # uncaught: the goodbye at exit tells the other process
         sys.exit(1)
