@@ -115,6 +115,7 @@ class CollectiveMismatchError(CollectiveError):
         name: str | None = None,
         report: Report | None = None,
         message: str | None = None,
+        first_replica: int = 0,
     ) -> None:
         self.position = position
         self.name = name
@@ -122,7 +123,9 @@ class CollectiveMismatchError(CollectiveError):
         self.fields = tuple(fields)
         super().__init__(
             message
-            or _report.mismatch_message(position, signatures, self.fields, num_replicas, name),
+            or _report.mismatch_message(
+                position, signatures, self.fields, num_replicas, name, first_replica
+            ),
             report=report,
         )
 

@@ -1,4 +1,9 @@
-"""Backend discovery: entry points read lazily, classes and load errors cached."""
+"""Plugin discovery: entry points read lazily, classes and load errors cached.
+
+Two entry-point groups: ``asyncreplica.backends`` (where values live: numpy, CuPy) and
+``asyncreplica.process_groups`` (how processes agree and move values between them:
+MPI). The runtime names no plugin package; it asks this module for a name.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,18 @@ from typing import TYPE_CHECKING
 from ._exceptions import BackendNotFoundError
 
 if TYPE_CHECKING:
-    from .abc import Backend
+    from .abc import Backend, ProcessGroup
 
-__all__ = ["available_backends", "load_backend_class", "register_backend"]
+__all__ = [
+    "available_backends",
+    "available_process_groups",
+    "load_backend_class",
+    "load_process_group_class",
+    "register_backend",
+]
 
 GROUP = "asyncreplica.backends"
+PROCESS_GROUPS = "asyncreplica.process_groups"
 
 _lock = threading.Lock()
 _entry_points: dict[str, importlib.metadata.EntryPoint] | None = None
@@ -94,4 +106,46 @@ def load_backend_class(name: str) -> type[Backend]:
         _load_errors[name] = exc
         raise BackendNotFoundError(name, available_backends(), exc) from exc
     _classes[name] = cls
+    return cls
+
+
+_group_entry_points: dict[str, importlib.metadata.EntryPoint] | None = None
+_group_classes: dict[str, type[ProcessGroup]] = {}
+
+
+def _discover_groups() -> dict[str, importlib.metadata.EntryPoint]:
+    global _group_entry_points
+    with _lock:
+        if _group_entry_points is None:
+            found = importlib.metadata.entry_points(group=PROCESS_GROUPS)
+            _group_entry_points = {ep.name: ep for ep in found}
+        return _group_entry_points
+
+
+def available_process_groups() -> tuple[str, ...]:
+    """Return the names of every installed process group (``"mpi"``), sorted."""
+    return tuple(sorted(_discover_groups()))
+
+
+def load_process_group_class(name: str) -> type[ProcessGroup]:
+    """Return the process group class registered under ``name`` (entry point), loaded.
+
+    Raises:
+        BackendNotFoundError: No such process group, or it failed to load (the cause,
+            such as a missing mpi4py, is kept).
+    """
+    from .abc import ProcessGroup
+
+    if name in _group_classes:
+        return _group_classes[name]
+    entry = _discover_groups().get(name)
+    if entry is None:
+        raise BackendNotFoundError(name, available_process_groups())
+    try:
+        cls = entry.load()
+        if not isinstance(cls, type) or not issubclass(cls, ProcessGroup):
+            raise TypeError(f"entry point {entry.value!r} is not a subclass of ProcessGroup")
+    except Exception as exc:  # any import failure of a plugin is reported, never swallowed
+        raise BackendNotFoundError(name, available_process_groups(), exc) from exc
+    _group_classes[name] = cls
     return cls

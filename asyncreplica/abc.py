@@ -192,6 +192,14 @@ class ProcessGroup(abc.ABC):
     offset: int
     num_replicas: int
 
+    def wrap(self, local: Backend) -> Backend:
+        """The backend that combines ``local``'s values across this group's processes.
+
+        The strategy holds its values on ``local`` (this process's replicas) and
+        dispatches every collective to the backend returned here.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not wrap a local backend")
+
     @abc.abstractmethod
     def begin_run(self) -> None:
         """A ``Strategy.run`` starts on this process."""

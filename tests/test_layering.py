@@ -23,8 +23,20 @@ FORBIDDEN = {
         "mpi4py",
         "time",
     ),
-    "asyncreplica._runtime": ("numpy", "cupy", "mpi4py", "asyncreplica_numpy"),
+    "asyncreplica._runtime": (
+        "numpy",
+        "cupy",
+        "mpi4py",
+        "asyncreplica_numpy",
+        "asyncreplica_cupy",
+        "asyncreplica_mpi",
+    ),
 }
+
+# The packages under backends/: plugins that arrive through entry points only.
+PLUGINS = tuple(
+    sorted(p.name for p in (ROOT / "backends").iterdir() if (p / "__init__.py").exists())
+)
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -109,3 +121,30 @@ def test_backends_import_no_scheduler_internals() -> None:
             assert not name.startswith(("asyncreplica._core", "asyncreplica._runtime")), (
                 f"{path} imports {name}"
             )
+
+
+def test_runtime_names_no_plugin_package() -> None:
+    # Not even as a string for importlib: backends and process groups (MPI) arrive
+    # through their entry-point groups (DESIGN section 4).
+    assert "asyncreplica_mpi" in PLUGINS
+    for path in sorted((ROOT / "asyncreplica/_runtime").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                for plugin in PLUGINS:
+                    assert plugin not in node.value, f"{path.name} names {plugin}: {node.value!r}"
+
+
+def test_every_plugin_is_registered_through_an_entry_point() -> None:
+    import importlib.metadata
+
+    targets = {
+        ep.value.split(":")[0].split(".")[0]
+        for group in ("asyncreplica.backends", "asyncreplica.process_groups")
+        for ep in importlib.metadata.entry_points(group=group)
+    }
+    assert set(PLUGINS) <= targets
+    groups = {
+        ep.name: ep.value
+        for ep in importlib.metadata.entry_points(group="asyncreplica.process_groups")
+    }
+    assert groups.get("mpi") == "asyncreplica_mpi:MPIProcessGroup"

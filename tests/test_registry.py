@@ -236,3 +236,14 @@ def test_register_replaces_a_cached_load_error(monkeypatch: pytest.MonkeyPatch) 
         _registry.load_backend_class("broken")
     register_backend("broken", _OtherBackend, replace=True)
     assert _registry.load_backend_class("broken") is _OtherBackend
+
+
+def test_process_groups_arrive_through_their_entry_point_group() -> None:
+    from asyncreplica.abc import ProcessGroup
+
+    assert "mpi" in _registry.available_process_groups()
+    cls = _registry.load_process_group_class("mpi")
+    assert issubclass(cls, ProcessGroup)
+    assert cls.__module__.startswith("asyncreplica_mpi")
+    with pytest.raises(ar.BackendNotFoundError, match=r"no backend named 'nope'"):
+        _registry.load_process_group_class("nope")

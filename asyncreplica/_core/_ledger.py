@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .._exceptions import (
     CollectiveDeadlockError,
@@ -53,6 +54,8 @@ from ._signature import CallSite, Signature
 __all__ = ["Key", "Ledger", "ReplicaRow", "ReplicaState", "Report", "key_index"]
 
 HISTORY_SIZE = 16
+
+_V = TypeVar("_V")
 
 
 class ReplicaState(enum.Enum):
@@ -171,8 +174,11 @@ class Ledger:
     """Tracks one run's replicas and decides, from their events, whether they agree.
 
     Args:
-        num_replicas: How many replicas are in sync.
+        num_replicas: How many replicas are in sync (in this process).
         check_call_sites: Whether unnamed collectives must also agree on their call path.
+        offset: The global id of replica 0 (under MPI, this process's first replica):
+            every error, message and report names replicas by ``offset + local id``;
+            the methods take local ids.
     """
 
     __slots__ = (
@@ -180,14 +186,18 @@ class Ledger:
         "_exit_bound",
         "_exited",
         "_finished",
+        "_offset",
         "_replicas",
         "_rounds",
         "_settled",
         "num_replicas",
     )
 
-    def __init__(self, num_replicas: int, *, check_call_sites: bool = True) -> None:
+    def __init__(
+        self, num_replicas: int, *, check_call_sites: bool = True, offset: int = 0
+    ) -> None:
         self.num_replicas = num_replicas
+        self._offset = offset
         self._check_call_sites = check_call_sites
         self._replicas = [_Replica() for _ in range(num_replicas)]
         self._rounds: dict[Key, _Round] = {}
@@ -249,7 +259,8 @@ class Ledger:
             return key, True
         if rep.state is not ReplicaState.RUNNING and rep.state is not ReplicaState.WAITING:
             raise CollectiveError(
-                f"Replica {replica} issued {signature.describe()} after it {rep.state.value}.\n\n"
+                f"Replica {replica + self._offset} issued {signature.describe()} after it "
+                f"{rep.state.value}.\n\n"
                 "A collective belongs to the run of the replica that issues it: issue it from "
                 "the step function (or a coroutine it awaits), not from a task that outlives "
                 "it.\n" + _report.see_also("CollectiveError"),
@@ -260,7 +271,7 @@ class Ledger:
                 pending_key, pending = next(iter(rep.inflight.items()))
                 raise CollectiveError(
                     _report.in_flight_message(
-                        replica, signature, pending, _report.key_text(pending_key)
+                        replica + self._offset, signature, pending, _report.key_text(pending_key)
                     ),
                     report=self.report(),
                 )
@@ -298,12 +309,18 @@ class Ledger:
         if fields:
             raise CollectiveMismatchError(
                 key_index(key),
-                dict(round_.signatures),
+                self._global(round_.signatures),
                 fields,
                 num_replicas=self.num_replicas,
                 name=None if isinstance(key, int) else key[0],
                 report=self.report(),
+                first_replica=self._offset,
             )
+
+    def _global(self, by_replica: dict[int, _V]) -> dict[int, _V]:
+        """``by_replica`` (local ids) keyed by global ids."""
+        offset = self._offset
+        return {rid + offset: v for rid, v in by_replica.items()} if offset else dict(by_replica)
 
     def _complete(self, key: Key, round_: _Round) -> None:
         """Every replica arrived at ``key``: none of them waits there any more."""
@@ -357,9 +374,9 @@ class Ledger:
         rep = self._replicas[exited]
         last = rep.last()
         return ReplicaExitedError(
-            exited,
+            exited + self._offset,
             key_index(key),
-            dict(self._rounds[key].signatures),
+            self._global(self._rounds[key].signatures),
             exited_count=rep.seq,
             exited_last=last,
             name=None if isinstance(key, int) else key[0],
@@ -381,7 +398,7 @@ class Ledger:
             self._settled -= 1
             if rep.state is ReplicaState.WAITING:
                 rep.state = ReplicaState.RUNNING
-        others = sorted(r for r in round_.signatures if r != replica)
+        others = sorted(r + self._offset for r in round_.signatures if r != replica)
         where = _report.key_text(key)
         waiting = (
             f"{_report.format_replicas(others)} wait there"
@@ -389,7 +406,7 @@ class Ledger:
             else "no other replica has arrived yet"
         )
         return CollectiveError(
-            f"Replica {replica} was cancelled while waiting at its {where}; "
+            f"Replica {replica + self._offset} was cancelled while waiting at its {where}; "
             f"{waiting} and could never complete it.\n\n"
             "A collective cannot be abandoned half-way: every replica must complete it. "
             "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
@@ -437,7 +454,16 @@ class Ledger:
             rid = waits[rid][2][0]
         if rid in cycle:
             cycle = cycle[cycle.index(rid) :]
-        edges = tuple((r, _report.key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
+        off = self._offset
+        edges = tuple(
+            (
+                r + off,
+                _report.key_text(waits[r][0]),
+                waits[r][1],
+                tuple(m + off for m in waits[r][2]),
+            )
+            for r in cycle
+        )
         keys = tuple(waits[r][0] for r in cycle)
         return CollectiveDeadlockError(edges, keys=keys, report=self.report())
 
@@ -473,7 +499,10 @@ class Ledger:
     def _roll_call(
         self, key: Key, whereabouts: dict[int, str]
     ) -> tuple[dict[int, Signature], dict[int, str]]:
-        """Who arrived at ``key`` (their signatures) and where the others are."""
+        """Who arrived at ``key`` (their signatures) and where the others are.
+
+        ``whereabouts`` is keyed by local ids; the result by global ids.
+        """
         round_ = self._rounds.get(key)
         arrived = dict(round_.signatures) if round_ is not None else {}
         missing = {
@@ -481,7 +510,7 @@ class Ledger:
             for rid in range(self.num_replicas)
             if rid not in arrived
         }
-        return arrived, missing
+        return self._global(arrived), self._global(missing)
 
     def pending(self, key: Key) -> bool:
         """Whether the collective at ``key`` is still waiting for replicas."""
@@ -512,7 +541,7 @@ class Ledger:
             else:
                 position = rep.seq
                 signature = rep.last()
-            rows.append(ReplicaRow(rid, rep.state, position, signature, history))
+            rows.append(ReplicaRow(rid + self._offset, rep.state, position, signature, history))
         return Report(tuple(rows))
 
 

@@ -191,6 +191,7 @@ def mismatch_message(
     fields: Sequence[str],
     num_replicas: int,
     name: str | None = None,
+    first_replica: int = 0,
 ) -> str:
     """The message of ``CollectiveMismatchError``.
 
@@ -201,6 +202,8 @@ def mismatch_message(
         fields: The fields that differ (see ``_match.RULES``).
         num_replicas: The number of replicas in sync.
         name: The name of the collective, for a named one.
+        first_replica: The id of the first of the ``num_replicas`` replicas (under
+            MPI, this process's first global id).
 
     Returns:
         The full message.
@@ -226,7 +229,7 @@ def mismatch_message(
     )
     for ids, text in groups:
         lines.append(f"  * {format_replicas(ids)} called {text}")
-    pending = [r for r in range(num_replicas) if r not in signatures]
+    pending = [r for r in range(first_replica, first_replica + num_replicas) if r not in signatures]
     if pending:
         lines.append(
             f"  * {format_replicas(pending)} {_verb(pending, 'has', 'have')} not arrived yet"

@@ -250,7 +250,7 @@ class ReplicaContext:
 
     def __repr__(self) -> str:
         return (
-            f"<ReplicaContext replica {self._replica_id} of {self.num_replicas_in_sync} "
+            f"<ReplicaContext replica {self.replica_id_in_sync_group} of {self.num_replicas_in_sync} "
             f"in {type(self._strategy).__name__}>"
         )
 
@@ -263,7 +263,7 @@ class ReplicaContext:
             return run
         if run is not None and run.closed:
             raise ReplicaContextError(
-                f"{api} was called on the ReplicaContext of replica {self._replica_id}, whose "
+                f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group}, whose "
                 "Strategy.run has finished. A ReplicaContext is valid only inside the run that "
                 "created it: call asyncreplica.get_replica_context() inside the step function."
             )
@@ -275,7 +275,7 @@ class ReplicaContext:
                 "await strategy.extended.reduce_to(...)."
             )
         raise ReplicaContextError(
-            f"{api} was called on the ReplicaContext of replica {self._replica_id} from "
+            f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group} from "
             "outside that replica (another replica, or a task it started). Call "
             "asyncreplica.get_replica_context() in the coroutine that issues the collective."
         )

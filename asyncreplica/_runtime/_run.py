@@ -448,7 +448,9 @@ class Run:
         self._packs = accepts_bytes_per_pack(backend)
         self.describe = backend.describe
         self.num_replicas = strategy._num_local
-        self.ledger = Ledger(self.num_replicas, check_call_sites=check_call_sites)
+        self.ledger = Ledger(
+            self.num_replicas, check_call_sites=check_call_sites, offset=strategy._replica_offset
+        )
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
@@ -905,7 +907,8 @@ class Run:
         if pending:
             sites = "\n".join(f"  * {c.describe()}" for c in pending)
             raise CollectiveError(
-                f"Replica {replica} created {len(pending)} collective"
+                f"Replica {replica + self.strategy._replica_offset} created {len(pending)} "
+                f"collective"
                 f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
                 "A collective runs only when awaited; without `await` this replica skips it "
                 "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
@@ -1149,7 +1152,10 @@ class Run:
                     "which were cancelled)"
                 )
             else:
-                error.add_note(f"(raised in replica {replica} of {self.num_replicas} in {name})")
+                error.add_note(
+                    f"(raised in replica {replica + self.strategy._replica_offset} of "
+                    f"{self.strategy.num_replicas_in_sync} in {name})"
+                )
         if len(errors) == 1:
             return errors[0][1]
         exceptions = [e for _, e in errors]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import random
 import threading
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
+from .._core._report import format_replicas
 from .._core._signature import ReduceOp
 from .._exceptions import (
     AsyncReplicaError,
@@ -28,7 +28,11 @@ from .._exceptions import (
     ReplicaContextError,
 )
 from .._options import CommunicationOptions
-from .._registry import available_backends, load_backend_class
+from .._registry import (
+    available_process_groups,
+    load_backend_class,
+    load_process_group_class,
+)
 from .._values import DistributedValues, IndexedSlices, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._extended import StrategyExtended, axis_tuple, normalize_axes, reduce_leaf
@@ -298,11 +302,11 @@ class Strategy:
             # Tell the other processes, so that none of them waits for this one.
             await group.end_run(exc)
             if isinstance(exc, CollectiveError) and exc.report is not None:
-                # Found by this process's ledger: its messages count local replicas.
-                first = self._replica_offset
+                # Found by this process's ledger (its messages use global replica ids).
+                last = self._replica_offset + self._num_local - 1
                 exc.add_note(
-                    f"(on process {group.rank} of {group.size}: replica ids in this message "
-                    f"are local; local replica i is global replica {first} + i)"
+                    f"(found on process {group.rank} of {group.size}, which runs "
+                    f"{format_replicas(range(self._replica_offset, last + 1))})"
                 )
             raise
         await group.end_run(None)
@@ -696,21 +700,21 @@ class MultiWorkerMirroredStrategy(Strategy):
         parsed, local, communication_options = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )
+        # The "mpi" process group, from its entry point (asyncreplica.process_groups).
+        group_cls = cast("Callable[..., ProcessGroup]", load_process_group_class("mpi"))
         try:
-            mpi = importlib.import_module("asyncreplica_mpi")
-            group_cls = mpi.MPIProcessGroup
-            backend_cls = mpi.MPIBackend
-        except ImportError as exc:
-            raise BackendNotFoundError("mpi", available_backends(), exc) from exc
-        group = group_cls(
-            communicator,
-            len(parsed),
-            check_call_sites=check_call_sites,
-            timeout=communication_options.timeout_seconds,
-        )
+            group = group_cls(
+                communicator,
+                len(parsed),
+                check_call_sites=check_call_sites,
+                timeout=communication_options.timeout_seconds,
+                stall_warning_seconds=stall_warning_seconds,
+            )
+        except ImportError as exc:  # mpi4py, or its MPI library, is missing
+            raise BackendNotFoundError("mpi", available_process_groups(), exc) from exc
         super().__init__(
             parsed,
-            backend_cls(local, group),
+            group.wrap(local),
             communication_options,
             check_call_sites,
             stall_warning_seconds,

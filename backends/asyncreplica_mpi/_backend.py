@@ -19,8 +19,6 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
-import anyio.to_thread
 import numpy as np
 
 from asyncreplica import IndexedSlices
@@ -30,7 +28,6 @@ from ._group import (
     THREAD_WAIT_BYTES,
     MPIProcessGroup,
     thread_multiple,
-    wait_request,
 )
 from ._protocol import cross_fields
 
@@ -46,6 +43,20 @@ _UFUNCS = {
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
 }
+
+
+def _native(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array`` in native byte order, C-contiguous, with its own shape (0-d stays 0-d).
+
+    Everything that crosses a process goes through here: MPI reduces native numbers
+    only, and a peer reads the bytes with its own dtype, so a big-endian array
+    (``'>f8'``, which the processes' fingerprints do not tell from ``'<f8'``) would be
+    summed or read as other numbers.
+    """
+    dtype = array.dtype
+    if not dtype.isnative:
+        return array.astype(dtype.newbyteorder("="), order="C")
+    return np.asarray(array, order="C")  # ascontiguousarray would make a 0-d array 1-d
 
 
 def _readonly(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -115,10 +126,10 @@ class MPIBackend(Backend):
         """
         comm = self.group.data_comm
         if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
-            await anyio.to_thread.run_sync(functools.partial(getattr(comm, name), *args, **kwargs))
+            await self.group.blocking(functools.partial(getattr(comm, name), *args, **kwargs))
             return
         request = getattr(comm, "I" + name.lower())(*args, **kwargs)
-        await wait_request(request)
+        await self.group.wait_data(request)
 
     async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Every process's equal-sized ``flat`` buffer, stacked in rank order."""
@@ -186,7 +197,7 @@ class MPIBackend(Backend):
         self, leaves: Sequence[np.ndarray[Any, Any]], axis: int
     ) -> list[np.ndarray[Any, Any]]:
         """Concatenate each process's leaves along ``axis``, in rank order."""
-        moved = [np.ascontiguousarray(np.moveaxis(leaf, axis, 0)) for leaf in leaves]
+        moved = [_native(np.moveaxis(leaf, axis, 0)) for leaf in leaves]
         sizes = await self._lengths([m.shape[0] for m in moved])
         payload = np.concatenate(
             [m.reshape(-1).view(np.uint8) for m in moved] or [np.empty(0, np.uint8)]
@@ -225,7 +236,7 @@ class MPIBackend(Backend):
         _no_sparse(values, "all_reduce")
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
-        leaves = [np.asarray(leaf) for leaf in local[0]]
+        leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
         combined = await self._combine_inline(op, leaves)  # read-only already
         if combined is None:
             with self.group.committed():  # the data must move once agreed
@@ -309,7 +320,7 @@ class MPIBackend(Backend):
         with self.group.committed():
             await self.group.settle()
             root = self.group.process_of(signature.source)
-            arrays = [np.ascontiguousarray(np.asarray(v)) for v in values]
+            arrays = [_native(np.asarray(v)) for v in values]
             payload = np.concatenate(
                 [a.reshape(-1).view(np.uint8) for a in arrays] or [np.empty(0, np.uint8)]
             )
@@ -341,7 +352,7 @@ class MPIBackend(Backend):
 
         async def work() -> object:
             local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-            partial = np.asarray(await self.inner.reduce(local_op, components, axis))
+            partial = _native(np.asarray(await self.inner.reduce(local_op, components, axis)))
             result = (await self._combine_leaves(local_op, [partial]))[0]
             if op is ReduceOp.MEAN:
                 if axis is None:
@@ -362,7 +373,7 @@ class MPIBackend(Backend):
         fields = cross_fields("gather", None, axis, specs[:1])
 
         async def work() -> object:
-            local = np.asarray(await self.inner.gather(components, axis))
+            local = _native(np.asarray(await self.inner.gather(components, axis)))
             return np.array((await self._gather_leaves([local], axis))[0])
 
         return await self.group.cross(fields, work)

@@ -20,7 +20,9 @@ import atexit
 import collections
 import contextlib
 import json
+import logging
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
@@ -35,9 +37,10 @@ from asyncreplica import (
     BackendError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
+    ReplicaContextError,
     ReplicaExitedError,
 )
-from asyncreplica.abc import CollectiveKind, ProcessGroup, Signature
+from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from ._protocol import (
     HEADER,
@@ -61,7 +64,6 @@ __all__ = [
     "THREAD_WAIT_BYTES",
     "MPIProcessGroup",
     "thread_multiple",
-    "wait_request",
 ]
 
 #: A partial result up to this size travels inside the agreement exchange.
@@ -80,6 +82,14 @@ _T = TypeVar("_T")
 _BUSY_SECONDS = 20e-6
 _SPIN_SECONDS = 0.01
 _MAX_SLEEP = 0.001
+# A slow wait reads the peers' notes every _NOTES_SECONDS; a wait at an exchange tells
+# the peers it waits there once it has waited _ANNOUNCE_SECONDS (so that a stall
+# warning can name the processes that have not arrived).
+_NOTES_SECONDS = 0.002
+_ANNOUNCE_SECONDS = 0.05
+_NOTE_TAG = 1
+_ACK_SECONDS = 10.0
+_DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
 # The per-signature and per-position caches are cleared past this many entries.
 _MAX_CACHED = 4096
@@ -110,6 +120,145 @@ def _goodbye_all() -> None:
         group.goodbye()
 
 
+# -- creating a group: every process announces itself ----------------------------------
+#
+# Creating a group is collective (MPI_Comm_dup). Before any collective call, each
+# process sends every other one an arrival note on the user's communicator (tag
+# _ARRIVAL_TAG, 4 int64: magic, kind, the group's serial on that communicator, the
+# process's replica count) and waits for theirs. So a process that never creates its
+# strategy (exited, or created it on other ranks only) is named in a stall warning and
+# after timeout_seconds, instead of leaving the others inside MPI_Comm_dup for ever.
+
+_ARRIVAL_TAG = 0x6172  # "ar"
+_GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
+_ARRIVED = 1
+_GAVE_UP = 2
+_logger = logging.getLogger("asyncreplica")
+# Per user communicator (by handle): the communicator, and how many groups this
+# process created on it.
+_created: dict[int, tuple[Any, int]] = {}
+
+
+def _note_to_all(
+    comm: Any, kind: int, serial: int, value: int, tag: int = _ARRIVAL_TAG
+) -> list[Any]:
+    note = np.array([MAGIC, kind, serial, value], np.int64)
+    rank = comm.Get_rank()
+    return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
+
+
+def _arrive(
+    base: Any, local_replicas: int, timeout: float | None, stall: float | None
+) -> list[int]:
+    """Announce this process to every other and wait for theirs; every replica count.
+
+    Notes arrive in the order they were sent (MPI does not overtake messages between
+    two processes on one communicator and tag), so each process's ``k``-th note is
+    the one of its ``k``-th group on this communicator.
+
+    Raises:
+        CollectiveTimeoutError: Some processes did not create their group within
+            ``timeout`` seconds (the message names them).
+        BackendError: A process gave up waiting (its timeout passed) before this one
+            arrived, or a malformed note arrived.
+    """
+    from mpi4py import MPI
+
+    rank, size = base.Get_rank(), base.Get_size()
+    handle = base.py2f()
+    serial = _created.get(handle, (base, 0))[1]
+    _created[handle] = (base, serial + 1)
+    counts = [0] * size
+    counts[rank] = local_replicas
+    if size == 1:
+        return counts
+    sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
+    notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
+    recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    started = time.monotonic()
+    warned = False
+    delay = 1e-5
+    while True:
+        for r in list(recvs):
+            if recvs[r].Test():
+                del recvs[r]
+                magic, kind, their_serial, value = (int(v) for v in notes[r])
+                if magic != MAGIC or kind != _ARRIVED:
+                    raise BackendError(
+                        f"process {r} sent a malformed message while the strategy was being "
+                        "created: is the communicator used by other code with tag "
+                        f"{_ARRIVAL_TAG}? The processes are out of step."
+                    )
+                if their_serial != serial:
+                    raise BackendError(
+                        f"Process {r} is creating its MultiWorkerMirroredStrategy number "
+                        f"{their_serial + 1} on this communicator, this process (process "
+                        f"{rank}) its number {serial + 1}: the processes created different "
+                        "numbers of strategies (one created it alone, or gave up waiting). "
+                        "The processes are out of step."
+                    )
+                counts[r] = value
+        if not recvs:
+            break
+        waited = time.monotonic() - started
+        missing = sorted(recvs)
+        if stall and not warned and waited >= stall:
+            warned = True
+            _logger.warning(
+                f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
+                f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
+                "must create it, in the same order).\n\nThis is a warning, not an error: set "
+                "CommunicationOptions(timeout_seconds=...) to fail instead."
+            )
+        if timeout is not None and waited >= timeout:
+            _give_up(base, serial, sends, recvs)
+            raise CollectiveTimeoutError(
+                0,
+                float(timeout),
+                {},
+                {},
+                message=(
+                    f"Timed out after {timeout:g} s creating MultiWorkerMirroredStrategy: "
+                    f"{_ranks_text(missing)} did not create theirs (this is process {rank} "
+                    f"of {size}; arrived: {_ranks_text(sorted(set(range(size)) - set(missing)))})."
+                    "\n\nCreating the strategy is collective: every process must create it, "
+                    "in the same order. A process that is busy, blocked or took another "
+                    "branch never arrives.\nSee docs/errors.md#collectivetimeouterror in the "
+                    "asyncreplica documentation."
+                ),
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+    MPI.Request.Waitall(sends)
+    for r in range(size):  # one that arrived, then gave up waiting for a late one
+        if r != rank and base.Iprobe(source=r, tag=_GAVE_UP_TAG):
+            note = np.zeros(4, np.int64)
+            base.Recv(note, source=r, tag=_GAVE_UP_TAG)
+            if int(note[1]) == _GAVE_UP:
+                raise BackendError(
+                    f"Process {r} gave up waiting for the other processes to create "
+                    "MultiWorkerMirroredStrategy (its timeout_seconds passed) before this "
+                    f"process (process {rank}) created it; the processes are out of step."
+                )
+    return counts
+
+
+def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
+    """Stop waiting for arrivals: tell the others, so that a late one does not wait."""
+    for request in recvs.values():
+        with contextlib.suppress(Exception):
+            request.Cancel()
+    _pending_notes.extend(sends)
+    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
+
+
+_pending_notes: list[Any] = []
+
+
 #: Requests moving at least this many bytes are waited for in a worker thread (mpi4py
 #: releases the GIL meanwhile; MPI runs with MPI_THREAD_MULTIPLE): posting and testing a
 #: large non-blocking collective does its copying on the calling thread, which would
@@ -128,42 +277,6 @@ def _spin(test: Callable[[], bool]) -> bool:
         if test():
             return True
     return False
-
-
-async def _poll(test: Callable[[], bool]) -> None:
-    """Call ``test`` until it returns True, yielding to the loop in between."""
-    # On asyncio, a plain sleep(0) is anyio's checkpoint without the look-up of the
-    # running library (one poll per loop iteration: its cost is the wait's resolution).
-    on_asyncio = asyncio._get_running_loop() is not None
-    spin_until = time.perf_counter() + _SPIN_SECONDS
-    delay = 1e-4
-    while not test():
-        if time.perf_counter() < spin_until:
-            if on_asyncio:
-                await asyncio.sleep(0)
-            else:
-                await anyio.lowlevel.checkpoint()
-        else:
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
-
-
-async def wait_request(request: Any, nbytes: int = 0) -> None:
-    """Wait for an MPI request without blocking the event loop.
-
-    The caller shields the wait from cancellation (a posted request must complete).
-
-    Args:
-        request: The request.
-        nbytes: How many bytes it moves; large transfers are waited for in a thread.
-    """
-    test = request.Test
-    if nbytes >= THREAD_WAIT_BYTES and thread_multiple():
-        if not test():
-            await anyio.to_thread.run_sync(request.Wait)
-        return
-    if not _spin(test):
-        await _poll(test)
 
 
 _serials = iter(range(1 << 62))
@@ -212,6 +325,7 @@ class MPIProcessGroup(ProcessGroup):
         *,
         check_call_sites: bool = True,
         timeout: float | None = None,
+        stall_warning_seconds: float | None = None,
     ) -> None:
         from mpi4py import MPI
 
@@ -219,13 +333,17 @@ class MPIProcessGroup(ProcessGroup):
         base = MPI.COMM_WORLD if communicator is None else communicator
         if not isinstance(base, MPI.Intracomm):
             raise TypeError(f"communicator must be an mpi4py Intracomm, got {base!r}")
+        _install_hooks()
+        # Every process announces itself before the first collective call, so that a
+        # process that never creates its strategy is named (and bounded by timeout)
+        # instead of leaving the others inside MPI_Comm_dup for ever.
+        counts = _arrive(base, local_replicas, timeout, stall_warning_seconds)
         self._ctl = base.Dup()
         self._data = base.Dup()
+        self._side = base.Dup()  # notes: who waits where, and failures after agreement
         self.rank = self._ctl.Get_rank()
         self.size = self._ctl.Get_size()
-        counts = np.zeros(self.size, np.int64)
-        self._ctl.Allgather(np.array([local_replicas], np.int64), counts)
-        self.replica_counts: tuple[int, ...] = tuple(int(c) for c in counts)
+        self.replica_counts: tuple[int, ...] = tuple(counts)
         self.offsets: tuple[int, ...] = tuple(
             int(sum(self.replica_counts[:r])) for r in range(self.size)
         )
@@ -233,6 +351,19 @@ class MPIProcessGroup(ProcessGroup):
         self.offset = self.offsets[self.rank]
         self.check_call_sites = check_call_sites
         self.timeout = timeout
+        self.stall_warning_seconds = stall_warning_seconds
+        # Notes from peers (side communicator): the ranks seen waiting at each exchange,
+        # a peer's failure after an agreement, and the sends of our own notes.
+        self._seen_waiting: dict[int, set[int]] = {}
+        self._peer_failure: dict[str, Any] | None = None
+        self._failed_here = False  # this process failed after an agreement
+        self._sends: list[Any] = []
+        self._agreed = False  # the current collective's agreement is made
+        self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        # What the current exchange agrees on, and the last one every process made:
+        # (position or None, detail), formatted only for messages.
+        self._pending: tuple[Hashable, dict[str, Any]] | None = None
+        self._last: tuple[Hashable, dict[str, Any]] | None = None
         self.current: Signature | None = None  # the collective being dispatched
         # Its agreement, until the backend makes it (see settle, settle_with).
         self._deferred: _Agreement | None = None
@@ -242,6 +373,7 @@ class MPIProcessGroup(ProcessGroup):
         self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
+        self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._closed = False
@@ -267,7 +399,12 @@ class MPIProcessGroup(ProcessGroup):
             with contextlib.suppress(NotImplementedError):
                 self._gather = self._ctl.Allgather_init(self._send, self._recv)
         _groups.add(self)
-        _install_hooks()
+
+    def wrap(self, local: Backend) -> Backend:
+        """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes."""
+        from ._backend import MPIBackend
+
+        return MPIBackend(local, self)
 
     # -- look-ups -----------------------------------------------------------------------
 
@@ -359,13 +496,14 @@ class MPIProcessGroup(ProcessGroup):
             _Expired: ``deadline`` (``anyio.current_time()``) passed first.
         """
         test = request.Test
+        number = self._number - 1
         try:
             with anyio.CancelScope(shield=True):
                 if deadline is None:
-                    await _poll(test)
+                    await self._watch(test, number)
                     return
                 with anyio.CancelScope(deadline=deadline):
-                    await _poll(test)
+                    await self._watch(test, number)
                     return
             raise _Expired
         except BaseException:
@@ -374,6 +512,241 @@ class MPIProcessGroup(ProcessGroup):
             if self._broken is None:
                 self._broken = "a cross-process exchange was abandoned"
             raise
+
+    # -- waiting: notes from peers, stall warnings ------------------------------------
+
+    async def _watch(self, test: Callable[[], bool], exchange: int | None = None) -> None:
+        """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
+
+        It tests without yielding, then yields to the loop in between (``asyncio.sleep(0)``
+        on asyncio) for up to _SPIN_SECONDS, then sleeps up to _MAX_SLEEP between tests.
+
+        A peer's failure after an agreement raises here (see :meth:`_read_notes`).
+        For an exchange (``exchange``: its number), a wait that passes
+        ``_ANNOUNCE_SECONDS`` tells the peers that this process waits there, and one
+        that passes ``stall_warning_seconds`` logs a warning naming the processes
+        that have not arrived.
+        """
+        on_asyncio = asyncio._get_running_loop() is not None
+        start = time.perf_counter()
+        spin_until = start + _SPIN_SECONDS
+        next_check = spin_until
+        delay = 1e-4
+        stall = self.stall_warning_seconds
+        announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
+        announced = warned = False
+        while not test():
+            now = time.perf_counter()
+            if now < spin_until:
+                if on_asyncio:
+                    await asyncio.sleep(0)
+                else:
+                    await anyio.lowlevel.checkpoint()
+                continue
+            if now >= next_check:
+                next_check = now + _NOTES_SECONDS
+                self._read_notes()
+                if exchange is not None and self.size > 1:
+                    if not announced and now - start >= announce:
+                        announced = True
+                        self._tell_peers({"kind": "waiting", "number": exchange})
+                    if stall and not warned and now - start >= stall:
+                        warned = True
+                        _logger.warning(self._stall_message(exchange, now - start))
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
+        if warned:
+            _logger.warning(
+                f"Collective resumed: the processes completed {self._waiting_what()} after "
+                f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
+            )
+
+    def _waiting_what(self) -> str:
+        return _exchange_text(self._pending)
+
+    def _stall_message(self, exchange: int, waited: float) -> str:
+        """The warning for an exchange that has waited ``stall_warning_seconds``."""
+        seen = self._seen_waiting.get(exchange, set())
+        missing = [r for r in range(self.size) if r != self.rank and r not in seen]
+        waiting = [r for r in range(self.size) if r == self.rank or r in seen]
+        what = self._waiting_what()
+        lines = [
+            (
+                f"Collective stalled across processes: {self._process(self.rank)} has "
+                f"waited {waited:.1f} s at {what} for "
+                + (", ".join(self._process(r) for r in missing) or "the other processes")
+                + "."
+            ),
+            "",
+        ]
+        for r in waiting:
+            lines.append(f"  * {self._process(r)} reached it and waits")
+        for r in missing:
+            place = (
+                f"its last exchange with the others was {_exchange_text(self._last)}"
+                if self._last is not None
+                else "it has made no exchange with the others yet"
+            )
+            lines.append(
+                f"  * {self._process(r)} did not arrive: {place}; it is busy outside "
+                "collectives (a computation, I/O, a blocking call) or waits for one of its own "
+                "replicas (its own log then has a stall warning)"
+            )
+        lines += [
+            "",
+            (
+                "This is a warning, not an error: the run goes on, and a message follows if "
+                "the collective completes. Set CommunicationOptions(timeout_seconds=...) to "
+                "fail instead."
+            ),
+        ]
+        return "\n".join(lines)
+
+    def _process(self, rank: int) -> str:
+        """``process 1 (replicas 2, 3)``."""
+        first, count = self.offsets[rank], self.replica_counts[rank]
+        ids = (
+            ", ".join(str(i) for i in range(first, first + count))
+            if count <= 2
+            else (f"{first}-{first + count - 1}")
+        )
+        return f"process {rank} (replica{'' if count == 1 else 's'} {ids or 'none'})"
+
+    def _tell_peers(self, note: dict[str, Any]) -> None:
+        """Send ``note`` (JSON) to every other process on the side communicator."""
+        payload = np.frombuffer(json.dumps({**note, "rank": self.rank}).encode(), np.uint8)
+        self._sends = [r for r in self._sends if not r.Test()]
+        for r in range(self.size):
+            if r != self.rank:
+                self._sends.append(self._side.Isend(payload, dest=r, tag=_NOTE_TAG))
+
+    def _read_notes(self) -> None:
+        """Receive the peers' notes; raise if one failed after an agreement.
+
+        Raises:
+            ReplicaExitedError: A peer failed after the processes agreed on a
+                collective (its data will never come): its own error, by name.
+        """
+        MPI = self._MPI
+        side = self._side
+        status = MPI.Status()
+        while side.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTE_TAG, status=status):
+            source = status.Get_source()
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            side.Recv(buf, source=source, tag=_NOTE_TAG)
+            try:
+                note = json.loads(bytes(buf).decode())
+            except ValueError:
+                continue
+            kind = note.get("kind")
+            if kind == "waiting":
+                if len(self._seen_waiting) > 64:
+                    self._seen_waiting = {
+                        k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
+                    }
+                self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
+            elif kind == "failed" and self._peer_failure is None:
+                self._peer_failure = note
+            elif kind == "ack":
+                self._acks.add(source)
+        failure = self._peer_failure
+        if failure is not None and not self._failed_here:
+            self._raise_peer_failure(failure)
+
+    def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
+        rank = int(failure["rank"])
+        if self._broken is None:
+            self._broken = f"process {rank} failed after the processes agreed on a collective"
+        self._run_ended = True
+        what = failure.get("what") or "a collective"
+        lines = [
+            (
+                f"Process {rank} failed while moving the data of {what}, after every process "
+                "had agreed on it, so this collective cannot complete on any process."
+            ),
+            "",
+            f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
+        ]
+        for r in range(self.size):
+            if r != rank:
+                lines.append(f"  * {self._process(r)} waited for its data")
+        lines += [
+            "",
+            (
+                "A process that fails after an agreement leaves the others inside the data "
+                "transfer: the processes are now out of step and the job cannot continue "
+                "(the exit hook ends the MPI job)."
+            ),
+            "Look at the failing process's own error (it is raised there, with its traceback).",
+            "See docs/errors.md#replicaexitederror in the asyncreplica documentation.",
+        ]
+        current = self.current
+        failed = range(self.offsets[rank], self.offsets[rank] + self.replica_counts[rank])
+        waiting = (
+            {g: current for g in range(self.num_replicas) if g not in failed}
+            if current is not None
+            else {}
+        )
+        raise ReplicaExitedError(
+            self.offsets[rank],
+            int(failure.get("position", 0) or 0),
+            waiting,
+            exited_count=0,
+            exited_last=None,
+            name=failure.get("name"),
+            message="\n".join(lines),
+        )
+
+    def failed_after_agreement(self, error: BaseException) -> None:
+        """This process failed after an agreement: tell the peers, who wait for its data.
+
+        The processes are out of step from here on: no further exchange is made (the
+        run's end is not told with one), and the exit hook ends the job once every
+        peer has reported the failure.
+        """
+        if self._broken is not None or self.size == 1:
+            return
+        self._broken = "this process failed after the processes agreed on a collective"
+        self._failed_here = True
+        self._run_ended = True
+        position = None if self._pending is None else self._pending[0]
+        note: dict[str, Any] = {
+            "kind": "failed",
+            "error": describe_exception(error),
+            "what": _exchange_text(self._pending),
+            "position": position
+            if isinstance(position, int)
+            else (position[1] if isinstance(position, tuple) else 0),
+            "name": position[0] if isinstance(position, tuple) else None,
+        }
+        self._tell_peers(note)
+
+    async def wait_data(self, request: Any) -> None:
+        """Wait for a posted data transfer (the caller shields it), watching for failures."""
+        if not _spin(request.Test):
+            await self._watch(request.Test)
+
+    async def blocking(self, fn: Callable[[], object]) -> None:
+        """Run a blocking MPI call in a (daemon) thread; the loop watches for failures.
+
+        A daemon thread, so that a transfer that can never complete (a peer failed)
+        does not keep the interpreter from exiting.
+        """
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def target() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # handed to the loop
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=target, name="asyncreplica MPI transfer", daemon=True).start()
+        await self._watch(done.is_set)
+        if errors:
+            raise errors[0]
 
     async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
         try:
@@ -435,6 +808,11 @@ class MPIProcessGroup(ProcessGroup):
         if self._departed or self._broken is not None:
             self._check_usable()
         deadline = None if self.timeout is None else anyio.current_time() + self.timeout
+        pending = self._pending = (position, detail)
+        if not self._number & _DRAIN_EVERY:
+            # A process that never waits long never reads its peers' notes there: read
+            # them now and then, so that they do not pile up in MPI's queues.
+            self._read_notes()
         request = self._post(status, fp, payload)
         if request is None:
             return None
@@ -442,9 +820,11 @@ class MPIProcessGroup(ProcessGroup):
             if not _spin(request.Test):
                 await self._wait(request, deadline)
             if self._unanimous():
+                self._last = pending
                 return None
             if position is not None and fields is not None:
                 fields = {**fields, "position": key_text(position)}
+                detail = {**detail, "key": _key_json(position)}
             details = await self._drive(self._details(status, fields, detail), deadline)
         except _Expired:
             if position is not None and fields is not None:
@@ -472,28 +852,43 @@ class MPIProcessGroup(ProcessGroup):
         return details
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
+        """Raise the error every process raises for these (non-unanimous) details.
+
+        Its attributes agree with its message: global replica ids (every replica of a
+        process that reached the collective, with that process's signature), and the
+        position and name of the collective the processes wait at.
+        """
         kind, message = outcome_message(details)
-        signatures = {
-            d["replicas"][0]: rebuild_signature(d["fields"], d.get("site"))
-            for d in details
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]
-        }
+        signatures: dict[int, Signature] = {}
+        key: Any = None
+        for d in details:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+                signature = rebuild_signature(d["fields"], d.get("site"))
+                first, count = d["replicas"]
+                for replica in range(first, first + count):
+                    signatures[replica] = signature
+                if key is None:
+                    key = d.get("key")
+        name = key[0] if isinstance(key, list) else None
+        position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
             raise CollectiveMismatchError(
-                0,
+                position,
                 signatures,
                 differing_fields(details),
                 num_replicas=self.num_replicas,
+                name=name,
                 message=message,
             )
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
         first = gone[0]["replicas"][0] if gone else 0
         raise ReplicaExitedError(
             first,
-            0,
+            position,
             signatures,
             exited_count=0,
             exited_last=None,
+            name=name,
             message=message,
         )
 
@@ -542,8 +937,24 @@ class MPIProcessGroup(ProcessGroup):
     # -- what the runtime calls ----------------------------------------------------------
 
     def begin_run(self) -> None:
-        """A run starts: it will end with one final exchange (or an earlier one)."""
+        """A run starts: it will end with one final exchange (or an earlier one).
+
+        Raises:
+            ReplicaContextError: A run of this group is in progress: two runs at once
+                would interleave their collectives differently on each process.
+        """
+        if self._running:
+            raise ReplicaContextError(
+                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
+                f"progress on process {self.rank}: one strategy runs one step at a time "
+                "across processes (two concurrent runs would interleave their "
+                "collectives in a different order on each process).\n\nAwait each run "
+                "before starting the next (no asyncio.gather / task group of runs of one "
+                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
+                "step function."
+            )
         self._check_usable()
+        self._running = True
         self._run_ended = False
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
@@ -608,12 +1019,19 @@ class MPIProcessGroup(ProcessGroup):
                 else:
                     with anyio.CancelScope(shield=True):
                         self._shielded = True
-                        result = await local()
-                        await self.settle()  # if local() moved nothing
+                        self._agreed = False
+                        try:
+                            result = await local()
+                            await self.settle()  # if local() moved nothing
+                        except BaseException as exc:
+                            if self._agreed:  # the peers wait for this process's data
+                                self.failed_after_agreement(exc)
+                            raise
             finally:
                 self.current = None
                 self._deferred = None
                 self._shielded = False
+                self._agreed = False
         finally:
             self._release()
         return result
@@ -641,6 +1059,7 @@ class MPIProcessGroup(ProcessGroup):
         if deferred is not None:
             self._deferred = None
             await self._agree_or_raise(deferred)
+            self._agreed = True
 
     async def settle_with(
         self, arrays: Sequence[np.ndarray[Any, Any]]
@@ -680,7 +1099,11 @@ class MPIProcessGroup(ProcessGroup):
                     )
                     if details is not None:
                         self._raise_for(details)
-                    result = await local()
+                    try:
+                        result = await local()
+                    except BaseException as exc:
+                        self.failed_after_agreement(exc)  # the peers wait for its data
+                        raise
                 finally:
                     self._shielded = False
         finally:
@@ -694,19 +1117,45 @@ class MPIProcessGroup(ProcessGroup):
             ReplicaExitedError: This process finished, but another failed or issued
                 more collectives.
         """
-        if self._run_ended or self._broken is not None or self._departed:
-            self._run_ended = True
-            return
-        status = Status.FINISHED if error is None else Status.FAILED
-        detail = {"error": None if error is None else describe_exception(error)}
-        await self._acquire()
+        if not self._running:
+            return  # not this group's run (begin_run refused it)
         try:
-            details = await self._agree(status, None, detail, 0)
+            if self._run_ended or self._broken is not None or self._departed:
+                self._run_ended = True
+                return
+            status = Status.FINISHED if error is None else Status.FAILED
+            detail = {"error": None if error is None else describe_exception(error)}
+            await self._acquire()
+            try:
+                details = await self._agree(status, None, detail, 0)
+            finally:
+                self._release()
+            self._run_ended = True
         finally:
-            self._release()
-        self._run_ended = True
+            self._running = False
         if details is not None and error is None:
             self._raise_for(details)
+
+    def _settle_failure(self) -> None:
+        """At exit after a failure following an agreement: let every process report it.
+
+        The process that failed waits (up to _ACK_SECONDS) until every peer has
+        acknowledged, from its own exit hook (so after the peer reported the error),
+        before the job is ended; a peer acknowledges, then waits to be ended.
+        """
+        if self._failed_here:
+            until = time.monotonic() + _ACK_SECONDS
+            while len(self._acks) < self.size - 1 and time.monotonic() < until:
+                with contextlib.suppress(ReplicaExitedError):
+                    self._read_notes()
+                time.sleep(1e-3)
+            return
+        assert self._peer_failure is not None
+        self._tell_peers({"kind": "ack"})
+        until = time.monotonic() + _ACK_SECONDS
+        while time.monotonic() < until:  # the failed process ends the job meanwhile
+            self._sends = [r for r in self._sends if not r.Test()]
+            time.sleep(1e-3)
 
     def trace_session(self) -> TraceMerger:
         """Start a merged trace (collective: every process calls it)."""
@@ -724,6 +1173,8 @@ class MPIProcessGroup(ProcessGroup):
             return  # a peer has gone: nobody is left to say goodbye to
         if self._in_flight and self._broken is None:
             self._broken = "an exchange was interrupted"
+        if self._failed_here or self._peer_failure is not None:
+            self._settle_failure()
         if self._broken is not None:
             print(
                 f"asyncreplica: process {self.rank}: the processes are out of step "
@@ -756,6 +1207,27 @@ class MPIProcessGroup(ProcessGroup):
         for comm in (self._ctl, self._data):
             with contextlib.suppress(Exception):
                 comm.Free()
+
+
+def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
+    """``the 2nd collective (position 1): all_reduce(SUM) on float64[3] at f.py:9 in g``."""
+    if pending is None:
+        return "their exchange"
+    position, detail = pending
+    describe = detail.get("describe")
+    if describe is None:
+        return "the end of their run"
+    where = f" at {detail['site']}" if detail.get("site") else ""
+    if position is None:
+        return f"a cross-replica {describe}"
+    return f"the {key_text(position)}: {describe}{where}"
+
+
+def _key_json(position: Hashable) -> Any:
+    """A ledger key as JSON: an index, or ``[name, occurrence]``."""
+    if isinstance(position, tuple) and len(position) == 2:
+        return [str(position[0]), int(position[1])]
+    return position if isinstance(position, int) else None
 
 
 def _light(signature: Signature) -> bool:

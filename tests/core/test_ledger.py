@@ -232,3 +232,29 @@ def test_cancel_marks_only_live_replicas() -> None:
         ReplicaState.FINISHED,
         ReplicaState.CANCELLED,
     ]
+
+
+def test_an_offset_names_replicas_by_global_id_everywhere() -> None:
+    # Under MPI a process's ledger counts its replicas from the global id of its first.
+    ledger = Ledger(2, offset=4)
+    ledger.arrive(0, sig())
+    ledger.arrive(1, sig())
+    ledger.arrive(0, sig())
+    with pytest.raises(ReplicaExitedError) as info:
+        ledger.finish(1)
+    error = info.value
+    assert str(error).startswith("Replica 5 finished after 1 collective, but replica 4 is waiting")
+    assert (error.replica_id, error.position, error.waiting) == (5, 1, frozenset({4}))
+    assert error.report is not None
+    assert [row.replica_id for row in error.report.rows] == [4, 5]
+    stalled = ledger.stall_message(1, 2.0, {})
+    assert "replica 4 has waited 2.0 s at the 2nd collective (position 1) for replica 5" in stalled
+
+
+def test_an_offset_lists_the_replicas_not_arrived_by_global_id() -> None:
+    ledger = Ledger(3, offset=3)
+    ledger.arrive(0, sig())
+    with pytest.raises(CollectiveMismatchError) as info:
+        ledger.arrive(1, sig(shape=(5,)))
+    assert set(info.value.signatures) == {3, 4}
+    assert "  * replica 5 has not arrived yet" in str(info.value)

@@ -263,10 +263,7 @@ def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path
     rc, logs, output = launch(2, "scenarios.py", "local", tmp_path=tmp_path)
     assert rc != 0, output
     assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
-    assert (
-        "(on process 0 of 2: replica ids in this message are local; local replica i is "
-        "global replica 0 + i)"
-    ) in logs[0]
+    assert "(found on process 0 of 2, which runs replicas 0, 1)" in logs[0]
     assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
     assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]
 
@@ -305,3 +302,169 @@ def test_small_all_reduces_travel_with_their_agreement_intact(n: int, tmp_path: 
     # Every exchange reuses one buffer: results must not alias it, leaves of mixed
     # dtypes at odd offsets must come back intact, and a scalar's MEAN is an array.
     _every_rank_finishes(n, "inline.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: Path) -> None:
+    # Big-endian inputs (a different byte order on each process) and 0-d values give
+    # the values and shapes a one-process MirroredStrategy gives, on every path:
+    # inline, gathered, MPI Allreduce, all_gather and broadcast from every source.
+    _every_rank_finishes(n, "values.py", tmp_path)
+
+
+def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
+    # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
+    # second run is refused before it issues anything, on every process; the first
+    # completes, and the processes stay in step.
+    rc, logs, output = launch(2, "scenarios.py", "concurrent", tmp_path=tmp_path)
+    assert rc != 0, output
+    for rank in (0, 1):
+        assert logs[rank].startswith("first (3.0"), (rank, logs[rank], output)
+        assert "raised ReplicaContextError\n" in logs[rank], logs[rank]
+        assert "Another MultiWorkerMirroredStrategy.run of this strategy is still in" in logs[rank]
+        assert f"progress on process {rank}" in logs[rank]
+
+
+def _attributes(log: str) -> dict[str, object]:
+    """The ``attributes {...}`` line a scenario logs for its error."""
+    import ast
+
+    text = next(t for t in log.splitlines() if t.startswith("attributes "))
+    value = ast.literal_eval(text[len("attributes ") :])
+    assert isinstance(value, dict)
+    return value
+
+
+def test_errors_inside_one_process_use_global_replica_ids(tmp_path: Path) -> None:
+    # 2 processes x 2 replicas; global replica 3 (process 1's second) skips the 2nd
+    # collective. Process 1's own ledger finds it: its message and attributes must say
+    # replica 3 and replica 2 (global), never 1 and 0; process 0 sees process 1 fail
+    # with that message, at position 1 where its own replicas 0 and 1 wait.
+    rc, logs, output = launch(2, "scenarios.py", "local_skip", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith(
+        "raised ReplicaExitedError\nReplica 3 finished after 1 collective, but replica 2 is "
+        "waiting at its 2nd collective (position 1)."
+    ), logs[1]
+    assert "  * replica 3 returned after all_reduce(SUM)" in logs[1]
+    assert "(found on process 1 of 2, which runs replicas 2, 3)" in logs[1]
+    assert _attributes(logs[1]) == {
+        "replica_id": 3,
+        "position": 1,
+        "waiting": [2],
+        "report": [2, 3],
+    }
+    assert logs[0].startswith("raised ReplicaExitedError\nProcess 1 failed"), logs[0]
+    assert (
+        "process 1 (replicas 2, 3) failed: ReplicaExitedError: Replica 3 finished after 1 "
+        "collective, but replica 2 is waiting"
+    ) in logs[0]
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 1, "waiting": [0, 1]}
+
+
+def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "scenarios.py", "local_mismatch", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[1]
+    assert "  * replica 2 called all_reduce(SUM) on float64[3]" in logs[1]
+    assert "  * replica 3 called all_reduce(SUM) on float64[4]" in logs[1]
+    assert _attributes(logs[1]) == {"position": 0, "signatures": [2, 3], "report": [2, 3]}
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}
+
+
+@pytest.mark.parametrize(
+    ("scenario", "want"),
+    [
+        # the message says "at their 2nd collective (position 1)": so must .position
+        ("skip", {"replica_id": 2, "position": 1, "waiting": [0, 1]}),
+        ("extra", {"replica_id": 0, "position": 1, "waiting": [2]}),
+        ("shape", {"position": 0, "signatures": [0, 1, 2]}),
+    ],
+)
+def test_cross_process_error_attributes_agree_with_the_message(
+    scenario: str, want: dict[str, object], tmp_path: Path
+) -> None:
+    rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
+    assert rc != 0, output
+    for rank in (0, 1):
+        assert _attributes(logs[rank]) == want, (rank, logs[rank])
+
+
+def test_a_late_process_is_named_in_a_stall_warning(tmp_path: Path) -> None:
+    # stall_warning_seconds=0.3; process 1 joins the first collective only once process
+    # 0 has logged its stall warning (its logging handler releases process 1): the
+    # warning names the late process and its replicas, then the collective resumes.
+    rc, logs, output = launch(2, "scenarios.py", "late", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert (
+        "warning: Collective stalled across processes: process 0 (replicas 0, 1) has waited"
+    ) in logs[0], logs[0]
+    assert "at the 1st collective (position 0): all_reduce(SUM) on float64[] at " in logs[0]
+    assert "for process 1 (replica 2)." in logs[0]
+    assert "  * process 1 (replica 2) did not arrive: " in logs[0]
+    assert "warning: Collective resumed: the processes completed the 1st collective" in logs[0]
+    assert logs[1].startswith("released by the stall warning\n"), logs[1]
+    assert "finished" in logs[0]
+    assert "finished" in logs[1]
+
+
+def test_creating_the_strategy_is_bounded_and_names_the_missing_process(tmp_path: Path) -> None:
+    # Process 1 never creates its strategy; process 0 (timeout_seconds=1) warns, then
+    # raises naming process 1, instead of waiting inside MPI_Comm_dup for ever.
+    _, logs, output = launch(2, "scenarios.py", "construct", tmp_path=tmp_path)
+    log = logs[0]
+    assert "warning: MultiWorkerMirroredStrategy creation stalled: process 0 has " in log, output
+    assert "for process 1 to create theirs" in log
+    assert "raised CollectiveTimeoutError\nTimed out after 1 s creating " in log
+    assert "process 1 did not create theirs (this is process 0 of 2; arrived: process 0)" in log
+    assert logs[1] == "released by process 0's error\n", logs[1]
+
+
+@pytest.mark.parametrize("scenario", ["transfer", "transfer_thread", "transfer_timeout"])
+def test_a_failure_inside_one_data_transfer_reaches_every_process(
+    scenario: str, tmp_path: Path
+) -> None:
+    # Process 1 raises inside its data transfer, after the processes agreed (polled
+    # from the loop; in a worker thread; with timeout_seconds=30): process 0, which
+    # waits for its data, raises at once naming process 1's own error (not a timeout).
+    rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[1].startswith("raised TypeError\nsimulated: mpi4py refused the buffer"), logs[1]
+    assert logs[0].startswith("raised ReplicaExitedError\nProcess 1 failed while moving"), logs[0]
+    size = 300_000 if scenario == "transfer_thread" else 100_000
+    assert (
+        f"the data of the 1st collective (position 0): all_reduce(SUM) on float64[{size}] "
+        f"at {PROGRAMS / 'scenarios.py'}:{line('transfer')} in step"
+    ) in logs[0]
+    assert (
+        "  * process 1 (replica 2) failed: TypeError: simulated: mpi4py refused the buffer"
+    ) in logs[0]
+    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}
+
+
+FAULTS = {
+    "skip": "ReplicaExitedError",
+    "swap": "CollectiveMismatchError",
+    "mismatch": "CollectiveMismatchError",
+    "raise": "ReplicaExitedError",
+    "exit": "ReplicaExitedError",
+    "transfer": "ReplicaExitedError",
+}
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_every_kind_of_fault_reaches_every_process(kind: str, n: int, tmp_path: Path) -> None:
+    # The last rank makes the fault; every other rank must raise (none waits for
+    # ever: the hang guard). The latency is printed (pytest -s), never asserted.
+    _, logs, output = launch(n, "latency.py", kind, tmp_path=tmp_path)
+    faults = [int(t.split()[1]) for t in logs[n - 1].splitlines() if t.startswith("fault ")]
+    assert faults, (logs[n - 1], output)
+    for rank in range(n - 1):
+        error = next((t for t in logs[rank].splitlines() if t.startswith("error ")), None)
+        assert error is not None, (rank, logs[rank], output)
+        _, when, name = error.split()
+        assert name == FAULTS[kind], (rank, logs[rank])
+        print(
+            f"{kind} on {n} processes: rank {rank} raised after {(int(when) - faults[0]) / 1e6:.1f} ms"
+        )
