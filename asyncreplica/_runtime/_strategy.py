@@ -32,6 +32,7 @@ from .._options import CommunicationOptions
 from .._registry import available_backends, load_backend_class
 from .._values import DistributedValues, IndexedSlices, Mirrored, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
+from ._gc import scaled_gc
 from ._mode import MODE, Mode, current_mode
 from ._run import Run
 from ._values import component
@@ -282,7 +283,8 @@ class Strategy:
             raise ReplicaContextError(
                 f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
             )
-        return await self._run(fn, args, kwargs)
+        with scaled_gc(self._num_local):  # fewer collections while many replicas wait
+            return await self._run(fn, args, kwargs)
 
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
