@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -201,8 +202,26 @@ def _steady(sample: Callable[[int], float], rounds: int) -> float:
     for the baselines alike.
     """
     short = sample(rounds)
-    return max(sample(2 * rounds) - short, 1e-9)
+    return _difference(sample(2 * rounds), short)
+
+
+def _difference(long: float, short: float) -> float:
+    """``long - short`` seconds, or NaN (not measured) when noise left nothing positive.
+
+    A difference of two runs that is zero or negative measured the noise of the runs'
+    start-up, not the rounds: it is reported as missing, never as a (tiny) time.
+    """
+    return long - short if long > short else math.nan
 
 
 def _median_us(samples: list[float], rounds: int) -> float:
-    return statistics.median(samples) / rounds * 1e6
+    """Microseconds per round: the median of the measured samples, NaN if too few.
+
+    A figure is reported only when more than half of its samples were measured (see
+    :func:`_difference`); otherwise it is NaN, shown as missing in the tables and
+    the chart.
+    """
+    measured = [s for s in samples if math.isfinite(s)]
+    if not measured or 2 * len(measured) <= len(samples):
+        return math.nan
+    return statistics.median(measured) / rounds * 1e6

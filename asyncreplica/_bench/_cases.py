@@ -22,6 +22,7 @@ from ._baselines import (
     _copy_all,
     _copy_one,
     _devices,
+    _difference,
     _futures,
     _futures_rendezvous,
     _inputs,
@@ -194,7 +195,7 @@ def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
                 ours = _run_ours("asyncio", strategy, _step("all_reduce", r), per_replica)
                 times.setdefault(("ours", r), []).append(ours)
         cost = {
-            system: max(min(times[(system, 2 * rounds)]) - min(times[(system, rounds)]), 1e-9)
+            system: _difference(min(times[(system, 2 * rounds)]), min(times[(system, rounds)]))
             / rounds
             / n
             * 1e6
@@ -367,3 +368,15 @@ def _measure_batched(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             apart,
         ),
     ]
+
+
+def _local_rendezvous_us(plan: Plan, replicas: int) -> float:
+    """Microseconds per round of a bare futures rendezvous of ``replicas`` summing 8 B.
+
+    The local part of the MPI floor for small values: each process of ``bench --mpi``
+    runs ``replicas`` replicas, which must meet before MPI sees their sum.
+    """
+    inputs = _inputs(replicas, 8)
+    rounds = 2000
+    _futures(inputs)(1)  # untimed
+    return _median_us([_steady(_futures(inputs), rounds) for _ in range(plan.repeat)], rounds)

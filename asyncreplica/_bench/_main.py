@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 from ._cases import (
     Plan,
+    _local_rendezvous_us,
     _loops,
     _measure_all_reduce,
     _measure_batched,
@@ -26,7 +28,7 @@ from ._cases import (
 from ._memory import _measure_memory
 from ._plot import _plot
 from ._report import _machine, _table, _targets_table
-from ._targets import _targets
+from ._targets import _missed, _mpi_targets, _targets
 
 
 def _measure_mpi(quick: bool, progress: Callable[[str], None]) -> dict[str, Any] | None:
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         argv: Command-line arguments (without the program name).
 
     Returns:
-        The exit status: 0, or 2 for a usage error.
+        The exit status: 0; 1 with ``--check`` when a target was missed (or not
+        measured); 2 for a usage error.
     """
     parser = argparse.ArgumentParser(
         prog="asyncreplica bench",
@@ -82,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", metavar="FILE", help="write a PNG chart (needs matplotlib)")
     parser.add_argument("--repeat", type=int, help="timing samples per case (median reported)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="exit with status 1 when a target is missed (or was not measured)",
+    )
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat must be at least 1")
@@ -126,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     rows += _measure_tracing(plan, progress)
     targets = _targets(rows) + _measure_memory(plan, progress)
     mpi = _measure_mpi(args.quick, progress)
+    if mpi is not None:
+        replicas = mpi["report"]["replicas"]
+        progress(f"local rendezvous of {replicas} replicas (the MPI 8 B floor's local part)")
+        targets += _mpi_targets(mpi["report"], _local_rendezvous_us(plan, replicas))
     print(_table(rows))
     print()
     print(_targets_table(targets))
@@ -141,8 +153,24 @@ def main(argv: list[str] | None = None) -> int:
             "mpi": None if mpi is None else mpi["report"],
         }
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=1)
+            json.dump(_json_safe(report), f, indent=1, allow_nan=False)
     if args.plot:
-        _plot(rows, args.plot)
+        _plot(rows, targets, args.plot)
     progress("done")
+    missed = _missed(targets)
+    if args.check and missed:
+        for t in missed:
+            print(f"asyncreplica bench: missed: {t.figure}: {t.target}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every NaN (a figure not measured) as None: strict JSON has no NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value

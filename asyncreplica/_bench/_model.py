@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ class Target:
     """One target of the performance issue: its measured value and whether it is met."""
 
     figure: str
-    value: float
+    value: float  # NaN: not measured in this run (then the target is not met)
     unit: str
     target: str
     met: bool
@@ -45,6 +46,45 @@ class Target:
     # scores. None where the baseline itself is that implementation.
     reference: float | None = None
     reference_system: str = ""
+    goal: str = ""  # where the issue wants the figure eventually (not checked)
+    limit: float | None = None  # the target's bound, in ``unit``; None: no bound
+    higher_is_better: bool = False
+
+
+def _bounded(
+    figure: str,
+    value: float,
+    limit: float,
+    *,
+    unit: str = "x",
+    goal: float | None = None,
+    higher_is_better: bool = False,
+    reference: float | None = None,
+    reference_system: str = "",
+) -> Target:
+    """A target with a numeric bound: ``value <= limit`` (or ``>=``); NaN is not met."""
+    sign = ">=" if higher_is_better else "<="
+    plus = "+" if unit == "us" else ""
+    suffix = " us" if unit == "us" else "x"
+
+    def shown(bound: float) -> str:
+        return f"{sign} {plus}{bound:g}{suffix}"
+
+    met = (
+        (value >= limit if higher_is_better else value <= limit) if math.isfinite(value) else False
+    )
+    return Target(
+        figure,
+        value,
+        unit,
+        shown(limit),
+        met,
+        reference,
+        reference_system,
+        "" if goal is None else shown(goal).split(" ", 1)[1],
+        limit,
+        higher_is_better,
+    )
 
 
 def _size(nbytes: int) -> str:

@@ -1,45 +1,152 @@
-"""The chart of ``bench --plot``."""
+"""The chart of ``bench --plot``: what to draw (:func:`chart`), and drawing it (:func:`_plot`).
+
+:func:`chart` is pure: it turns a run's rows and targets into the series, bars and
+markers to draw, and is what the tests check. :func:`_plot` only hands that to
+matplotlib. The rules the chart keeps:
+
+* only what was measured is drawn: a figure that was not measured (NaN) is a gap in
+  its line, never a value;
+* one direction per panel: the ratio panel holds only figures where lower is better;
+  figures where higher is better get a panel of their own;
+* each bar of a ratio panel carries its target (and the reference, where the run
+  measured one), so a reader sees at a glance which targets are met.
+"""
 
 from __future__ import annotations
 
-from ._model import Row, _size
+import math
+from dataclasses import dataclass, field
+
+from ._model import Row, Target, _size
+
+__all__ = ["Bar", "Chart", "Series", "chart"]
 
 
-def _plot(rows: list[Row], path: str) -> None:
+@dataclass
+class Series:
+    """One line of the time panel: ``y[i]`` at ``x[i]``; None is a gap (not measured)."""
+
+    label: str
+    x: list[int]
+    y: list[float | None]
+
+
+@dataclass
+class Bar:
+    """One bar of a ratio panel, with its target's bound and the reference, if any."""
+
+    label: str
+    value: float | None  # None: not measured (no bar is drawn)
+    limit: float | None
+    met: bool
+    reference: float | None = None
+
+
+@dataclass
+class Chart:
+    """Everything the chart draws, panel by panel (an empty panel is left out)."""
+
+    times_title: str = ""
+    times: list[Series] = field(default_factory=list)
+    lower: list[Bar] = field(default_factory=list)  # lower is better
+    higher: list[Bar] = field(default_factory=list)  # higher is better
+
+
+def _measured(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) and value > 0 else None
+
+
+def chart(rows: list[Row], targets: list[Target]) -> Chart:
+    """What ``bench --plot`` draws for a run's rows and targets.
+
+    Args:
+        rows: The run's measured rows.
+        targets: The run's targets (those with a ``x`` ratio and a bound are drawn).
+
+    Returns:
+        The time panel's series (all_reduce time against size, at the largest replica
+        count up to 8; every system on the same sizes, None where a system was not
+        measured), the ratio bars where lower is better, and those where higher is
+        better.
+    """
+    out = Chart()
+    reduce_rows = [r for r in rows if r.case == "all_reduce" and r.replicas <= 8]
+    if reduce_rows:
+        n = max(r.replicas for r in reduce_rows)
+        sizes = sorted({r.nbytes for r in reduce_rows if r.replicas == n})
+        points: dict[str, dict[int, float | None]] = {}
+        for r in reduce_rows:
+            if r.replicas == n:
+                label = f"asyncreplica ({r.loop})" if r.system == "asyncreplica" else r.system
+                points.setdefault(label, {})[r.nbytes] = _measured(r.median_us)
+        out.times_title = f"all_reduce, {n} replicas: median time vs size"
+        for label in sorted(points):
+            ys = [points[label].get(size) for size in sizes]
+            if any(y is not None for y in ys):
+                out.times.append(Series(label, sizes, ys))
+    for t in targets:
+        if t.limit is None or not t.unit.startswith("x"):
+            continue  # not a ratio with a bound (MiB, microseconds, "reported")
+        bar = Bar(t.figure, _measured(t.value), t.limit, t.met, _measured(t.reference))
+        (out.higher if t.higher_is_better else out.lower).append(bar)
+    return out
+
+
+def _plot(rows: list[Row], targets: list[Target], path: str) -> None:
+    """Draw :func:`chart`'s data into a PNG at ``path`` (needs matplotlib)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
-    reduce_rows = [r for r in rows if r.case == "all_reduce"]
-    if reduce_rows:
-        n = max(r.replicas for r in reduce_rows if r.replicas <= 8)
-        series: dict[str, list[tuple[int, float]]] = {}
-        for r in reduce_rows:
-            if r.replicas == n:
-                label = f"asyncreplica ({r.loop})" if r.system == "asyncreplica" else r.system
-                series.setdefault(label, []).append((r.nbytes, r.median_us))
-        for label, points in sorted(series.items()):
-            points.sort()
-            left.loglog([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-        left.set_title(f"all_reduce, {n} replicas: median time vs size")
-        left.set_xlabel("bytes per replica")
-        left.set_ylabel("µs per all_reduce")
-        left.legend(fontsize=8)
-        left.grid(True, which="both", alpha=0.3)
-    ours = [r for r in rows if r.system.startswith("asyncreplica") and r.baseline_us > 0]
-    ours = [r for r in ours if r.case != "all_reduce" or r.loop == "asyncio"]
-    ours = [r for r in ours if r.case != "run start-up"]  # a one-off cost, not a ratio
-    if ours:
-        names = [f"{r.case} {_size(r.nbytes)} x{r.replicas}" for r in ours]
-        right.barh(names, [r.ratio for r in ours], color="tab:blue")
-        right.axvline(1.0, color="black", linewidth=0.8)
-        right.set_xscale("log")
-        right.set_title("ratio to the baseline measured in the same run")
-        right.set_xlabel("ratio (lower is better; see the table for each baseline)")
-        right.tick_params(axis="y", labelsize=7)
-        right.invert_yaxis()
+    data = chart(rows, targets)
+    panels = [p for p in ("times", "lower", "higher") if getattr(data, p)]
+    widths = {"times": 5.0, "lower": 6.0, "higher": 3.0}
+    fig, axes = plt.subplots(
+        1,
+        max(len(panels), 1),
+        figsize=(sum(widths[p] for p in panels) + 1, 6),
+        gridspec_kw={"width_ratios": [widths[p] for p in panels] or [1]},
+        squeeze=False,
+    )
+    for ax, panel in zip(axes[0], panels, strict=False):
+        if panel == "times":
+            for s in data.times:
+                ys = [math.nan if y is None else y for y in s.y]  # NaN: a gap in the line
+                ax.loglog(s.x, ys, marker="o", label=s.label)
+            ax.set_title(data.times_title, fontsize=10)
+            ax.set_xlabel("bytes per replica")
+            ax.set_ylabel("µs per all_reduce (missing point: not measured)")
+            ax.set_xticks(data.times[0].x, [_size(x) for x in data.times[0].x], fontsize=7)
+            ax.legend(fontsize=7)
+            ax.grid(True, which="both", alpha=0.3)
+            continue
+        bars: list[Bar] = getattr(data, panel)
+        ys = list(range(len(bars)))
+        drawn = [(y, b.value, b.met) for y, b in zip(ys, bars, strict=True) if b.value]
+        ax.barh(
+            [y for y, _, _ in drawn],
+            [v for _, v, _ in drawn],
+            color=["tab:green" if met else "tab:red" for _, _, met in drawn],
+        )
+        for y, b in zip(ys, bars, strict=True):
+            if b.limit is not None:
+                ax.plot([b.limit] * 2, [y - 0.4, y + 0.4], color="black", linewidth=2)
+            if b.reference is not None:
+                ax.plot(b.reference, y, marker="D", color="tab:gray", markersize=5)
+            if b.value is None:
+                ax.text(1.0, y, " not measured", va="center", fontsize=7)
+        ax.set_yticks(ys, [b.label for b in bars], fontsize=7)
+        ax.set_xscale("log")
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="gray", linewidth=0.6)
+        better = "lower" if panel == "lower" else "higher"
+        ax.set_title(f"ratios, {better} is better", fontsize=10)
+        ax.set_xlabel(
+            "ratio (bar: measured, green met / red missed; black line: target; "
+            "gray diamond: reference)",
+            fontsize=7,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
