@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._model import Row, Target, _size
 
@@ -93,60 +94,69 @@ def chart(rows: list[Row], targets: list[Target]) -> Chart:
 
 
 def _plot(rows: list[Row], targets: list[Target], path: str) -> None:
-    """Draw :func:`chart`'s data into a PNG at ``path`` (needs matplotlib)."""
+    """Draw :func:`chart`'s data into a PNG at ``path`` (needs matplotlib).
+
+    The time panel, and under it the panel where higher is better, on the left; the
+    ratios where lower is better on the right. A panel with nothing to draw says so.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     data = chart(rows, targets)
-    panels = [p for p in ("times", "lower", "higher") if getattr(data, p)]
-    widths = {"times": 5.0, "lower": 6.0, "higher": 3.0}
-    fig, axes = plt.subplots(
-        1,
-        max(len(panels), 1),
-        figsize=(sum(widths[p] for p in panels) + 1, 6),
-        gridspec_kw={"width_ratios": [widths[p] for p in panels] or [1]},
-        squeeze=False,
+    fig, axes = plt.subplot_mosaic(
+        [["times", "lower"], ["higher", "lower"]],
+        figsize=(14, max(6.0, 0.32 * len(data.lower) + 1.5)),
+        gridspec_kw={"height_ratios": [3, 1], "width_ratios": [1, 1.25]},
     )
-    for ax, panel in zip(axes[0], panels, strict=False):
-        if panel == "times":
-            for s in data.times:
-                ys = [math.nan if y is None else y for y in s.y]  # NaN: a gap in the line
-                ax.loglog(s.x, ys, marker="o", label=s.label)
-            ax.set_title(data.times_title, fontsize=10)
-            ax.set_xlabel("bytes per replica")
-            ax.set_ylabel("µs per all_reduce (missing point: not measured)")
-            ax.set_xticks(data.times[0].x, [_size(x) for x in data.times[0].x], fontsize=7)
-            ax.legend(fontsize=7)
-            ax.grid(True, which="both", alpha=0.3)
-            continue
-        bars: list[Bar] = getattr(data, panel)
-        ys = list(range(len(bars)))
-        drawn = [(y, b.value, b.met) for y, b in zip(ys, bars, strict=True) if b.value]
-        ax.barh(
-            [y for y, _, _ in drawn],
-            [v for _, v, _ in drawn],
-            color=["tab:green" if met else "tab:red" for _, _, met in drawn],
-        )
-        for y, b in zip(ys, bars, strict=True):
-            if b.limit is not None:
-                ax.plot([b.limit] * 2, [y - 0.4, y + 0.4], color="black", linewidth=2)
-            if b.reference is not None:
-                ax.plot(b.reference, y, marker="D", color="tab:gray", markersize=5)
-            if b.value is None:
-                ax.text(1.0, y, " not measured", va="center", fontsize=7)
-        ax.set_yticks(ys, [b.label for b in bars], fontsize=7)
-        ax.set_xscale("log")
-        ax.invert_yaxis()
-        ax.axvline(1.0, color="gray", linewidth=0.6)
-        better = "lower" if panel == "lower" else "higher"
-        ax.set_title(f"ratios, {better} is better", fontsize=10)
-        ax.set_xlabel(
-            "ratio (bar: measured, green met / red missed; black line: target; "
-            "gray diamond: reference)",
-            fontsize=7,
-        )
+    ax = axes["times"]
+    for s in data.times:
+        ys = [math.nan if y is None else y for y in s.y]  # NaN: a gap in the line
+        ax.loglog(s.x, ys, marker="o", label=s.label)
+    if data.times:
+        ax.set_title(data.times_title, fontsize=10)
+        ax.set_xlabel("bytes per replica (no point: not measured)", fontsize=8)
+        ax.set_ylabel("µs per all_reduce")
+        ax.set_xticks(data.times[0].x, [_size(x) for x in data.times[0].x], fontsize=7)
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    for panel, better in (("lower", "lower"), ("higher", "higher")):
+        _bars(axes[panel], getattr(data, panel), f"ratios, {better} is better")
+    for name, ax in axes.items():
+        if not ax.has_data():
+            ax.set_axis_off()
+            ax.text(0.5, 0.5, f"{name}: nothing measured", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _bars(ax: Any, bars: list[Bar], title: str) -> None:
+    """One ratio panel: a bar per measured figure, its target and its reference."""
+    ys = list(range(len(bars)))
+    drawn = [(y, b) for y, b in zip(ys, bars, strict=True) if b.value is not None]
+    if not bars:
+        return
+    ax.barh(
+        [y for y, _ in drawn],
+        [b.value for _, b in drawn],
+        color=["tab:green" if b.met else "tab:red" for _, b in drawn],
+    )
+    for y, b in zip(ys, bars, strict=True):
+        if b.limit is not None:
+            ax.plot([b.limit] * 2, [y - 0.4, y + 0.4], color="black", linewidth=2)
+        if b.reference is not None:
+            ax.plot(b.reference, y, marker="D", color="tab:gray", markersize=5)
+        if b.value is None:
+            ax.text(b.limit or 1.0, y, " not measured", va="center", fontsize=7)
+    ax.set_yticks(ys, [b.label for b in bars], fontsize=7)
+    ax.set_xscale("log")
+    ax.set_ylim(len(bars) - 0.5, -0.5)  # the first figure on top
+    ax.axvline(1.0, color="gray", linewidth=0.6)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(
+        "ratio, log scale (bar: measured, green met, red missed; black line: target; "
+        "gray diamond: reference)",
+        fontsize=7,
+    )
