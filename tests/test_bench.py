@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import pathlib
+import sys
 
 import pytest
 
@@ -150,6 +151,7 @@ def test_the_renderer_draws_the_chart_data(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "chart.png"
     _plot(_rows(), _targets(_rows()), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "matplotlib.pyplot" not in sys.modules  # no global plotting state
 
 
 def test_the_targets_are_issue_17s_table() -> None:

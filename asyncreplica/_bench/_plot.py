@@ -99,15 +99,15 @@ def _plot(rows: list[Row], targets: list[Target], path: str) -> None:
     The time panel, and under it the panel where higher is better, on the left; the
     ratios where lower is better on the right. A panel with nothing to draw says so.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # Without pyplot: no global plotting state in the caller's process.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     data = chart(rows, targets)
-    fig, axes = plt.subplot_mosaic(
+    fig = Figure(figsize=(14, max(6.0, 0.32 * len(data.lower) + 1.5)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplot_mosaic(
         [["times", "lower"], ["higher", "lower"]],
-        figsize=(14, max(6.0, 0.32 * len(data.lower) + 1.5)),
         gridspec_kw={"height_ratios": [3, 1], "width_ratios": [1, 1.25]},
     )
     ax = axes["times"]
@@ -129,7 +129,6 @@ def _plot(rows: list[Row], targets: list[Target], path: str) -> None:
             ax.text(0.5, 0.5, f"{name}: nothing measured", ha="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _bars(ax: Any, bars: list[Bar], title: str) -> None:
