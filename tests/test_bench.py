@@ -1,14 +1,25 @@
-"""`asyncreplica bench --quick` runs end to end (a smoke test: ratios are reported, not asserted)."""
+"""`asyncreplica bench`: a `--quick` run end to end (ratios reported, not asserted), and its parts.
+
+The parts are tested on canned rows: how a figure within the noise is reported, what
+the chart draws (its data, not its pixels), the targets and `--check`.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import pathlib
+import sys
 
 import pytest
 
+from asyncreplica._bench import _main as bench_main
 from asyncreplica._bench import main
+from asyncreplica._bench._baselines import _difference, _median_us
+from asyncreplica._bench._model import Row
+from asyncreplica._bench._plot import _plot, chart
+from asyncreplica._bench._targets import _mpi_targets, _targets
 
 
 @pytest.mark.slow
@@ -31,19 +42,23 @@ def test_quick_bench_writes_a_table_and_json(
     assert ("batched 1000 x 1 KiB", "numpy, per leaf (floor)") in systems
     for kind in ("all_gather", "broadcast", "reduce_scatter"):
         assert (kind, "futures") in systems
-    assert all(r["median_us"] > 0 and r["baseline_us"] > 0 for r in rows)
+    # Every figure is measured or null (not measured), never zero or a tiny clamped time.
+    for key in ("median_us", "baseline_us"):
+        assert all(r[key] is None or r[key] > 1e-3 for r in rows), key
     figures = [t["figure"] for t in report["targets"]]
     assert any(f.startswith("all_reduce 8 B x 8 vs futures") for f in figures)
     assert any(f.startswith("RSS growth") for f in figures)
     assert any(f.startswith("RSS added by") for f in figures)
     assert all(isinstance(t["met"], bool) for t in report["targets"])
-    references = {t["figure"]: t["reference"] for t in report["targets"]}
-    for figure, reference in references.items():
+    references = {t["figure"]: t for t in report["targets"]}
+    for figure, target in references.items():
         if figure.startswith(("batched", "per-replica cost", "all_gather", "broadcast")):
-            assert reference is not None, figure
-            assert reference > 0, figure
+            assert target["reference_system"], figure
+            # null only where noise left the reference not measured; never zero.
+            assert target["reference"] is None or target["reference"] > 0, figure
         if figure.startswith(("all_reduce 8 B", "RSS")):
-            assert reference is None, figure
+            assert target["reference"] is None, figure
+            assert not target["reference_system"], figure
     assert "\nreference: the same figure for a minimal implementation" in table
     assert "\nall_reduce 8 B x 8 vs futures rendezvous" in table
     # With the [mpi] extra (the [test] extra has it), the run includes raw mpi4py.
@@ -57,3 +72,166 @@ def test_bad_arguments_are_usage_errors() -> None:
     with pytest.raises(SystemExit) as info:
         main(["--repeat", "0"])
     assert info.value.code == 2
+
+
+# -- the parts, without timing anything ------------------------------------------------
+
+NAN = math.nan
+
+
+def _rows(*, small: float = 10.0, futures_64mib: float = NAN, scale: float = 1.0) -> list[Row]:
+    """A run's rows as the cases write them (8 and 64 MiB all_reduce, batch, scale)."""
+    floor = "numpy floor (1 thread)"
+    return [
+        Row("all_reduce", 8, 8, "asyncio", "asyncreplica", small, "futures", 5.0),
+        Row("all_reduce", 8, 8, "asyncio", "futures", 5.0, floor, 1.0),
+        Row("all_reduce", 8, 8, "-", floor, 1.0, floor, 1.0),
+        Row("all_reduce", 8, 64 << 20, "asyncio", "asyncreplica", 1100.0, floor, 1000.0),
+        Row("all_reduce", 8, 64 << 20, "asyncio", "futures", futures_64mib, floor, 1000.0),
+        Row("all_reduce", 8, 64 << 20, "-", floor, 1000.0, floor, 1000.0),
+        Row("run start-up", 8, 8, "asyncio", "asyncreplica", 500.0, "one round", 10.0),
+        Row("batched 1000 x 1 KiB", 4, 1024000, "asyncio", "asyncreplica", 400.0, "one", 100.0),
+        Row(
+            "batched 1000 x 1 KiB", 4, 1024000, "-", "numpy, per leaf (floor)", 200.0, "one", 100.0
+        ),
+        Row("1000 separate 1 KiB", 4, 1024000, "asyncio", "asyncreplica", 6000.0, "batched", 400.0),
+        Row("scale (per replica)", 8, 8, "asyncio", "asyncreplica", 2.0, "futures", 1.0),
+        Row("scale (per replica)", 4096, 8, "asyncio", "asyncreplica", 2.0 * scale, "futures", 1.1),
+    ]
+
+
+def test_a_difference_within_the_noise_is_not_measured() -> None:
+    assert math.isnan(_difference(1.0, 1.5))
+    assert math.isnan(_difference(1.0, 1.0))
+    assert _difference(2.0, 1.5) == 0.5
+    # The median of the measured samples, only when more than half were measured.
+    assert _median_us([NAN, 2e-6, 4e-6], 1) == pytest.approx(3.0)
+    assert math.isnan(_median_us([NAN, NAN, 4e-6], 1))
+    assert math.isnan(_median_us([NAN, 4e-6], 1))
+
+
+def test_the_chart_draws_a_missing_measurement_as_a_gap() -> None:
+    data = chart(_rows(), _targets(_rows()))
+    lines = {s.label: s for s in data.times}
+    assert data.times_title.startswith("all_reduce, 8 replicas")
+    assert lines["futures"].x == [8, 64 << 20]
+    assert lines["futures"].y == [5.0, None]  # not 1e-9 / rounds: nothing drawn
+    assert lines["asyncreplica (asyncio)"].y == [10.0, 1100.0]
+    assert lines["numpy floor (1 thread)"].y == [1.0, 1000.0]
+
+
+def test_the_chart_keeps_one_direction_per_panel_and_marks_each_target() -> None:
+    data = chart(_rows(), _targets(_rows()))
+    lower = {b.label: b for b in data.lower}
+    higher = {b.label: b for b in data.higher}
+    assert set(higher) == {"1000 separate all_reduces vs batched"}
+    assert higher["1000 separate all_reduces vs batched"].limit == 10.0
+    assert higher["1000 separate all_reduces vs batched"].value == 15.0
+    assert not set(lower) & set(higher)
+    small = lower["all_reduce 8 B x 8 vs futures rendezvous"]
+    assert (small.value, small.limit, small.met) == (2.0, 2.5, True)
+    batched = lower["batched 1000 x 1 KiB x 4 vs one 1000 KiB"]
+    assert (batched.value, batched.limit, batched.reference) == (4.0, 5.0, 2.0)
+    assert lower["all_reduce 64 MiB x 8 vs best numpy floor"].limit == 1.15
+    # A one-off cost is no ratio to a target: it is not drawn.
+    assert not any("start-up" in label for label in lower)
+
+
+def test_the_chart_draws_no_bar_for_a_target_not_measured() -> None:
+    rows = _rows(small=NAN)
+    data = chart(rows, _targets(rows))
+    small = next(b for b in data.lower if b.label.startswith("all_reduce 8 B x 8 vs"))
+    assert small.value is None
+    assert small.met is False
+    assert not any(s.label == "asyncreplica (asyncio)" and s.y[0] is not None for s in data.times)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
+def test_the_renderer_draws_the_chart_data(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "chart.png"
+    _plot(_rows(), _targets(_rows()), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "matplotlib.pyplot" not in sys.modules  # no global plotting state
+
+
+def test_the_targets_are_issue_17s_table() -> None:
+    targets = {t.figure: t for t in _targets(_rows(scale=1.25))}
+    expected = {
+        "all_reduce 8 B x 8 vs futures rendezvous": ("<= 2.5x", "1.5x"),
+        "batched 1000 x 1 KiB x 4 vs one 1000 KiB": ("<= 5x", "3x"),
+        "per-replica cost, 4096 vs 8 replicas": ("<= 1.2x", "1x"),
+        "all_reduce 64 MiB x 8 vs best numpy floor": ("<= 1.15x", "1.05x"),
+    }
+    for figure, (target, goal) in expected.items():
+        assert (targets[figure].target, targets[figure].goal) == (target, goal), figure
+    assert targets["all_reduce 8 B x 8 vs futures rendezvous"].met
+    assert not targets["per-replica cost, 4096 vs 8 replicas"].met  # 1.25x
+    assert targets["per-replica cost, 4096 vs 8 replicas"].reference == pytest.approx(1.1)
+    assert targets["batched 1000 x 1 KiB x 4 vs one 1000 KiB"].reference == 2.0
+
+
+def test_the_mpi_targets_read_the_mpi_report() -> None:
+    report = {
+        "processes": 2,
+        "replicas": 4,
+        "rows": [
+            {"size": 8, "ours_s": 100e-6, "raw_s": 20e-6, "local_s": 1e-6},
+            {"size": 1024, "ours_s": 100e-6, "raw_s": 20e-6, "local_s": 1e-6},
+            {"size": 1 << 20, "ours_s": 1.2e-3, "raw_s": 0.8e-3, "local_s": 0.2e-3},
+            {"size": 16 << 20, "ours_s": 20e-3, "raw_s": 10e-3, "local_s": 4e-3},
+        ],
+    }
+    targets = {t.figure: t for t in _mpi_targets(report, rendezvous_us=30.0)}
+    assert set(targets) == {
+        "MPI all_reduce 8 B x 4 vs raw Allreduce + local rendezvous",
+        "MPI all_reduce 1 MiB x 4 vs local sum + raw Allreduce",
+        "MPI all_reduce 16 MiB x 4 vs local sum + raw Allreduce",
+    }
+    small = targets["MPI all_reduce 8 B x 4 vs raw Allreduce + local rendezvous"]
+    assert small.value == pytest.approx(50.0)  # 100 - (20 + 30) us
+    assert (small.unit, small.target, small.goal, small.met) == ("us", "<= +15 us", "+5 us", False)
+    one = targets["MPI all_reduce 1 MiB x 4 vs local sum + raw Allreduce"]
+    assert (one.value, one.target, one.met) == (pytest.approx(1.2), "<= 1.3x", True)
+    assert not targets["MPI all_reduce 16 MiB x 4 vs local sum + raw Allreduce"].met  # 1.43x
+
+
+def _canned(monkeypatch: pytest.MonkeyPatch, rows: list[Row]) -> None:
+    """``main`` measures nothing: every case returns its part of ``rows``."""
+    monkeypatch.setattr(bench_main, "_measure_all_reduce", lambda plan, progress: rows)
+    for name in ("_measure_scale", "_measure_moves", "_measure_batched", "_measure_tracing"):
+        monkeypatch.setattr(bench_main, name, lambda plan, progress: [])
+    monkeypatch.setattr(bench_main, "_measure_memory", lambda plan, progress: [])
+    monkeypatch.setattr(bench_main, "_measure_mpi", lambda quick, progress: None)
+
+
+def test_check_exits_1_when_a_target_is_missed(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _canned(monkeypatch, _rows(scale=1.25))
+    assert main(["--quick", "--quiet"]) == 0  # without --check: reported only
+    assert main(["--quick", "--quiet", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "missed: per-replica cost, 4096 vs 8 replicas: <= 1.2x" in err
+
+
+def test_check_exits_1_when_a_target_was_not_measured(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _canned(monkeypatch, _rows(small=NAN))
+    assert main(["--quick", "--quiet", "--check"]) == 1
+    out, err = capsys.readouterr()
+    assert "missed: all_reduce 8 B x 8 vs futures rendezvous" in err
+    line = next(x for x in out.splitlines() if x.startswith("all_reduce 8 B x 8 vs futures"))
+    assert "not measured" in line
+
+
+def test_check_exits_0_when_every_target_is_met(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
+    _canned(monkeypatch, _rows())
+    out = tmp_path / "bench.json"
+    assert main(["--quick", "--quiet", "--check", "--json", str(out)]) == 0
+    # A missing measurement is null in the (strict) JSON, not NaN and not a tiny time.
+    rows = json.loads(out.read_text())["rows"]
+    futures = [r for r in rows if r["system"] == "futures" and r["nbytes"] == 64 << 20]
+    assert futures[0]["median_us"] is None

@@ -36,6 +36,7 @@ from .._registry import (
 from .._values import DistributedValues, IndexedSlices, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
 from ._extended import StrategyExtended, axis_tuple, normalize_axes, reduce_leaf
+from ._gc import scaled_gc
 from ._input import DistributedDataset, DistributedDatasetsFromFunction, InputContext
 from ._mode import MODE, Mode, current_mode
 from ._preload import preload_async_backends
@@ -270,7 +271,8 @@ class Strategy:
                 f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
             )
         try:
-            return await self._run(fn, args, kwargs)
+            with scaled_gc(self._num_local):  # fewer collections while many replicas wait
+                return await self._run(fn, args, kwargs)
         except AsyncReplicaError as error:
             hide_library_frames(error)  # the user's frames only (see _traceback)
             raise  # ASYNCREPLICA_FULL_TRACEBACK=1 shows asyncreplica's frames too
