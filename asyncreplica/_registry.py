@@ -21,6 +21,7 @@ __all__ = [
     "available_process_groups",
     "load_backend_class",
     "load_process_group_class",
+    "plugin_packages",
     "register_backend",
 ]
 
@@ -120,6 +121,16 @@ def _discover_groups() -> dict[str, importlib.metadata.EntryPoint]:
             found = importlib.metadata.entry_points(group=PROCESS_GROUPS)
             _group_entry_points = {ep.name: ep for ep in found}
         return _group_entry_points
+
+
+def plugin_packages() -> frozenset[str]:
+    """Return the top-level packages of every installed plugin (backends, process groups).
+
+    These ship with asyncreplica or beside it: their frames are the library's, not the
+    user's (see ``_runtime/_traceback``). Nothing is imported to answer.
+    """
+    found = [*_discover().values(), *_discover_groups().values()]
+    return frozenset(ep.value.partition(":")[0].partition(".")[0] for ep in found)
 
 
 def available_process_groups() -> tuple[str, ...]:

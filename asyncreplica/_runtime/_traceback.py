@@ -15,10 +15,10 @@ the error says so whenever frames were hidden.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
+
+from .._registry import plugin_packages
 
 __all__ = ["ENV", "NOTE", "hide_library_frames"]
 
@@ -27,23 +27,15 @@ NOTE = f"(asyncreplica's own frames are hidden from this traceback; set {ENV}=1 
 _E = TypeVar("_E", bound=BaseException)
 
 
-def _library_folders() -> tuple[str, ...]:
-    folders = [Path(__file__).resolve().parents[1]]  # the asyncreplica package
-    for name in ("asyncreplica_numpy", "asyncreplica_cupy", "asyncreplica_mpi", "anyio"):
-        module = sys.modules.get(name)
-        file = getattr(module, "__file__", None)
-        if file is not None:
-            folders.append(Path(file).resolve().parent)
-    return tuple(str(folder) + os.sep for folder in folders)
+def _library_packages() -> frozenset[str]:
+    """asyncreplica, anyio and the installed plugins: their frames are hidden."""
+    return frozenset({"asyncreplica", "anyio", *plugin_packages()})
 
 
-def _is_library(tb: TracebackType, folders: tuple[str, ...]) -> bool:
-    filename = tb.tb_frame.f_code.co_filename
-    try:
-        filename = str(Path(filename).resolve())
-    except OSError:  # pragma: no cover - a frame of code without a real file
-        return False
-    return filename.startswith(folders)
+def _is_library(tb: TracebackType, packages: frozenset[str]) -> bool:
+    # By the frame's module, never by a file path (a user's folder may share a name).
+    name = tb.tb_frame.f_globals.get("__name__")
+    return isinstance(name, str) and name.partition(".")[0] in packages
 
 
 def hide_library_frames(error: _E) -> _E:
@@ -58,12 +50,12 @@ def hide_library_frames(error: _E) -> _E:
     """
     if os.environ.get(ENV, "") not in ("", "0"):
         return error
-    folders = _library_folders()
+    packages = _library_packages()
     kept: list[TracebackType] = []
     dropped = False
     tb = error.__traceback__
     while tb is not None:
-        if _is_library(tb, folders):
+        if _is_library(tb, packages):
             dropped = True
         else:
             kept.append(tb)
