@@ -118,8 +118,9 @@ async def _dispatch_reduce_scatter(
 async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     strategy = run.strategy
     num = len(payloads)
-    merge_args = regroup([p[1] for p in payloads], PerReplica)
-    merge_kwargs = regroup([p[2] for p in payloads], PerReplica)
+    first = strategy._replica_offset
+    merge_args = regroup([p[1] for p in payloads], PerReplica, first)
+    merge_kwargs = regroup([p[2] for p in payloads], PerReplica, first)
     assert isinstance(merge_args, tuple | list)
     assert isinstance(merge_kwargs, Mapping)
     token = MODE.set(Mode(strategy, True, None))
