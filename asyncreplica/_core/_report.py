@@ -306,34 +306,31 @@ def _later(source: SourceLines, site: CallSite, code: str) -> int | None:
 def _swapped(
     major: Sequence[int], minor: Sequence[int], a: CallSite, b: CallSite, source: SourceLines
 ) -> str | None:
-    """Tell a swap: the outliers make the others' call (``a``) later, after theirs (``b``).
+    """Tell a swap: each group makes the other's call next, in its own block.
 
-    ``a`` and ``b`` are the first frames at which the two groups' call paths differ,
-    in one function. The outliers swapped the calls when the block of ``b`` goes on
-    with the same code as ``a``'s line; the others' block going on with ``b``'s code
-    completes the picture.
+    ``a`` (the others') and ``b`` (the outliers') are the first frames at which the two
+    groups' call paths differ, in one function. The calls are swapped when the block of
+    ``b`` goes on with the same code as ``a``'s line, and the block of ``a`` with the
+    same code as ``b``'s. One direction alone is no swap: a skipped call whose code
+    follows in the enclosing block reads so.
     """
     code_a, _ = _code(source, a)
     code_b, _ = _code(source, b)
     if not code_a or not code_b or code_a == code_b:
         return None
     theirs_later = _later(source, b, code_a)
-    if theirs_later is None:
+    mine_later = _later(source, a, code_b)
+    if theirs_later is None or mine_later is None:
         return None
     outliers, others = format_replicas(minor), format_replicas(major)
     their_call = a._replace(lineno=theirs_later, column=None)
-    text = (
+    my_call = a._replace(lineno=mine_later, column=None)
+    return (
         f"{outliers} {_verb(minor, 'issues', 'issue')} the same collectives as {others} in a "
         f"different order: {outliers} {_verb(minor, 'calls', 'call')} {b} then {their_call} "
-        f"(the same call as {a})"
+        f"(the same call as {a}); {others} {_verb(major, 'calls', 'call')} {a} then {my_call} "
+        f"(the same call as {b})."
     )
-    mine_later = _later(source, a, code_b)
-    if mine_later is not None:
-        my_call = a._replace(lineno=mine_later, column=None)
-        text += (
-            f"; {others} {_verb(major, 'calls', 'call')} {a} then {my_call} (the same call as {b})"
-        )
-    return text + "."
 
 
 def _extra_or_missed(

@@ -363,3 +363,24 @@ def test_mismatch_is_no_swap_when_the_branch_does_not_go_on_with_the_other_call(
     )
     assert _hint(lines) == tie
     assert _hint({}) == tie  # no source (a file that is gone): the same
+
+
+def test_a_skip_whose_call_follows_in_the_enclosing_block_is_no_swap() -> None:
+    # Replica 1 skips line 8 (inside the `if`) and is at line 11, which line 12 (the same
+    # code as line 8) follows. The others' block (the `if`) ends after line 8: they make
+    # line 11 next as well, so this is a skip, not a swap.
+    lines = {
+        7: "    if ctx.replica_id_in_sync_group != 1:\n",
+        8: "        grad = await ctx.all_reduce('sum', grad)\n",
+        9: "\n",
+        10: "    # the common part\n",
+        11: "    loss = await ctx.all_reduce('sum', loss)\n",
+        12: "    grad = await ctx.all_reduce('sum', grad)\n",
+    }
+    signatures = {0: _call_at(8), 1: _call_at(11), 2: _call_at(8)}
+    message = mismatch_message(0, signatures, ("call site",), 3, source=_source(lines))
+    assert "different order" not in message
+    assert (
+        "replica 1 skipped the collective at scratch/train.py:8 that replicas 0, 2 made: it is "
+        "already at a later line of step() (scratch/train.py:11)."
+    ) in message.splitlines()
