@@ -18,7 +18,13 @@ import asyncreplica as ar
 CLASSES = [name for name in ar.__all__ if isinstance(getattr(ar, name), type)]
 
 # The other public modules: each class they export that asyncreplica does not names them.
-SUBMODULES = ("asyncreplica.abc", "asyncreplica.lint", "asyncreplica.testing")
+SUBMODULES = (
+    "asyncreplica.abc",
+    "asyncreplica.lint",
+    "asyncreplica.testing",
+    "asyncreplica_numpy",  # the backends that ship with asyncreplica
+    "asyncreplica_cupy",
+)
 SUBMODULE_CLASSES = [
     (module, name)
     for module in SUBMODULES
@@ -44,6 +50,8 @@ def test_there_are_submodule_classes() -> None:
         ("asyncreplica.testing", "BackendConformanceTests"),
         ("asyncreplica.abc", "Backend"),
         ("asyncreplica.abc", "Signature"),
+        ("asyncreplica_numpy", "NumpyBackend"),
+        ("asyncreplica_cupy", "CupyBackend"),
     } <= set(SUBMODULE_CLASSES)
 
 

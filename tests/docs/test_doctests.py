@@ -20,7 +20,14 @@ import asyncreplica
 # Modules whose docstrings must keep at least one example (the API reference shows them).
 MUST_HAVE_EXAMPLES = ("asyncreplica", "asyncreplica._values")
 # The modules a public class may name as its __module__ (the ones users import from).
-PUBLIC = ("asyncreplica", "asyncreplica.abc", "asyncreplica.lint", "asyncreplica.testing")
+PUBLIC = (
+    "asyncreplica",
+    "asyncreplica.abc",
+    "asyncreplica.lint",
+    "asyncreplica.testing",
+    "asyncreplica_numpy",
+    "asyncreplica_cupy",
+)
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
