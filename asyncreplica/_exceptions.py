@@ -25,6 +25,7 @@ Every kind of error has a stable code (:attr:`AsyncReplicaError.code`, ``"AR103"
 
 from __future__ import annotations
 
+import linecache
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -124,7 +125,13 @@ class CollectiveMismatchError(CollectiveError):
         super().__init__(
             message
             or _report.mismatch_message(
-                position, signatures, self.fields, num_replicas, name, first_replica
+                position,
+                signatures,
+                self.fields,
+                num_replicas,
+                name,
+                first_replica,
+                source=linecache.getline,
             ),
             report=report,
         )

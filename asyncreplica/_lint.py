@@ -94,6 +94,11 @@ class Finding:
         return f"{self.path}:{self.line}:{self.col}: {self.message}"
 
 
+# The public module to import it from: tracebacks, repr and help() name it, and pickle
+# finds it there.
+Finding.__module__ = "asyncreplica.lint"
+
+
 # -- taint -------------------------------------------------------------------------------------
 
 # A source is ("rid", "") for the replica id, ("data", label) for per-replica data, or

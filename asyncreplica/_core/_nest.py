@@ -196,6 +196,7 @@ def treedef_str(treedef: TreeDef, leaves: Iterator[str] | None = None) -> str:
 def regroup(
     values: Sequence[object],
     wrap: Callable[[tuple[object, ...]], object],
+    first_replica: int = 0,
 ) -> object:
     """Merge one structure per replica into one structure, as TensorFlow's ``regroup``.
 
@@ -207,6 +208,8 @@ def regroup(
     Args:
         values: One structure per replica, in replica order.
         wrap: Builds the per-replica value for a leaf that differs.
+        first_replica: The global id of ``values[0]``'s replica (under MPI, this
+            process's first replica), for the error message.
 
     Returns:
         The merged structure.
@@ -218,28 +221,29 @@ def regroup(
     if isinstance(v0, list | tuple):
         for i, v in enumerate(values):
             if not isinstance(v, list | tuple) or type(v) is not type(v0) or len(v) != len(v0):
-                raise ValueError(_structure_error(v0, v, i))
+                raise ValueError(_structure_error(v0, v, i, first_replica))
         seqs: Sequence[Sequence[object]] = values  # type: ignore[assignment]
-        items = [regroup(tuple(s[j] for s in seqs), wrap) for j in range(len(v0))]
+        items = [regroup(tuple(s[j] for s in seqs), wrap, first_replica) for j in range(len(v0))]
         return _build(type(v0), None, items)
     if isinstance(v0, Mapping):
         keys = set(v0)
         for i, v in enumerate(values):
             if not isinstance(v, Mapping) or set(v) != keys:
-                raise ValueError(_structure_error(v0, v, i))
+                raise ValueError(_structure_error(v0, v, i, first_replica))
         maps: Sequence[Mapping[object, object]] = values  # type: ignore[assignment]
         ordered = _sorted_keys(v0)
-        merged = [regroup(tuple(m[k] for m in maps), wrap) for k in ordered]
+        merged = [regroup(tuple(m[k] for m in maps), wrap, first_replica) for k in ordered]
         return _build(type(v0), _mapping_keys(v0), merged)
     if all(v is v0 for v in values):
         return v0
     return wrap(tuple(values))
 
 
-def _structure_error(v0: object, v: object, replica: int) -> str:
+def _structure_error(v0: object, v: object, replica: int, first_replica: int) -> str:
     return (
-        f"replicas returned values of different structure: replica 0 gave "
-        f"{treedef_str(flatten(v0)[1])} but replica {replica} gave {treedef_str(flatten(v)[1])}; "
+        f"replicas returned values of different structure: replica {first_replica} gave "
+        f"{treedef_str(flatten(v0)[1])} but replica {first_replica + replica} gave "
+        f"{treedef_str(flatten(v)[1])}; "
         "every replica must return the same structure (same containers, lengths and keys)"
     )
 

@@ -13,7 +13,8 @@ Every message has the same shape, so that people learn to read it once:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ._codes import see_also
 from ._nest import treedef_str
@@ -192,6 +193,7 @@ def mismatch_message(
     num_replicas: int,
     name: str | None = None,
     first_replica: int = 0,
+    source: SourceLines | None = None,
 ) -> str:
     """The message of ``CollectiveMismatchError``.
 
@@ -204,6 +206,8 @@ def mismatch_message(
         name: The name of the collective, for a named one.
         first_replica: The id of the first of the ``num_replicas`` replicas (under
             MPI, this process's first global id).
+        source: Reads line ``lineno`` of file ``filename`` (``""`` when unknown), as
+            ``linecache.getline`` does: with it, a swapped pair of calls is told as one.
 
     Returns:
         The full message.
@@ -234,7 +238,7 @@ def mismatch_message(
         lines.append(
             f"  * {format_replicas(pending)} {_verb(pending, 'has', 'have')} not arrived yet"
         )
-    hint = _extra_or_missed(groups, signatures, start)
+    hint = _extra_or_missed(groups, signatures, start, source)
     if hint:
         lines += ["", hint]
     lines += [
@@ -269,15 +273,79 @@ def mismatch_message(
     return "\n".join(lines)
 
 
-def _extra_or_missed(
-    groups: Sequence[tuple[list[int], str]], signatures: Mapping[int, Signature], start: int
+SourceLines = Callable[[str, int], str]
+"""``(filename, lineno) -> text`` of that line, ``""`` when unknown (``linecache.getline``)."""
+
+# How far below a call site the swap check looks for the other group's call.
+_SWAP_WINDOW = 40
+_COMMENT = re.compile(r"\s*#[^'\"]*$")
+
+
+def _code(source: SourceLines, site: CallSite) -> tuple[str, int]:
+    """The code of ``site``'s line without its comment, and the line's indentation."""
+    line = source(site.filename, site.lineno)
+    return _COMMENT.sub("", line).strip(), len(line) - len(line.lstrip())
+
+
+def _later(source: SourceLines, site: CallSite, code: str) -> int | None:
+    """The line after ``site``, in its block, whose code is ``code``, if any."""
+    _, indent = _code(source, site)
+    for lineno in range(site.lineno + 1, site.lineno + 1 + _SWAP_WINDOW):
+        line = source(site.filename, lineno)
+        if not line.strip() or line.lstrip().startswith("#"):
+            if not line:  # the end of the file
+                return None
+            continue
+        if len(line) - len(line.lstrip()) < indent:  # the block ended
+            return None
+        if _COMMENT.sub("", line).strip() == code:
+            return lineno
+    return None
+
+
+def _swapped(
+    major: Sequence[int], minor: Sequence[int], a: CallSite, b: CallSite, source: SourceLines
 ) -> str | None:
-    """Say whether the outliers made an extra collective or skipped one.
+    """Tell a swap: each group makes the other's call next, in its own block.
+
+    ``a`` (the others') and ``b`` (the outliers') are the first frames at which the two
+    groups' call paths differ, in one function. The calls are swapped when the block of
+    ``b`` goes on with the same code as ``a``'s line, and the block of ``a`` with the
+    same code as ``b``'s. One direction alone is no swap: a skipped call whose code
+    follows in the enclosing block reads so.
+    """
+    code_a, _ = _code(source, a)
+    code_b, _ = _code(source, b)
+    if not code_a or not code_b or code_a == code_b:
+        return None
+    theirs_later = _later(source, b, code_a)
+    mine_later = _later(source, a, code_b)
+    if theirs_later is None or mine_later is None:
+        return None
+    outliers, others = format_replicas(minor), format_replicas(major)
+    their_call = a._replace(lineno=theirs_later, column=None)
+    my_call = a._replace(lineno=mine_later, column=None)
+    return (
+        f"{outliers} {_verb(minor, 'issues', 'issue')} the same collectives as {others} in a "
+        f"different order: {outliers} {_verb(minor, 'calls', 'call')} {b} then {their_call} "
+        f"(the same call as {a}); {others} {_verb(major, 'calls', 'call')} {a} then {my_call} "
+        f"(the same call as {b})."
+    )
+
+
+def _extra_or_missed(
+    groups: Sequence[tuple[list[int], str]],
+    signatures: Mapping[int, Signature],
+    start: int,
+    source: SourceLines | None = None,
+) -> str | None:
+    """Say whether the outliers swapped two collectives, made an extra one or skipped one.
 
     The call paths tell when there are two behaviours whose first differing frames
     (index ``start``: the call site, or the call of a helper they share) are in the
-    same function of the same file: the earlier line is the collective that the
-    others do not (yet) make.
+    same function of the same file. When the source tells that each group's block
+    goes on with the other's call, the groups issue the calls in different orders;
+    otherwise the earlier line is the collective that the others do not (yet) make.
     """
     if len(groups) != 2:
         return None
@@ -290,6 +358,10 @@ def _extra_or_missed(
         return None
     if a.lineno == b.lineno:
         return None
+    if source is not None:
+        swap = _swapped(major, minor, a, b, source)
+        if swap is not None:
+            return swap
     outliers, others = format_replicas(minor), format_replicas(major)
     if len(major) == len(minor):
         first, second = (minor, major) if b.lineno < a.lineno else (major, minor)

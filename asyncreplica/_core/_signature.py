@@ -187,3 +187,10 @@ def ordinal(n: int) -> str:
     """Return ``1st``, ``2nd``, ``3rd``, ``4th``, ... ``11th``, ``21st`` for ``n``."""
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
+
+
+# The public module to import them from (asyncreplica.abc): tracebacks, repr and help()
+# name it, and pickle finds them there. ReduceOp's is ``asyncreplica``, set there.
+for _cls in (CallSite, CollectiveKind, LeafSpec, Signature):
+    _cls.__module__ = "asyncreplica.abc"
+del _cls

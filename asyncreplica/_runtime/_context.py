@@ -7,6 +7,8 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import ReplicaContextError
@@ -116,8 +118,9 @@ async def _dispatch_reduce_scatter(
 async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     strategy = run.strategy
     num = len(payloads)
-    merge_args = regroup([p[1] for p in payloads], PerReplica)
-    merge_kwargs = regroup([p[2] for p in payloads], PerReplica)
+    first = strategy._replica_offset
+    merge_args = regroup([p[1] for p in payloads], PerReplica, first)
+    merge_kwargs = regroup([p[2] for p in payloads], PerReplica, first)
     assert isinstance(merge_args, tuple | list)
     assert isinstance(merge_kwargs, Mapping)
     token = MODE.set(Mode(strategy, True, None))
@@ -125,12 +128,16 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
         result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
         if inspect.isawaitable(result):
             result = await result
-    except Exception as exc:
-        run.note(
-            exc,
-            f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all {num} "
-            f"replicas of {type(strategy).__name__}.run)",
-        )
+    except BaseException as exc:
+        # Any error of the merge_fn's own (an Exception, KeyboardInterrupt, SystemExit,
+        # the user's BaseException) is told as the merge_fn's; a cancellation of the run
+        # is no error of it.
+        if not isinstance(exc, anyio.get_cancelled_exc_class()):
+            run.note(
+                exc,
+                f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all "
+                f"{num} replicas of {type(strategy).__name__}.run)",
+            )
         raise
     finally:
         MODE.reset(token)

@@ -452,7 +452,7 @@ class StrategyExtended:
             if inspect.isawaitable(result):
                 result = await result
             results.append(result)
-        regrouped = regroup(results, Mirrored)
+        regrouped = regroup(results, Mirrored, strategy._replica_offset)
         if group:
             return regrouped
         return map_structure(

@@ -296,7 +296,7 @@ class Strategy:
         group = self._group
         if group is None:
             results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
-            return regroup(results, PerReplica)
+            return regroup(results, PerReplica, self._replica_offset)
         group.begin_run()
         try:
             results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
@@ -312,7 +312,7 @@ class Strategy:
                 )
             raise
         await group.end_run(None)
-        return regroup(results, PerReplica)
+        return regroup(results, PerReplica, self._replica_offset)
 
     def _next_shuffle(self) -> random.Random | None:
         self._runs += 1
@@ -451,7 +451,7 @@ class Strategy:
                     value.close()
                 raise TypeError("value_fn must be a plain function, not an async one")
             values.append(value)
-        return regroup_always_wrap(values)
+        return regroup_always_wrap(values, first)
 
     def experimental_distribute_dataset(
         self, dataset: Iterable[Any] | AsyncIterable[Any], options: object = None

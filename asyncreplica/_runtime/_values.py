@@ -27,13 +27,14 @@ def component(replica_id: int, leaf: object, *, num_replicas: int) -> object:
     return leaf
 
 
-def regroup_always_wrap(values: Sequence[object]) -> object:
+def regroup_always_wrap(values: Sequence[object], first_replica: int = 0) -> object:
     """Merge one structure per replica, wrapping *every* leaf in a ``PerReplica``.
 
     TensorFlow's ``regroup(..., always_wrap=True)`` (used by
     ``experimental_distribute_values_from_function``): containers are rebuilt as in
     ``run``'s regroup, but a leaf is wrapped even when every replica holds the same
-    object, and with one replica.
+    object, and with one replica. ``first_replica`` is the global id of ``values[0]``'s
+    replica (under MPI, this process's first), for the error message.
 
     Raises:
         ValueError: The replicas' values have different structures.
@@ -43,8 +44,9 @@ def regroup_always_wrap(values: Sequence[object]) -> object:
     for i, (_, t) in enumerate(flat):
         if t != treedef:
             raise ValueError(
-                f"value_fn returned values of different structure: replica 0 gave "
-                f"{treedef_str(treedef)} but replica {i} gave {treedef_str(t)}; every replica "
+                f"value_fn returned values of different structure: replica {first_replica} gave "
+                f"{treedef_str(treedef)} but replica {first_replica + i} gave {treedef_str(t)}; "
+                "every replica "
                 "must return the same structure (same containers, lengths and keys)"
             )
     return unflatten(treedef, [PerReplica([f[0][j] for f in flat]) for j in range(len(leaves0))])

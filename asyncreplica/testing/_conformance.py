@@ -775,3 +775,8 @@ class BackendConformanceTests(abc.ABC):
 
 def _flat(rows: Rows) -> list[object]:
     return [leaf for row in rows for leaf in row]
+
+
+# Tracebacks, repr and help() name the module to import the class from (pickle finds it
+# there too, through its __getattr__).
+BackendConformanceTests.__module__ = "asyncreplica.testing"

@@ -81,6 +81,15 @@ def test_regroup_rejects_different_structures(values: list[object]) -> None:
         regroup(values, lambda v: v)
 
 
+def test_regroup_names_replicas_by_their_global_ids() -> None:
+    # Under MPI a process regroups its own replicas: process 1 of 2 runs replicas 2, 3.
+    with pytest.raises(ValueError, match=r"replica 2 gave \[\*\] but replica 3 gave \[\*, \*\]"):
+        regroup([[1], [1, 2]], lambda v: v, first_replica=2)
+    nested = [{"a": [1]}, {"a": [1, 2]}]  # the difference is found inside a container
+    with pytest.raises(ValueError, match=r"replica 4 gave .* but replica 5 gave"):
+        regroup(nested, lambda v: v, first_replica=4)
+
+
 class Per:
     def __init__(self, *values: int) -> None:
         self.values = values

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from asyncreplica import CollectiveMismatchError, ReplicaExitedError
 from asyncreplica._core._nest import flatten
-from asyncreplica._core._report import format_replicas
+from asyncreplica._core._report import format_replicas, mismatch_message
 from asyncreplica._core._signature import (
     CallSite,
     CollectiveKind,
@@ -301,3 +303,84 @@ def test_stall_and_resumed_messages_golden() -> None:
         "Collective resumed: the collective named 'g' (2nd use) completed after 31.2 s; the stall "
         "warning above was not a hang."
     )
+
+
+# A step whose replicas take two branches: replica 0 lines 8-9, replica 1 lines 11-12.
+SWAP_SOURCE = {
+    7: "    if ctx.replica_id_in_sync_group == 0:\n",
+    8: "        grad = await ctx.all_reduce('sum', grad)  # the gradient first\n",
+    9: "        loss = await ctx.all_reduce('sum', loss)\n",
+    10: "    else:\n",
+    11: "        loss = await ctx.all_reduce('sum', loss)\n",
+    12: "        grad = await ctx.all_reduce('sum', grad)\n",
+    13: "    grad = await ctx.all_reduce('sum', grad)\n",
+    14: "    return loss, grad\n",
+}
+
+
+def _source(lines: dict[int, str]) -> Callable[[str, int], str]:
+    def getline(filename: str, lineno: int) -> str:
+        assert filename == "/home/u/scratch/train.py"
+        return lines.get(lineno, "")
+
+    return getline
+
+
+def _call_at(line: int) -> Signature:
+    return Signature(
+        CollectiveKind.ALL_REDUCE,
+        op=ReduceOp.SUM,
+        leaves=(LeafSpec((), "float64"),),
+        call_path=(CallSite("/home/u/scratch/train.py", line, "step"),),
+    )
+
+
+def _hint(lines: dict[int, str]) -> str:
+    message = mismatch_message(
+        0, {0: _call_at(8), 1: _call_at(11)}, ("call site",), 2, source=_source(lines)
+    )
+    return message.splitlines()[5]
+
+
+def test_mismatch_tells_a_swap_from_the_source() -> None:
+    # Each branch goes on with the other's call (line 8's comment does not count): a
+    # swap, not an extra or a skipped call. docs/errors.md shows this line.
+    assert _hint(SWAP_SOURCE) == (
+        "replica 1 issues the same collectives as replica 0 in a different order: replica 1 calls "
+        "scratch/train.py:11 then scratch/train.py:12 (the same call as scratch/train.py:8); "
+        "replica 0 calls scratch/train.py:8 then scratch/train.py:9 (the same call as "
+        "scratch/train.py:11)."
+    )
+
+
+def test_mismatch_is_no_swap_when_the_branch_does_not_go_on_with_the_other_call() -> None:
+    # Replica 1's block ends at line 11; the same call after the block (line 13) is made
+    # by every replica, so it tells nothing: the line order decides, as without source.
+    lines = {**SWAP_SOURCE, 12: "        pass\n"}
+    tie = (
+        "replica 0 is at an earlier line (scratch/train.py:8) than replica 1 (scratch/train.py:11): "
+        "either replica 0 made an extra collective at scratch/train.py:8, or replica 1 skipped it."
+    )
+    assert _hint(lines) == tie
+    assert _hint({}) == tie  # no source (a file that is gone): the same
+
+
+def test_a_skip_whose_call_follows_in_the_enclosing_block_is_no_swap() -> None:
+    # Replica 1 skips line 8 (inside the `if`) and is at line 11, which line 12 (the same
+    # code as line 8) follows. The others' block (the `if`) ends after line 8: they make
+    # line 11 next as well, so this is a skip, not a swap.
+    lines = {
+        7: "    if ctx.replica_id_in_sync_group != 1:\n",
+        8: "        grad = await ctx.all_reduce('sum', grad)\n",
+        9: "\n",
+        10: "    # the common part\n",
+        11: "    loss = await ctx.all_reduce('sum', loss)\n",
+        12: "    grad = await ctx.all_reduce('sum', grad)\n",
+    }
+    signatures = {0: _call_at(8), 1: _call_at(11), 2: _call_at(8)}
+    message = mismatch_message(0, signatures, ("call site",), 3, source=_source(lines))
+    assert "different order" not in message
+    assert (
+        "replica 1 skipped the collective at scratch/train.py:8 that replicas 0, 2 made: it is "
+        "already at a later line of step() (scratch/train.py:11)."
+    ) in message.splitlines()

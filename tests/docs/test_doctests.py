@@ -19,6 +19,15 @@ import asyncreplica
 
 # Modules whose docstrings must keep at least one example (the API reference shows them).
 MUST_HAVE_EXAMPLES = ("asyncreplica", "asyncreplica._values")
+# The modules a public class may name as its __module__ (the ones users import from).
+PUBLIC = (
+    "asyncreplica",
+    "asyncreplica.abc",
+    "asyncreplica.lint",
+    "asyncreplica.testing",
+    "asyncreplica_numpy",
+    "asyncreplica_cupy",
+)
 OPTIONS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
@@ -37,16 +46,17 @@ MODULES = _module_names()
 
 
 class _Finder(doctest.DocTestFinder):
-    """Finds the examples of classes whose ``__module__`` is the public ``asyncreplica``.
+    """Finds the examples of classes whose ``__module__`` is a public module.
 
-    ``asyncreplica`` sets ``__module__ = "asyncreplica"`` on its public classes, so the
-    standard finder would think that ``asyncreplica._values.PerReplica`` comes from
-    elsewhere and skip its examples. A class belongs to the module that binds it under its
+    ``asyncreplica`` sets ``__module__ = "asyncreplica"`` on its public classes (and
+    ``asyncreplica.abc``, ``.lint`` and ``.testing`` on theirs), so the standard finder
+    would think that ``asyncreplica._values.PerReplica`` comes from elsewhere and skip its
+    examples. A class belongs to the module that binds it under its
     own name and whose functions it holds (functions keep their defining module).
     """
 
     def _from_module(self, module: ModuleType | None, object: object) -> bool:  # noqa: A002
-        if module is not None and isinstance(object, type) and object.__module__ == "asyncreplica":
+        if module is not None and isinstance(object, type) and object.__module__ in PUBLIC:
             if module.__name__ == "asyncreplica":
                 return False  # a re-export: its examples run with its defining module
             functions = [

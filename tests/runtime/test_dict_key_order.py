@@ -113,3 +113,21 @@ def test_different_key_sets_still_raise_a_mismatch() -> None:
 
     with pytest.raises(ar.CollectiveMismatchError, match="structure"):
         anyio.run(main)
+
+
+@pytest.mark.anyio
+async def test_structure_errors_name_global_replica_ids() -> None:
+    # What process 1 of an MPI launch (global replicas 2, 3) sees, in one process: the
+    # strategy's offset is the global id of its first replica.
+    s = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+    s._replica_offset = 2
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return [1.0] * (ctx.replica_id_in_sync_group - 1)
+
+    with pytest.raises(ValueError, match=r"replica 2 gave \[\*\] but replica 3 gave \[\*, \*\]"):
+        await s.run(step)
+    with pytest.raises(ValueError, match=r"replica 2 gave .* but replica 3 gave"):
+        s.experimental_distribute_values_from_function(lambda c: [0] * c.replica_id_in_sync_group)

@@ -394,6 +394,39 @@ async def test_a_base_exception_in_a_replica_is_raised_itself_with_a_note(
     assert s.experimental_local_results(await s.run(good)) == (3.0, 3.0, 3.0)
 
 
+@pytest.mark.parametrize("awaited", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("kind", [SystemExit, KeyboardInterrupt, _Stop])
+async def test_a_base_exception_in_a_merge_fn_gets_the_merge_fn_note(
+    kind: type[BaseException], awaited: bool
+) -> None:
+    # The same as an Exception (test_merge_fn_exception_fails_the_run): the error itself,
+    # with the note that names the merge_fn, not the replica that happened to call it.
+    s = strategy(2)
+    stop = kind("stop")
+
+    def merge_fn(strategy: ar.Strategy) -> None:
+        raise stop
+
+    async def async_merge_fn(strategy: ar.Strategy) -> None:
+        raise stop
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.merge_call(async_merge_fn if awaited else merge_fn)
+
+    with pytest.raises(kind) as info:
+        await s.run(step)
+    assert info.value is stop
+    name = "async_merge_fn" if awaited else "merge_fn"
+    assert info.value.__notes__ == [
+        (
+            "(raised in merge_fn test_a_base_exception_in_a_merge_fn_gets_the_merge_fn_note."
+            f"<locals>.{name}, called once for all 2 replicas of MirroredStrategy.run)"
+        )
+    ]
+
+
 async def test_a_base_exception_beside_an_exception_comes_as_a_group() -> None:
     s = strategy(3)
     released = anyio.Event()

@@ -68,6 +68,27 @@ async def test_a_merge_fn_that_never_returns_times_out(n: int) -> None:
     assert info.value.arrived == frozenset(range(n))
 
 
+async def test_a_merge_fn_timeout_counts_from_when_the_merge_fn_starts() -> None:
+    # docs/hangs.md: "timeout_seconds (counted from when merge_fn starts)". The late
+    # arrival (0.6 s) and the merge_fn (0.6 s) each stay under the 1 s timeout; together
+    # they exceed it, and no timeout fires. The sleeps are work, not ordering.
+    s = strategy(2, communication_options=ar.CommunicationOptions(timeout_seconds=1.0))
+
+    async def slow_merge(strategy: ar.Strategy) -> int:
+        await anyio.sleep(0.6)
+        return 5
+
+    async def step() -> object:
+        if context().replica_id_in_sync_group == 1:
+            await anyio.sleep(0.6)
+        return await context().merge_call(slow_merge)
+
+    with anyio.fail_after(HANG_GUARD):
+        started = anyio.current_time()
+        assert await s.run(step) == 5
+        assert anyio.current_time() - started >= 1.2
+
+
 async def test_a_merge_fn_that_stalls_is_warned_about_then_resumes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

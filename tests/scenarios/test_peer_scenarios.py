@@ -269,10 +269,10 @@ async def test_s04_s05_swapped_order(size_b: int, fields: tuple[str, ...]) -> No
         ctx = context()
         if ctx.replica_id_in_sync_group == 0:
             await ctx.all_reduce("sum", a)  # @s04-r0-first
-            await ctx.all_reduce("sum", b)
+            await ctx.all_reduce("sum", b)  # @s04-r0-second
         else:
             await ctx.all_reduce("sum", b)  # @s04-r1-first
-            await ctx.all_reduce("sum", a)
+            await ctx.all_reduce("sum", a)  # @s04-r1-second
 
     error = await fails(s, step, ar.CollectiveMismatchError)
     assert error.position == 0
@@ -286,6 +286,14 @@ async def test_s04_s05_swapped_order(size_b: int, fields: tuple[str, ...]) -> No
         f"replica 0 called all_reduce(SUM) on float32[4] at {at('s04-r0-first')}",
         f"replica 1 called all_reduce(SUM) on float32[{size_b}] at {at('s04-r1-first')}",
     ]
+    # Told as a swap (each branch goes on with the other's call), not as an extra call.
+    assert (
+        f"replica 1 issues the same collectives as replica 0 in a different order: replica 1 calls "
+        f"{at('s04-r1-first')} then {at('s04-r1-second')} (the same call as {at('s04-r0-first')}); "
+        f"replica 0 calls {at('s04-r0-first')} then {at('s04-r0-second')} (the same call as "
+        f"{at('s04-r1-first')})."
+    ) in str(error).splitlines()
+    assert "extra collective" not in str(error)
     await assert_usable(s)
 
 

@@ -60,6 +60,9 @@ with tempfile.TemporaryDirectory() as tmp:
     print(error)  # 1. the error message
     assert error.position == 1
     assert error.fields == ("call site",)
+    assert "replica 1 issues the same collectives as replicas 0, 2 in a different order" in str(
+        error
+    )
 
     summary = asyncreplica_cli("trace", "summarize", path)  # 2. the summary
     print(summary)

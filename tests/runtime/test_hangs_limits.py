@@ -1,0 +1,101 @@
+"""What docs/hangs.md says asyncreplica cannot catch behaves as the page says.
+
+Each test pins one sentence of "What asyncreplica cannot catch": if a later change
+catches the case, the test fails and the page must move it to what is caught.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import asyncreplica as ar
+
+
+def test_a_plain_merge_fn_that_blocks_holds_the_loop_and_no_timeout_fires() -> None:
+    # "The same holds for a plain (not async) merge_fn that blocks: it runs on the loop,
+    # so neither the stall warning nor timeout_seconds can fire while it runs."
+    s = ar.MirroredStrategy(
+        ["CPU:0", "CPU:1"],
+        communication_options=ar.CommunicationOptions(timeout_seconds=0.05),
+        stall_warning_seconds=0.01,
+    )
+
+    def merge_fn(strategy: ar.Strategy, value: object) -> float:
+        time.sleep(0.3)  # blocking on purpose: it holds the whole loop
+        return 7.0
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(merge_fn, args=(1.0,))
+
+    started = time.perf_counter()
+    result = asyncio.run(s.run(step))
+    assert time.perf_counter() - started >= 0.3
+    assert result == 7.0  # the same object for every replica: not wrapped
+
+
+def test_a_thread_a_replica_awaits_keeps_running_after_the_run_failed() -> None:
+    # "A thread that never finishes is a case for timeout_seconds, and the thread keeps
+    # running after the run is cancelled."
+    s = ar.MirroredStrategy(
+        ["CPU:0", "CPU:1"], communication_options=ar.CommunicationOptions(timeout_seconds=0.05)
+    )
+    release = threading.Event()
+    running = threading.Event()
+
+    def blocked() -> float:
+        running.set()
+        release.wait(timeout=30)  # hang guard
+        return 1.0
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        value = 1.0
+        if ctx.replica_id_in_sync_group == 1:
+            value = await asyncio.to_thread(blocked)
+        return await ctx.all_reduce("sum", np.float64(value))
+
+    async def main() -> bool:
+        with pytest.raises(ar.CollectiveTimeoutError) as info:
+            await s.run(step)
+        assert info.value.missing == {1}
+        alive = running.is_set() and not release.is_set()
+        release.set()  # let asyncio.run's executor shutdown join the thread
+        return alive
+
+    assert asyncio.run(main())
+
+
+def test_helper_tasks_started_from_different_lines_in_swapped_order_look_alike() -> None:
+    # "A collective issued inside a task the replica started has the call path of that
+    # task's own coroutine [...] so two such tasks started from different lines in a
+    # different order per replica look alike": they pair silently, a with b.
+    s = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+
+    async def helper(value: float) -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", np.float64(value))
+
+    async def step() -> tuple[object, object]:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if ctx.replica_id_in_sync_group == 0:
+            a = await asyncio.create_task(helper(1.0))
+            b = await asyncio.create_task(helper(10.0))
+        else:
+            b = await asyncio.create_task(helper(10.0))
+            a = await asyncio.create_task(helper(1.0))
+        return a, b
+
+    a, b = asyncio.run(s.run(step))
+    # Replica 0's a (1) paired with replica 1's b (10): 11 everywhere, no error.
+    assert [float(v) for v in s.experimental_local_results(a)] == [11.0, 11.0]
+    assert [float(v) for v in s.experimental_local_results(b)] == [11.0, 11.0]
