@@ -89,9 +89,6 @@ KNOWN_BROKEN_MPI: set[str] = {
     # differ in an outer frame (their helper's caller), swapped on one process, pair
     # silently (found again by the MPI property test, also through merge_call).
     "swap",
-    # "Integer MEAN overflows", across processes: the MPI backend sums int8 in int8
-    # (MPI.SUM) before dividing: MEAN of int8 100 and 101 on two processes is -27.5.
-    "int_mean",
     # Found by the MPI property test: with a new MultiWorkerMirroredStrategy per program
     # (after failed runs), `mpiexec -n 3` never exits although every rank finished
     # (tests/mpi/programs/properties.py 10 5); a launch then reuses one strategy.

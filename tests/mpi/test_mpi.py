@@ -312,6 +312,14 @@ def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: 
     _every_rank_finishes(n, "values.py", tmp_path)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_integer_mean_equals_one_process_bits(n: int, tmp_path: Path) -> None:
+    # MEAN of integers whose sum overflows their dtype (int8, big-endian int32, int64 and
+    # uint64 near their limits): all_reduce on every path, reduce_scatter and
+    # strategy.reduce give exactly the one-process MirroredStrategy's float64 bits.
+    _every_rank_finishes(n, "int_mean.py", tmp_path)
+
+
 def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
     # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
     # second run is refused before it issues anything, on every process; the first
