@@ -476,7 +476,8 @@ def _exact_partial(
             h, lo = h.sum(axis=axis, dtype=np.int64), lo.sum(axis=axis, dtype=np.int64)
         high = h if high is None else high + h
         low = lo if low is None else low + lo
-    assert high is not None and low is not None
+    assert high is not None
+    assert low is not None
     return _native(np.asarray(high)), _native(np.asarray(low))
 
 
