@@ -373,6 +373,8 @@ class MPIProcessGroup(ProcessGroup):
         self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
+        # The details of the exchange that ended the current run on every process.
+        self._ended: list[dict[str, Any]] | None = None
         self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
@@ -807,6 +809,12 @@ class MPIProcessGroup(ProcessGroup):
         """
         if self._departed or self._broken is not None:
             self._check_usable()
+        if self._ended is not None and self._running and status is Status.COLLECTIVE:
+            # This run already ended on every process, at an exchange they all saw
+            # differ: no peer posts another exchange in it, so neither may this process
+            # (another replica's collective, queued behind that exchange, would pair
+            # with the peers' next run and leave the processes out of step).
+            self._raise_for(self._ended)
         deadline = None if self.timeout is None else anyio.current_time() + self.timeout
         pending = self._pending = (position, detail)
         if not self._number & _DRAIN_EVERY:
@@ -846,6 +854,8 @@ class MPIProcessGroup(ProcessGroup):
             ) from None
         # Every process sees the same details and raises: the run ends everywhere.
         self._run_ended = True
+        if self._running:
+            self._ended = details
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
@@ -956,6 +966,7 @@ class MPIProcessGroup(ProcessGroup):
         self._check_usable()
         self._running = True
         self._run_ended = False
+        self._ended = None
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
     # exchanges and their data must leave every process in the same order.
