@@ -81,10 +81,6 @@ KNOWN_BROKEN_MPI: set[str] = {
     # differ in an outer frame (their helper's caller), swapped on one process, pair
     # silently (found again by the MPI property test, also through merge_call).
     "swap",
-    # Found by the MPI property test: with a new MultiWorkerMirroredStrategy per program
-    # (after failed runs), `mpiexec -n 3` never exits although every rank finished
-    # (tests/mpi/programs/properties.py 10 5); a launch then reuses one strategy.
-    "many_strategies",
 }
 
 

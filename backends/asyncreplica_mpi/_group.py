@@ -24,7 +24,6 @@ import logging
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -96,7 +95,11 @@ _MAX_CACHED = 4096
 
 # The last uncaught exception (from sys.excepthook), told to peers at exit.
 _uncaught: list[str] = []
-_groups: weakref.WeakSet[MPIProcessGroup] = weakref.WeakSet()
+# Every group this process created, held until exit (not weakly): the goodbye at exit is
+# an exchange on each group, so every process must say it on every group, whether or
+# not its own strategy object is still referenced (one process may have collected a
+# strategy that another still holds, say in an exception's traceback).
+_groups: list[MPIProcessGroup] = []
 _hooked = False
 
 
@@ -400,7 +403,7 @@ class MPIProcessGroup(ProcessGroup):
             # (creating it is collective, like this constructor).
             with contextlib.suppress(NotImplementedError):
                 self._gather = self._ctl.Allgather_init(self._send, self._recv)
-        _groups.add(self)
+        _groups.append(self)
 
     def wrap(self, local: Backend) -> Backend:
         """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes."""

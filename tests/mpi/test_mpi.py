@@ -328,6 +328,16 @@ def test_the_run_after_a_failed_one_starts_in_step(n: int, tmp_path: Path) -> No
     _every_rank_finishes(n, "rerun.py", tmp_path)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_job_exits_when_some_processes_dropped_their_strategies(
+    n: int, tmp_path: Path
+) -> None:
+    # Process 0 keeps three strategies, the others drop theirs: the goodbye at exit is
+    # an exchange on every group, so every process must still say it on each (the
+    # hang guard of launch() fails the test otherwise).
+    _every_rank_finishes(n, "dropped.py", tmp_path)
+
+
 def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
     # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
     # second run is refused before it issues anything, on every process; the first
