@@ -338,6 +338,14 @@ def test_the_job_exits_when_some_processes_dropped_their_strategies(
     _every_rank_finishes(n, "dropped.py", tmp_path)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_named_collectives_from_helper_tasks_on_every_process(n: int, tmp_path: Path) -> None:
+    # A replica's helper tasks (task group, asyncio.gather) were watched under its
+    # global id, so on process 1 and later the wait-cycle check never saw them and
+    # reported a cycle for a correct named pair.
+    _every_rank_finishes(n, "named_tasks.py", tmp_path)
+
+
 def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
     # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
     # second run is refused before it issues anything, on every process; the first
