@@ -1336,11 +1336,23 @@ class TraceMerger:
                                     f" {rest}" if rest else ""
                                 )
                 events.append(event)
+        # A process that began tracing before rank 0 (or a barrier left a little later
+        # there) has events before rank 0's origin: the whole trace moves so that its
+        # earliest event is at 0 (timestamps are never negative; offsets are kept).
+        start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
+        moved = max(0.0, -float(start))
+        if moved:
+            for event in events:
+                if isinstance(event.get("ts"), int | float):
+                    event["ts"] = round(event["ts"] + moved, 3)
         merged = dict(docs[0])
         merged["traceEvents"] = events
+        clock = "microseconds since rank 0's origin"
+        if moved:
+            clock = f"microseconds since {moved:g} us before rank 0's origin"
         merged["otherData"] = {
             **docs[0].get("otherData", {}),
-            "clock": ("microseconds since rank 0's origin; other ranks aligned at an MPI barrier"),
+            "clock": f"{clock}; other ranks aligned at an MPI barrier",
             "processes": [doc.get("otherData", {}) for doc in docs],
             "mpi_world_size": size,
         }

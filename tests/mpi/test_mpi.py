@@ -211,6 +211,15 @@ def test_trace_is_merged_by_rank_0_with_global_replica_ids(tmp_path: Path) -> No
     assert "3 replicas, 3 collectives in 1 run" in summarize(path)
 
 
+def test_a_merged_trace_never_has_negative_timestamps(tmp_path: Path) -> None:
+    # Process 1's events precede rank 0's origin by about 1 s once aligned: the merged
+    # trace moves as a whole so that its earliest event is at 0 (offsets kept).
+    rc, logs, output = launch(2, "trace_shift.py", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert logs[0] == "ok\ndone\n", output
+    assert logs[1] == "done\n", output
+
+
 def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     # Process 1 never reaches the collective; process 0 gives up after timeout_seconds,
     # and, the processes being out of step, its exit hook aborts the whole job.
