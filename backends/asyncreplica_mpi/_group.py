@@ -474,6 +474,19 @@ class MPIProcessGroup(ProcessGroup):
                 "asyncreplica received a malformed message from another process: the "
                 "processes' communicators are out of step. Restart the job."
             )
+        numbers = self._heads[:, HEADER_WORDS - 1]
+        if (numbers != numbers[0]).any():
+            # Every process sees the same headers, so every one raises this, at once:
+            # pairing exchanges of different numbers would report a false disagreement.
+            self._broken = "they made different numbers of exchanges"
+            made = ", ".join(f"process {r}: {int(n)}" for r, n in enumerate(numbers))
+            raise BackendError(
+                "The processes of this MultiWorkerMirroredStrategy are out of step: they "
+                f"made different numbers of exchanges before this one ({made}), so "
+                "their collectives can no longer be matched. This is a bug in asyncreplica "
+                "or a process that used the strategy's communicators directly; restart the "
+                "job (the exit hook ends it)."
+            )
         detail = {
             **detail,
             "rank": self.rank,
@@ -1204,7 +1217,12 @@ class MPIProcessGroup(ProcessGroup):
         if request is not None:
             request.Wait()
             if not self._unanimous():
-                details = self._drive_blocking(self._details(Status.EXITED, None, detail))
+                try:
+                    details = self._drive_blocking(self._details(Status.EXITED, None, detail))
+                except BackendError as exc:  # out of step: nothing can be matched
+                    print(f"asyncreplica: process {self.rank}: {exc}", file=sys.stderr, flush=True)
+                    MPI.COMM_WORLD.Abort(1)
+                    return
         if details is not None:
             waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
             if waiting:

@@ -355,6 +355,20 @@ def test_named_collectives_from_helper_tasks_on_every_process(n: int, tmp_path: 
     _every_rank_finishes(n, "named_tasks.py", tmp_path)
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_processes_out_of_step_say_so_on_every_process(n: int, tmp_path: Path) -> None:
+    # The last process is one exchange ahead (simulated): every process raises the same
+    # BackendError naming each one's exchange count, never a false mismatch, and the
+    # exit hook ends the job.
+    rc, logs, output = launch(n, "out_of_step.py", tmp_path=tmp_path)
+    assert rc != 0, output
+    counts = ", ".join(f"process {r}: {2 if r < n - 1 else 3}" for r in range(n))
+    for rank in range(n):
+        assert logs[rank].startswith("raised BackendError\n"), logs[rank]
+        assert "The processes of this MultiWorkerMirroredStrategy are out of step" in logs[rank]
+        assert f"different numbers of exchanges before this one ({counts})" in logs[rank]
+
+
 def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:
     # asyncio.gather(s.run(a), s.run(b)) on one MultiWorkerMirroredStrategy: the
     # second run is refused before it issues anything, on every process; the first
