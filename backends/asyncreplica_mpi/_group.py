@@ -363,6 +363,7 @@ class MPIProcessGroup(ProcessGroup):
         self._sends: list[Any] = []
         self._agreed = False  # the current collective's agreement is made
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        self._failed_peers: set[int] = set()  # peers that told us they failed
         # What the current exchange agrees on, and the last one every process made:
         # (position or None, detail), formatted only for messages.
         self._pending: tuple[Hashable, dict[str, Any]] | None = None
@@ -663,8 +664,10 @@ class MPIProcessGroup(ProcessGroup):
                         k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
                     }
                 self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
-            elif kind == "failed" and self._peer_failure is None:
-                self._peer_failure = note
+            elif kind == "failed":
+                self._failed_peers.add(source)  # it waits for no ack from us at exit
+                if self._peer_failure is None:
+                    self._peer_failure = note
             elif kind == "ack":
                 self._acks.add(source)
         failure = self._peer_failure
@@ -673,27 +676,41 @@ class MPIProcessGroup(ProcessGroup):
 
     def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
         rank = int(failure["rank"])
+        timeout = failure.get("timeout")
         if self._broken is None:
-            self._broken = f"process {rank} failed after the processes agreed on a collective"
+            self._broken = (
+                f"process {rank} timed out waiting for the others"
+                if timeout is not None
+                else f"process {rank} failed after the processes agreed on a collective"
+            )
         self._run_ended = True
         what = failure.get("what") or "a collective"
+        first = (
+            f"Process {rank} failed while moving the data of {what}, after every process "
+            "had agreed on it, so this collective cannot complete on any process."
+        )
+        if timeout is not None:
+            first = (
+                f"Process {rank} timed out after {timeout:g} s waiting for the other "
+                f"processes at {what}, so no collective can complete on any process any more."
+            )
         lines = [
-            (
-                f"Process {rank} failed while moving the data of {what}, after every process "
-                "had agreed on it, so this collective cannot complete on any process."
-            ),
+            first,
             "",
             f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
         ]
         for r in range(self.size):
-            if r != rank:
+            if r != rank and timeout is None:
                 lines.append(f"  * {self._process(r)} waited for its data")
         lines += [
             "",
             (
-                "A process that fails after an agreement leaves the others inside the data "
-                "transfer: the processes are now out of step and the job cannot continue "
-                "(the exit hook ends the MPI job)."
+                "A process that times out leaves the processes out of step: the job cannot "
+                "continue (the exit hook ends the MPI job)."
+                if timeout is not None
+                else "A process that fails after an agreement leaves the others inside the "
+                "data transfer: the processes are now out of step and the job cannot "
+                "continue (the exit hook ends the MPI job)."
             ),
             "Look at the failing process's own error (it is raised there, with its traceback).",
             "See docs/errors.md#replicaexitederror in the asyncreplica documentation.",
@@ -727,8 +744,12 @@ class MPIProcessGroup(ProcessGroup):
         self._broken = "this process failed after the processes agreed on a collective"
         self._failed_here = True
         self._run_ended = True
+        self._tell_peers(self._failure_note(error))
+
+    def _failure_note(self, error: BaseException) -> dict[str, Any]:
+        """The note that tells the peers this process failed at its pending exchange."""
         position = None if self._pending is None else self._pending[0]
-        note: dict[str, Any] = {
+        return {
             "kind": "failed",
             "error": describe_exception(error),
             "what": _exchange_text(self._pending),
@@ -737,7 +758,6 @@ class MPIProcessGroup(ProcessGroup):
             else (position[1] if isinstance(position, tuple) else 0),
             "name": position[0] if isinstance(position, tuple) else None,
         }
-        self._tell_peers(note)
 
     async def wait_data(self, request: Any) -> None:
         """Wait for a posted data transfer (the caller shields it), watching for failures."""
@@ -855,7 +875,7 @@ class MPIProcessGroup(ProcessGroup):
                 fields = {**fields, "position": key_text(position)}
             self._broken = "a cross-process exchange timed out"
             what = "" if fields is None else f" at their {fields['position']}"
-            raise CollectiveTimeoutError(
+            error = CollectiveTimeoutError(
                 0,
                 float(self.timeout or 0),
                 {},
@@ -867,7 +887,13 @@ class MPIProcessGroup(ProcessGroup):
                     "delays every other one. The processes are now out of step: the job "
                     "cannot continue."
                 ),
-            ) from None
+            )
+            # The peers that still wait (they may have started waiting a little later,
+            # or wait elsewhere) raise at once, with this cause, instead of being ended
+            # by this process's exit hook before they can report anything.
+            self._failed_here = True
+            self._tell_peers({**self._failure_note(error), "timeout": self.timeout})
+            raise error from None
         # Every process sees the same details and raises: the run ends everywhere.
         self._run_ended = True
         if self._running:
@@ -1172,7 +1198,9 @@ class MPIProcessGroup(ProcessGroup):
         """
         if self._failed_here:
             until = time.monotonic() + _ACK_SECONDS
-            while len(self._acks) < self.size - 1 and time.monotonic() < until:
+            while len(self._acks | self._failed_peers) < self.size - 1 and (
+                time.monotonic() < until
+            ):
                 with contextlib.suppress(ReplicaExitedError):
                     self._read_notes()
                 time.sleep(1e-3)

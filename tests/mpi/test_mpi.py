@@ -233,6 +233,21 @@ def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     assert logs[1] == ""
 
 
+def test_a_timeout_is_told_to_the_processes_still_waiting(tmp_path: Path) -> None:
+    # Process 0 times out first; process 1 (arrived later) and process 2 (busy) raise
+    # with process 0's cause instead of being ended by its exit hook first.
+    rc, logs, output = launch(3, "timeout_peers.py", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[0].startswith("raised CollectiveTimeoutError\n"), output
+    for rank in (1, 2):
+        assert logs[rank].startswith(
+            "raised ReplicaExitedError\nProcess 0 timed out after "
+            "0.5 s waiting for the other processes at the 1st "
+            "collective"
+        ), output
+        assert "process 0 (replica 0) failed: CollectiveTimeoutError" in logs[rank]
+
+
 def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
     _mpiexec()  # skips when there is none
     out = tmp_path / "mpi.json"
@@ -338,9 +353,7 @@ def test_the_run_after_a_failed_one_starts_in_step(n: int, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("n", [2, 3])
-def test_the_job_exits_when_some_processes_dropped_their_strategies(
-    n: int, tmp_path: Path
-) -> None:
+def test_the_job_exits_when_some_processes_dropped_their_strategies(n: int, tmp_path: Path) -> None:
     # Process 0 keeps three strategies, the others drop theirs: the goodbye at exit is
     # an exchange on every group, so every process must still say it on each (the
     # hang guard of launch() fails the test otherwise).
