@@ -77,25 +77,10 @@ KNOWN_BROKEN_MPI: set[str] = {
     "byteorder",
     # "0-d broadcast under MPI comes back with shape (1,) instead of ()".
     "broadcast_0d",
-    # Found by the MPI property test: a run with named collectives that fails across
-    # processes (an extra and a changed step beside a named pair) leaves the processes
-    # out of step, so the strategy's next, correct run raises "Processes disagree about
-    # their 1st collective" (ASYNCREPLICA_MPI_KNOWN_BROKEN='["byteorder","broadcast_0d",
-    # "swap","int_mean","many_strategies"]' mpiexec -n 2 python
-    # tests/mpi/programs/properties.py 11 3: seed 12). Deadlock messages there also name
-    # local replica ids ("Global replica ids under MPI").
-    "named",
     # "Call paths across processes compare only the innermost frame": two steps that
     # differ in an outer frame (their helper's caller), swapped on one process, pair
     # silently (found again by the MPI property test, also through merge_call).
     "swap",
-    # "Integer MEAN overflows", across processes: the MPI backend sums int8 in int8
-    # (MPI.SUM) before dividing: MEAN of int8 100 and 101 on two processes is -27.5.
-    "int_mean",
-    # Found by the MPI property test: with a new MultiWorkerMirroredStrategy per program
-    # (after failed runs), `mpiexec -n 3` never exits although every rank finished
-    # (tests/mpi/programs/properties.py 10 5); a launch then reuses one strategy.
-    "many_strategies",
 }
 
 

@@ -244,7 +244,7 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
         return
     run = mode.replica._run
     if run is not None and not run.closed:
-        run.watch.adopt(mode.replica.replica_id_in_sync_group, task)
+        run.watch.adopt(mode.replica._replica_id, task)  # the local index, as started()
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
 

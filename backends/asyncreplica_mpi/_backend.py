@@ -234,6 +234,8 @@ class MPIBackend(Backend):
     ) -> list[list[object]]:
         """Combine every replica's leaves across all processes (see the module docstring)."""
         _no_sparse(values, "all_reduce")
+        if op is ReduceOp.MEAN and values and any(_integer(leaf) for leaf in values[0]):
+            return await self._exact_mean(values, bytes_per_pack)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
@@ -245,6 +247,43 @@ class MPIBackend(Backend):
             for c in combined:
                 c.flags.writeable = False  # a new array, or a new view of a pooled buffer
         return [[c.view() for c in combined] for _ in values]  # read-only, as c is
+
+    async def _exact_mean(
+        self, values: Sequence[Sequence[object]], bytes_per_pack: int
+    ) -> list[list[object]]:
+        """MEAN with integer leaves: exact sums across processes, divided and rounded once.
+
+        Each integer leaf travels as its two 32-bit halves in int64 (see :func:`_halves`),
+        summed exactly by the local backend and across processes; the mean is then the
+        exact total over the global replica count, rounded once to float64: the bits one
+        process computes for the same global replicas. Other leaves are summed and divided
+        as for any MEAN.
+        """
+        integer = [_integer(leaf) for leaf in values[0]]
+        split = [
+            [part for leaf, i in zip(replica, integer, strict=True) for part in _split(leaf, i)]
+            for replica in values
+        ]
+        local = await self.inner.all_reduce(ReduceOp.SUM, split, bytes_per_pack=bytes_per_pack)
+        leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
+        sums = await self._combine_inline(ReduceOp.SUM, leaves)
+        if sums is None:
+            with self.group.committed():
+                await self.group.settle()
+                sums = await self._combine_leaves(ReduceOp.SUM, leaves)
+        count = self.group.num_replicas
+        out: list[np.ndarray[Any, Any]] = []
+        k = 0
+        for is_int in integer:
+            if is_int:
+                mean = _exact_quotient(sums[k], sums[k + 1], count)
+                k += 2
+            else:
+                mean = np.asarray(np.true_divide(sums[k], count))
+                k += 1
+            mean.flags.writeable = False
+            out.append(mean)
+        return [[m.view() for m in out] for _ in values]
 
     async def _combine_inline(
         self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
@@ -351,9 +390,6 @@ class MPIBackend(Backend):
         fields = cross_fields("reduce", op, axis, specs[:1])
 
         async def work() -> object:
-            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-            partial = _native(np.asarray(await self.inner.reduce(local_op, components, axis)))
-            result = (await self._combine_leaves(local_op, [partial]))[0]
             if op is ReduceOp.MEAN:
                 if axis is None:
                     count = len(components)
@@ -361,8 +397,19 @@ class MPIBackend(Backend):
                     count = sum(
                         int(np.prod([s.shape[a] for a in axis], dtype=np.int64)) for s in specs
                     )
-                total = await self._combine(ReduceOp.SUM, np.array([count], np.int64))
-                result = np.true_divide(result, int(total[0]))
+            if op is ReduceOp.MEAN and components and _integer(components[0]):
+                # Exact: each process's exact sum as two int64 halves (see _halves).
+                high, low = _exact_partial(components, axis)
+                sums = await self._combine_leaves(ReduceOp.SUM, [high, low])
+                total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
+                with np.errstate(invalid="ignore", divide="ignore"):  # no elements: nan
+                    return _exact_quotient(sums[0], sums[1], total)
+            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+            partial = _native(np.asarray(await self.inner.reduce(local_op, components, axis)))
+            result = (await self._combine_leaves(local_op, [partial]))[0]
+            if op is ReduceOp.MEAN:
+                total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
+                result = np.true_divide(result, total)
             return np.array(result)
 
         return await self.group.cross(fields, work)
@@ -381,6 +428,77 @@ class MPIBackend(Backend):
     async def aclose(self) -> None:
         """Close the local backend."""
         await self.inner.aclose()
+
+
+def _integer(leaf: object) -> bool:
+    """Whether ``leaf`` holds integers (whose MEAN is exact, see :func:`_halves`)."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None:
+        dtype = np.asarray(leaf).dtype
+    return bool(dtype.kind in "iu")
+
+
+_HALF = 32
+_LOW = (1 << _HALF) - 1
+
+
+def _halves(array: np.ndarray[Any, Any]) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """An integer array as two int64 arrays ``(high, low)``: ``x == high * 2**32 + low``.
+
+    ``high`` is below 2**32 in magnitude and ``0 <= low < 2**32``, so sums of up to 2**31
+    of them are exact in int64: an exact integer sum travels between processes as two
+    int64 sums, whatever the input dtype (uint64 included).
+    """
+    if array.dtype.kind == "u" and array.dtype.itemsize == 8:
+        wide = np.asarray(array, np.uint64)
+        return (wide >> np.uint64(_HALF)).astype(np.int64), (wide & np.uint64(_LOW)).astype(
+            np.int64
+        )
+    wide = np.asarray(array, np.int64)
+    return wide >> _HALF, wide & _LOW
+
+
+def _split(leaf: object, integer: bool) -> tuple[object, ...]:
+    if not integer:
+        return (leaf,)
+    return _halves(np.asarray(leaf))
+
+
+def _exact_partial(
+    components: Sequence[object], axis: tuple[int, ...] | None
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """This process's exact sum of integer ``components`` (over ``axis`` too), as halves."""
+    high: np.ndarray[Any, Any] | None = None
+    low: np.ndarray[Any, Any] | None = None
+    for component in components:
+        h, lo = _halves(np.asarray(component))
+        if axis is not None:
+            h, lo = h.sum(axis=axis, dtype=np.int64), lo.sum(axis=axis, dtype=np.int64)
+        high = h if high is None else high + h
+        low = lo if low is None else low + lo
+    assert high is not None
+    assert low is not None
+    return _native(np.asarray(high)), _native(np.asarray(low))
+
+
+def _exact_quotient(
+    high: np.ndarray[Any, Any], low: np.ndarray[Any, Any], count: int
+) -> np.ndarray[Any, Any]:
+    """``(high * 2**32 + low) / count`` per element, rounded once to float64 (a new array).
+
+    Totals below 2**53 in magnitude are exact in int64 and float64, where one division
+    rounds correctly; larger ones are divided as Python integers (also correctly
+    rounded), as the numpy backend's MEAN of integers does: the same bits either way.
+    """
+    high = np.asarray(high, np.int64)
+    low = np.asarray(low, np.int64)
+    small = not high.size or (int(np.abs(high).max()) < (1 << 20) and int(low.max()) < (1 << 52))
+    if small or not count:
+        total = high * (1 << _HALF) + low  # |total| < 2**53
+        return np.asarray(np.true_divide(total, count, dtype=np.float64))
+    exact = high.astype(object) * (1 << _HALF) + low.astype(object)
+    means = [int(t) / count for t in np.asarray(exact, dtype=object).ravel().tolist()]
+    return np.array(means, dtype=np.float64).reshape(high.shape)
 
 
 def _no_sparse(values: Sequence[Sequence[object]], what: str) -> None:

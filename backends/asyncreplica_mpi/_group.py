@@ -24,7 +24,6 @@ import logging
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -96,7 +95,11 @@ _MAX_CACHED = 4096
 
 # The last uncaught exception (from sys.excepthook), told to peers at exit.
 _uncaught: list[str] = []
-_groups: weakref.WeakSet[MPIProcessGroup] = weakref.WeakSet()
+# Every group this process created, held until exit (not weakly): the goodbye at exit is
+# an exchange on each group, so every process must say it on every group, whether or
+# not its own strategy object is still referenced (one process may have collected a
+# strategy that another still holds, say in an exception's traceback).
+_groups: list[MPIProcessGroup] = []
 _hooked = False
 
 
@@ -360,6 +363,7 @@ class MPIProcessGroup(ProcessGroup):
         self._sends: list[Any] = []
         self._agreed = False  # the current collective's agreement is made
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        self._failed_peers: set[int] = set()  # peers that told us they failed
         # What the current exchange agrees on, and the last one every process made:
         # (position or None, detail), formatted only for messages.
         self._pending: tuple[Hashable, dict[str, Any]] | None = None
@@ -373,6 +377,8 @@ class MPIProcessGroup(ProcessGroup):
         self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
         self._run_ended = True  # no run in progress
+        # The details of the exchange that ended the current run on every process.
+        self._ended: list[dict[str, Any]] | None = None
         self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
@@ -398,7 +404,7 @@ class MPIProcessGroup(ProcessGroup):
             # (creating it is collective, like this constructor).
             with contextlib.suppress(NotImplementedError):
                 self._gather = self._ctl.Allgather_init(self._send, self._recv)
-        _groups.add(self)
+        _groups.append(self)
 
     def wrap(self, local: Backend) -> Backend:
         """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes."""
@@ -468,6 +474,19 @@ class MPIProcessGroup(ProcessGroup):
             raise BackendError(
                 "asyncreplica received a malformed message from another process: the "
                 "processes' communicators are out of step. Restart the job."
+            )
+        numbers = self._heads[:, HEADER_WORDS - 1]
+        if (numbers != numbers[0]).any():
+            # Every process sees the same headers, so every one raises this, at once:
+            # pairing exchanges of different numbers would report a false disagreement.
+            self._broken = "they made different numbers of exchanges"
+            made = ", ".join(f"process {r}: {int(n)}" for r, n in enumerate(numbers))
+            raise BackendError(
+                "The processes of this MultiWorkerMirroredStrategy are out of step: they "
+                f"made different numbers of exchanges before this one ({made}), so "
+                "their collectives can no longer be matched. This is a bug in asyncreplica "
+                "or a process that used the strategy's communicators directly; restart the "
+                "job (the exit hook ends it)."
             )
         detail = {
             **detail,
@@ -645,8 +664,10 @@ class MPIProcessGroup(ProcessGroup):
                         k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
                     }
                 self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
-            elif kind == "failed" and self._peer_failure is None:
-                self._peer_failure = note
+            elif kind == "failed":
+                self._failed_peers.add(source)  # it waits for no ack from us at exit
+                if self._peer_failure is None:
+                    self._peer_failure = note
             elif kind == "ack":
                 self._acks.add(source)
         failure = self._peer_failure
@@ -655,27 +676,41 @@ class MPIProcessGroup(ProcessGroup):
 
     def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
         rank = int(failure["rank"])
+        timeout = failure.get("timeout")
         if self._broken is None:
-            self._broken = f"process {rank} failed after the processes agreed on a collective"
+            self._broken = (
+                f"process {rank} timed out waiting for the others"
+                if timeout is not None
+                else f"process {rank} failed after the processes agreed on a collective"
+            )
         self._run_ended = True
         what = failure.get("what") or "a collective"
+        first = (
+            f"Process {rank} failed while moving the data of {what}, after every process "
+            "had agreed on it, so this collective cannot complete on any process."
+        )
+        if timeout is not None:
+            first = (
+                f"Process {rank} timed out after {timeout:g} s waiting for the other "
+                f"processes at {what}, so no collective can complete on any process any more."
+            )
         lines = [
-            (
-                f"Process {rank} failed while moving the data of {what}, after every process "
-                "had agreed on it, so this collective cannot complete on any process."
-            ),
+            first,
             "",
             f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
         ]
         for r in range(self.size):
-            if r != rank:
+            if r != rank and timeout is None:
                 lines.append(f"  * {self._process(r)} waited for its data")
         lines += [
             "",
             (
-                "A process that fails after an agreement leaves the others inside the data "
-                "transfer: the processes are now out of step and the job cannot continue "
-                "(the exit hook ends the MPI job)."
+                "A process that times out leaves the processes out of step: the job cannot "
+                "continue (the exit hook ends the MPI job)."
+                if timeout is not None
+                else "A process that fails after an agreement leaves the others inside the "
+                "data transfer: the processes are now out of step and the job cannot "
+                "continue (the exit hook ends the MPI job)."
             ),
             "Look at the failing process's own error (it is raised there, with its traceback).",
             "See docs/errors.md#replicaexitederror in the asyncreplica documentation.",
@@ -709,8 +744,12 @@ class MPIProcessGroup(ProcessGroup):
         self._broken = "this process failed after the processes agreed on a collective"
         self._failed_here = True
         self._run_ended = True
+        self._tell_peers(self._failure_note(error))
+
+    def _failure_note(self, error: BaseException) -> dict[str, Any]:
+        """The note that tells the peers this process failed at its pending exchange."""
         position = None if self._pending is None else self._pending[0]
-        note: dict[str, Any] = {
+        return {
             "kind": "failed",
             "error": describe_exception(error),
             "what": _exchange_text(self._pending),
@@ -719,7 +758,6 @@ class MPIProcessGroup(ProcessGroup):
             else (position[1] if isinstance(position, tuple) else 0),
             "name": position[0] if isinstance(position, tuple) else None,
         }
-        self._tell_peers(note)
 
     async def wait_data(self, request: Any) -> None:
         """Wait for a posted data transfer (the caller shields it), watching for failures."""
@@ -807,6 +845,12 @@ class MPIProcessGroup(ProcessGroup):
         """
         if self._departed or self._broken is not None:
             self._check_usable()
+        if self._ended is not None and self._running and status is Status.COLLECTIVE:
+            # This run already ended on every process, at an exchange they all saw
+            # differ: no peer posts another exchange in it, so neither may this process
+            # (another replica's collective, queued behind that exchange, would pair
+            # with the peers' next run and leave the processes out of step).
+            self._raise_for(self._ended)
         deadline = None if self.timeout is None else anyio.current_time() + self.timeout
         pending = self._pending = (position, detail)
         if not self._number & _DRAIN_EVERY:
@@ -831,7 +875,7 @@ class MPIProcessGroup(ProcessGroup):
                 fields = {**fields, "position": key_text(position)}
             self._broken = "a cross-process exchange timed out"
             what = "" if fields is None else f" at their {fields['position']}"
-            raise CollectiveTimeoutError(
+            error = CollectiveTimeoutError(
                 0,
                 float(self.timeout or 0),
                 {},
@@ -843,9 +887,17 @@ class MPIProcessGroup(ProcessGroup):
                     "delays every other one. The processes are now out of step: the job "
                     "cannot continue."
                 ),
-            ) from None
+            )
+            # The peers that still wait (they may have started waiting a little later,
+            # or wait elsewhere) raise at once, with this cause, instead of being ended
+            # by this process's exit hook before they can report anything.
+            self._failed_here = True
+            self._tell_peers({**self._failure_note(error), "timeout": self.timeout})
+            raise error from None
         # Every process sees the same details and raises: the run ends everywhere.
         self._run_ended = True
+        if self._running:
+            self._ended = details
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
@@ -956,6 +1008,7 @@ class MPIProcessGroup(ProcessGroup):
         self._check_usable()
         self._running = True
         self._run_ended = False
+        self._ended = None
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
     # exchanges and their data must leave every process in the same order.
@@ -1145,7 +1198,9 @@ class MPIProcessGroup(ProcessGroup):
         """
         if self._failed_here:
             until = time.monotonic() + _ACK_SECONDS
-            while len(self._acks) < self.size - 1 and time.monotonic() < until:
+            while len(self._acks | self._failed_peers) < self.size - 1 and (
+                time.monotonic() < until
+            ):
                 with contextlib.suppress(ReplicaExitedError):
                     self._read_notes()
                 time.sleep(1e-3)
@@ -1190,7 +1245,12 @@ class MPIProcessGroup(ProcessGroup):
         if request is not None:
             request.Wait()
             if not self._unanimous():
-                details = self._drive_blocking(self._details(Status.EXITED, None, detail))
+                try:
+                    details = self._drive_blocking(self._details(Status.EXITED, None, detail))
+                except BackendError as exc:  # out of step: nothing can be matched
+                    print(f"asyncreplica: process {self.rank}: {exc}", file=sys.stderr, flush=True)
+                    MPI.COMM_WORLD.Abort(1)
+                    return
         if details is not None:
             waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
             if waiting:
@@ -1322,11 +1382,23 @@ class TraceMerger:
                                     f" {rest}" if rest else ""
                                 )
                 events.append(event)
+        # A process that began tracing before rank 0 (or a barrier left a little later
+        # there) has events before rank 0's origin: the whole trace moves so that its
+        # earliest event is at 0 (timestamps are never negative; offsets are kept).
+        start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
+        moved = max(0.0, -float(start))
+        if moved:
+            for event in events:
+                if isinstance(event.get("ts"), int | float):
+                    event["ts"] = round(event["ts"] + moved, 3)
         merged = dict(docs[0])
         merged["traceEvents"] = events
+        clock = "microseconds since rank 0's origin"
+        if moved:
+            clock = f"microseconds since {moved:g} us before rank 0's origin"
         merged["otherData"] = {
             **docs[0].get("otherData", {}),
-            "clock": ("microseconds since rank 0's origin; other ranks aligned at an MPI barrier"),
+            "clock": f"{clock}; other ranks aligned at an MPI barrier",
             "processes": [doc.get("otherData", {}) for doc in docs],
             "mpi_world_size": size,
         }

@@ -211,6 +211,15 @@ def test_trace_is_merged_by_rank_0_with_global_replica_ids(tmp_path: Path) -> No
     assert "3 replicas, 3 collectives in 1 run" in summarize(path)
 
 
+def test_a_merged_trace_never_has_negative_timestamps(tmp_path: Path) -> None:
+    # Process 1's events precede rank 0's origin by about 1 s once aligned: the merged
+    # trace moves as a whole so that its earliest event is at 0 (offsets kept).
+    rc, logs, output = launch(2, "trace_shift.py", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert logs[0] == "ok\ndone\n", output
+    assert logs[1] == "done\n", output
+
+
 def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     # Process 1 never reaches the collective; process 0 gives up after timeout_seconds,
     # and, the processes being out of step, its exit hook aborts the whole job.
@@ -222,6 +231,21 @@ def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     # Process 1 blocks for ever in recv: the launch only ended because process 0's
     # exit hook aborted the job (its stderr line may be cut off by the abort itself).
     assert logs[1] == ""
+
+
+def test_a_timeout_is_told_to_the_processes_still_waiting(tmp_path: Path) -> None:
+    # Process 0 times out first; process 1 (arrived later) and process 2 (busy) raise
+    # with process 0's cause instead of being ended by its exit hook first.
+    rc, logs, output = launch(3, "timeout_peers.py", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert logs[0].startswith("raised CollectiveTimeoutError\n"), output
+    for rank in (1, 2):
+        assert logs[rank].startswith(
+            "raised ReplicaExitedError\nProcess 0 timed out after "
+            "0.5 s waiting for the other processes at the 1st "
+            "collective"
+        ), output
+        assert "process 0 (replica 0) failed: CollectiveTimeoutError" in logs[rank]
 
 
 def test_bench_mpi_quick_measures_ours_raw_and_checks(tmp_path: Path) -> None:
@@ -310,6 +334,52 @@ def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: 
     # the values and shapes a one-process MirroredStrategy gives, on every path:
     # inline, gathered, MPI Allreduce, all_gather and broadcast from every source.
     _every_rank_finishes(n, "values.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_integer_mean_equals_one_process_bits(n: int, tmp_path: Path) -> None:
+    # MEAN of integers whose sum overflows their dtype (int8, big-endian int32, int64 and
+    # uint64 near their limits): all_reduce on every path, reduce_scatter and
+    # strategy.reduce give exactly the one-process MirroredStrategy's float64 bits.
+    _every_rank_finishes(n, "int_mean.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_run_after_a_failed_one_starts_in_step(n: int, tmp_path: Path) -> None:
+    # A run fails across processes (a process raises, finishes early, or mismatches)
+    # while process 0 has a second named collective queued behind the failing exchange:
+    # that one makes no exchange of its own, so the strategy's next runs are correct.
+    _every_rank_finishes(n, "rerun.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_job_exits_when_some_processes_dropped_their_strategies(n: int, tmp_path: Path) -> None:
+    # Process 0 keeps three strategies, the others drop theirs: the goodbye at exit is
+    # an exchange on every group, so every process must still say it on each (the
+    # hang guard of launch() fails the test otherwise).
+    _every_rank_finishes(n, "dropped.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_named_collectives_from_helper_tasks_on_every_process(n: int, tmp_path: Path) -> None:
+    # A replica's helper tasks (task group, asyncio.gather) were watched under its
+    # global id, so on process 1 and later the wait-cycle check never saw them and
+    # reported a cycle for a correct named pair.
+    _every_rank_finishes(n, "named_tasks.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_processes_out_of_step_say_so_on_every_process(n: int, tmp_path: Path) -> None:
+    # The last process is one exchange ahead (simulated): every process raises the same
+    # BackendError naming each one's exchange count, never a false mismatch, and the
+    # exit hook ends the job.
+    rc, logs, output = launch(n, "out_of_step.py", tmp_path=tmp_path)
+    assert rc != 0, output
+    counts = ", ".join(f"process {r}: {2 if r < n - 1 else 3}" for r in range(n))
+    for rank in range(n):
+        assert logs[rank].startswith("raised BackendError\n"), logs[rank]
+        assert "The processes of this MultiWorkerMirroredStrategy are out of step" in logs[rank]
+        assert f"different numbers of exchanges before this one ({counts})" in logs[rank]
 
 
 def test_a_second_concurrent_run_is_refused_at_once(tmp_path: Path) -> None:

@@ -10,8 +10,8 @@ program of a launch may also make one process exit in the middle of its step, or
 the others' ``timeout_seconds``: the others must raise, not wait.
 
 What fails only across processes today is kept out of the draw by
-``random_programs.KNOWN_BROKEN_MPI`` (byte order, 0-d broadcast, named collectives, many
-strategies in one job): empty it as the fixes land.
+``random_programs.KNOWN_BROKEN_MPI`` (its comments say which issue item each waits for):
+empty it as the fixes land.
 
 CI runs 2 launches of ``ASYNCREPLICA_MPI_PROPERTY_SEEDS`` programs (default 12); set it
 higher (and ``ASYNCREPLICA_MPI_PROPERTY_LAUNCHES``) for a larger local run.
