@@ -72,16 +72,7 @@ KNOWN_BROKEN: set[str] = set()
 
 # The same, for what fails only across processes (tests/mpi/test_mpi_properties.py),
 # with the issue 14 item each one waits for:
-KNOWN_BROKEN_MPI: set[str] = {
-    # "Byte order across processes": '>i4' values reduce to byte-swapped numbers.
-    "byteorder",
-    # "0-d broadcast under MPI comes back with shape (1,) instead of ()".
-    "broadcast_0d",
-    # "Call paths across processes compare only the innermost frame": two steps that
-    # differ in an outer frame (their helper's caller), swapped on one process, pair
-    # silently (found again by the MPI property test, also through merge_call).
-    "swap",
-}
+KNOWN_BROKEN_MPI: set[str] = set()
 
 
 class Chooser(Protocol):
