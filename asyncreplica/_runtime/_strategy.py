@@ -310,8 +310,16 @@ class Strategy:
                     f"(found on process {group.rank} of {group.size}, which runs "
                     f"{format_replicas(range(self._replica_offset, last + 1))})"
                 )
+            elif isinstance(exc, CollectiveError):
+                # Found between processes: it reports this process's replicas.
+                exc.report = run.ledger.report()
             raise
-        await group.end_run(None)
+        try:
+            await group.end_run(None)
+        except CollectiveError as exc:
+            if exc.report is None:
+                exc.report = run.ledger.report()
+            raise
         return regroup(results, PerReplica, self._replica_offset)
 
     def _next_shuffle(self) -> random.Random | None:

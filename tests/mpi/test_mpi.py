@@ -429,7 +429,12 @@ def test_errors_inside_one_process_use_global_replica_ids(tmp_path: Path) -> Non
         "process 1 (replicas 2, 3) failed: ReplicaExitedError: Replica 3 finished after 1 "
         "collective, but replica 2 is waiting"
     ) in logs[0]
-    assert _attributes(logs[0]) == {"replica_id": 2, "position": 1, "waiting": [0, 1]}
+    assert _attributes(logs[0]) == {
+        "replica_id": 2,
+        "position": 1,
+        "waiting": [0, 1],
+        "report": [0, 1],
+    }
 
 
 def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> None:
@@ -439,7 +444,12 @@ def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> 
     assert "  * replica 2 called all_reduce(SUM) on float64[3]" in logs[1]
     assert "  * replica 3 called all_reduce(SUM) on float64[4]" in logs[1]
     assert _attributes(logs[1]) == {"position": 0, "signatures": [2, 3], "report": [2, 3]}
-    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}
+    assert _attributes(logs[0]) == {
+        "replica_id": 2,
+        "position": 0,
+        "waiting": [0, 1],
+        "report": [0, 1],
+    }
 
 
 @pytest.mark.parametrize(
@@ -456,8 +466,10 @@ def test_cross_process_error_attributes_agree_with_the_message(
 ) -> None:
     rc, logs, output = launch(2, "scenarios.py", scenario, tmp_path=tmp_path)
     assert rc != 0, output
-    for rank in (0, 1):
-        assert _attributes(logs[rank]) == want, (rank, logs[rank])
+    # Process 0 runs replicas 0 and 1, process 1 replica 2: each error's report has a row
+    # for each of the process's own replicas, under its global id.
+    for rank, own in ((0, [0, 1]), (1, [2])):
+        assert _attributes(logs[rank]) == {**want, "report": own}, (rank, logs[rank])
 
 
 def test_a_late_process_is_named_in_a_stall_warning(tmp_path: Path) -> None:
@@ -509,7 +521,12 @@ def test_a_failure_inside_one_data_transfer_reaches_every_process(
     assert (
         "  * process 1 (replica 2) failed: TypeError: simulated: mpi4py refused the buffer"
     ) in logs[0]
-    assert _attributes(logs[0]) == {"replica_id": 2, "position": 0, "waiting": [0, 1]}
+    assert _attributes(logs[0]) == {
+        "replica_id": 2,
+        "position": 0,
+        "waiting": [0, 1],
+        "report": [0, 1],
+    }
 
 
 FAULTS = {
