@@ -874,6 +874,7 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
 
 def _not_numeric(value: object, what: str) -> str:
     return (
-        f"{what} must be a number, a numpy array or a nest (list, tuple, dict) of them, "
-        f"got {type(value).__name__} {value!r:.60}"
+        f"{what} must be a number, a numpy array, a CPU array of a library that implements "
+        "the array API standard or DLPack (JAX, PyTorch, array_api_strict, ...) or a nest "
+        f"(list, tuple, dict) of them, got {type(value).__name__} {value!r:.60}"
     )
