@@ -48,6 +48,8 @@ class Library(NamedTuple):
 
 # Per type: its Library, or None for a type that is not a foreign array.
 _LIBRARIES: dict[type, Library | None] = {}
+# Array types whose from_dlpack refuses the backend's read-only results: copied out.
+_COPY_OUT: set[str] = set()
 
 
 def _type_name(value: object) -> str:
@@ -137,10 +139,14 @@ def from_host(array: object, library: Library) -> object:
     numpy buffer; otherwise a copy through its ``asarray``.
     """
     xp = library.namespace
-    convert: Callable[..., object] | None = getattr(xp, "from_dlpack", None)
-    if convert is not None:
-        try:
-            return convert(array)
-        except (BufferError, TypeError, RuntimeError, ValueError):
-            pass  # a read-only buffer the library cannot import: copy it
+    if library.name not in _COPY_OUT:
+        convert: Callable[..., object] | None = getattr(xp, "from_dlpack", None)
+        if convert is not None:
+            try:
+                return convert(array)
+            except (BufferError, TypeError, RuntimeError, ValueError):
+                # A read-only buffer the library cannot import (JAX, PyTorch): copy it,
+                # and from now on without trying (a failed import costs a third of a copy).
+                pass
+        _COPY_OUT.add(library.name)
     return xp.asarray(array)
