@@ -20,7 +20,7 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from ._foreign import Library, from_host, library_of, to_host
+from ._foreign import Library, from_host_shared, library_of, to_host
 
 __all__ = ["NumpyBackend", "group_by_size"]
 
@@ -95,10 +95,14 @@ def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
 
 def _restore(results: list[list[object]], libraries: list[Library | None]) -> list[list[object]]:
     """Each replica's results in the array type of its input (see :func:`_host_values`)."""
-    return [
-        [v if lib is None else from_host(v, lib) for v, lib in zip(row, libraries, strict=True)]
-        for row in results
-    ]
+    out = [list(row) for row in results]
+    for j, library in enumerate(libraries):
+        if library is not None:
+            for row, converted in zip(
+                out, from_host_shared([row[j] for row in results], library), strict=True
+            ):
+                row[j] = converted
+    return out
 
 
 def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
@@ -802,7 +806,7 @@ class NumpyBackend(Backend):
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components)
             if library is not None:
-                return from_host(await self._reduce(op, host, axis), library)
+                return from_host_shared([await self._reduce(op, host, axis)], library)[0]
         return await self._reduce(op, components, axis)
 
     async def _reduce(
@@ -839,7 +843,9 @@ class NumpyBackend(Backend):
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components)
             if library is not None:
-                return from_host(np.concatenate([_as_array(c) for c in host], axis=axis), library)
+                return from_host_shared(
+                    [np.concatenate([_as_array(c) for c in host], axis=axis)], library
+                )[0]
         return np.concatenate([_as_array(c) for c in components], axis=axis)
 
 

@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from asyncreplica import IndexedSlices
 
-__all__ = ["Library", "from_host", "library_of", "to_host"]
+__all__ = ["Library", "from_host", "from_host_shared", "library_of", "to_host"]
 
 Array = npt.NDArray[Any]
 
@@ -50,6 +50,10 @@ class Library(NamedTuple):
 _LIBRARIES: dict[type, Library | None] = {}
 # Array types whose from_dlpack refuses the backend's read-only results: copied out.
 _COPY_OUT: set[str] = set()
+# Immutable array types: replicas may share one buffer that only the library can reach.
+_IMMUTABLE = frozenset(("jax.Array",))
+# JAX imports a host buffer through DLPack without a copy only when it is so aligned.
+_ALIGN = 64
 
 
 def _type_name(value: object) -> str:
@@ -150,3 +154,42 @@ def from_host(array: object, library: Library) -> object:
                 pass
         _COPY_OUT.add(library.name)
     return xp.asarray(array)
+
+
+def _aligned_copy(array: Array) -> Array:
+    """A writable, C-contiguous copy of ``array`` whose data is ``_ALIGN``-byte aligned."""
+    raw = np.empty(array.nbytes + _ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGN
+    copy = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(copy, array)
+    return copy
+
+
+def from_host_shared(arrays: list[object], library: Library) -> list[object]:
+    """Each replica's numpy result (``arrays[r]``) in ``library``'s array type.
+
+    Libraries that import the read-only results zero-copy get them so. An immutable
+    library that cannot (JAX) gets one aligned copy of each distinct result buffer,
+    imported zero-copy into one array per replica: the copy is reachable only through
+    those immutable arrays. Other libraries (PyTorch) get a copy per replica, since
+    their arrays can be written.
+    """
+    if library.name not in _COPY_OUT:
+        out = [from_host(arrays[0], library)]
+        if library.name not in _COPY_OUT:
+            return out + [from_host(a, library) for a in arrays[1:]]
+    if library.name not in _IMMUTABLE:
+        return [library.namespace.asarray(a) for a in arrays]
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], Array] = {}
+    out = []
+    for a in arrays:
+        array = np.asarray(a)
+        key = (array.ctypes.data, array.shape, array.strides, array.dtype.str)
+        copy = copies.get(key)
+        if copy is None:
+            copy = copies[key] = _aligned_copy(array)
+        try:
+            out.append(library.namespace.from_dlpack(copy))
+        except (BufferError, TypeError, RuntimeError, ValueError):
+            out.append(library.namespace.asarray(copy))
+    return out
