@@ -506,20 +506,23 @@ class NumpyBackend(Backend):
         leaf's result is a read-only view of its slice. Reductions are element-wise,
         so the results are bitwise identical for every ``bytes_per_pack``.
         """
+        n = len(values)
+        first_values = values[0]
+        m = len(first_values)
+        # numpy first: foreign leaves (JAX, ...) are looked for only off the fast paths.
+        if m == 1:
+            first = first_values[0]
+            if type(first) is np.ndarray or library_of(first) is None:
+                return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+        elif type(first_values[0]) is np.ndarray:
+            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
+            if batch is not None:
+                return batch
         host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(
                 await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries
             )
-        n = len(values)
-        first_values = values[0]
-        m = len(first_values)
-        if m == 1:
-            return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
-        if type(first_values[0]) is np.ndarray:
-            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
-            if batch is not None:
-                return batch
         out: list[list[object]] = [[None] * m for _ in range(n)]
         # Packable leaves per dtype: (leaf index, shape, element count).
         groups: dict[np.dtype[Any], list[tuple[int, tuple[int, ...], int]]] = {}
