@@ -118,12 +118,19 @@ def to_host(value: object, library: Library) -> Array:
         device_type = int(dlpack_device()[0])
         if device_type not in _HOST_DEVICES:
             where = _DL_NAMES.get(device_type, f"DLPack device type {device_type}")
-            serve = (
-                "the cupy backend serves CUDA arrays (pip install 'asyncreplica[gpu]', then "
-                "backend='cupy' with GPU devices)"
-                if device_type == 2
-                else "no asyncreplica backend serves this device yet"
-            )
+            if device_type != 2:
+                serve = "no asyncreplica backend serves this device yet"
+            elif library.name == "cupy.ndarray":
+                serve = (
+                    "the cupy backend serves CuPy arrays (pip install 'asyncreplica[gpu]', "
+                    "then backend='cupy' with GPU devices)"
+                )
+            else:
+                serve = (
+                    "the cupy backend serves CUDA arrays as CuPy arrays only so far: convert "
+                    "with cupy.from_dlpack(x) (zero-copy) and use backend='cupy' with GPU "
+                    "devices (pip install 'asyncreplica[gpu]')"
+                )
             raise BackendError(
                 f"a {library.name} on {where} device {_device_text(value)} reached the numpy "
                 f"backend, which holds values on the CPU only: {serve}; or move the value to "
