@@ -401,3 +401,18 @@ def test_numpy_programs_never_import_array_api_compat() -> None:
         [sys.executable, "-c", _NUMPY_ONLY], capture_output=True, text=True, timeout=60, check=False
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_array_type_is_compared_by_the_ledger() -> None:
+    from asyncreplica._core._match import differing_fields
+    from asyncreplica.abc import CollectiveKind, Signature
+
+    def sig(spec: LeafSpec) -> Signature:
+        return Signature(CollectiveKind.ALL_REDUCE, ReduceOp.SUM, leaves=(spec,))
+
+    numpy_spec = LeafSpec((3,), "float32")
+    jax_spec = LeafSpec((3,), "float32", array_type="jax.Array")
+    assert differing_fields(sig(numpy_spec), sig(jax_spec), check_call_sites=True) == (
+        "array type",
+    )
+    assert differing_fields(sig(jax_spec), sig(jax_spec), check_call_sites=True) == ()
