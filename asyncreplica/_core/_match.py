@@ -23,6 +23,10 @@ def _dtypes(sig: Signature) -> object:
     return tuple((leaf.dtype, leaf.sparse) for leaf in sig.leaves)
 
 
+def _array_types(sig: Signature) -> object:
+    return tuple(leaf.array_type for leaf in sig.leaves)
+
+
 def _shapes(sig: Signature) -> object:
     if sig.kind is CollectiveKind.ALL_GATHER and sig.axis is not None:
         # all_gather concatenates along `axis`: only that dimension may differ.
@@ -41,6 +45,7 @@ RULES: tuple[tuple[str, Callable[[Signature], object]], ...] = (
     ("merge_fn", lambda s: s.merge_fn),
     ("name", lambda s: s.name),
     ("structure", lambda s: s.structure),
+    ("array type", _array_types),
     ("dtype", _dtypes),
     ("shape", _shapes),
 )
@@ -64,7 +69,7 @@ def differing_fields(
     fields = [name for name, key in RULES if key(reference) != key(other)]
     if "structure" in fields:
         # Leaves of different structures cannot be compared one by one.
-        fields = [f for f in fields if f not in ("dtype", "shape")]
+        fields = [f for f in fields if f not in ("array type", "dtype", "shape")]
     if (
         check_call_sites
         and reference.name is None

@@ -253,6 +253,8 @@ def mismatch_message(
             "argument passed by some replicas only, or a list whose length depends on the "
             "replica: pass the same structure everywhere (None where a replica has nothing)."
         )
+    elif "array type" in fields:
+        lines.append(_array_types_hint(signatures))
     elif fields == ("call site",):
         lines.append(
             "The calls look alike but come from different places in the code: usually one "
@@ -271,6 +273,28 @@ def mismatch_message(
         )
     lines.append(_see("CollectiveMismatchError"))
     return "\n".join(lines)
+
+
+def _array_types_hint(signatures: Mapping[int, Signature]) -> str:
+    """Name the array type each replica passed, at the first leaf where they differ."""
+    specs = {r: sig.leaves for r, sig in signatures.items()}
+    width = min(map(len, specs.values()), default=0)
+    for j in range(width):
+        types: dict[str, list[int]] = {}
+        for r, leaves in specs.items():
+            name = leaves[j].array_type or "the backend's own arrays or numbers (numpy.ndarray)"
+            types.setdefault(name, []).append(r)
+        if len(types) > 1:
+            passed = "; ".join(
+                f"{format_replicas(ids)} passed {name}" for name, ids in types.items()
+            )
+            return (
+                f"Replicas passed different array types as leaf {j} of the value: {passed}. "
+                "Results come back in each replica's own array type, so every replica must pass "
+                "the same one: convert with the library's asarray (np.asarray, jnp.asarray, "
+                "...) before the collective."
+            )
+    return "Replicas passed different array types: every replica must pass the same one."
 
 
 SourceLines = Callable[[str, int], str]

@@ -79,17 +79,24 @@ class LeafSpec(NamedTuple):
 
     Attributes:
         shape: The leaf's shape; ``()`` for a scalar. For a sparse leaf, the dense shape.
-        dtype: The dtype's name, e.g. ``"float32"``.
+        dtype: The dtype's name in the array API standard's terms, e.g. ``"float32"``.
         sparse: True for an ``IndexedSlices`` leaf.
+        array_type: The array type of a leaf of another library than the backend's
+            own (``"jax.Array"``, ``"torch.Tensor"``, ``"array_api_strict.Array"``);
+            None for the backend's own arrays and for Python numbers. Replicas must
+            agree on it: results come back in each replica's own array type.
     """
 
     shape: tuple[int, ...]
     dtype: str
     sparse: bool = False
+    array_type: str | None = None
 
     def __str__(self) -> str:
         dense = f"{self.dtype}[{','.join(map(str, self.shape))}]"
-        return f"IndexedSlices({dense})" if self.sparse else dense
+        if self.sparse:
+            dense = f"IndexedSlices({dense})"
+        return dense if self.array_type is None else f"{self.array_type}({dense})"
 
 
 class CallSite(NamedTuple):

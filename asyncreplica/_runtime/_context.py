@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -39,6 +39,19 @@ _LEAF_TYPES: set[type] = set()
 # Treedefs of flat lists and tuples of leaves, by (container type, length): the same
 # object for the same structure, so replicas' structures compare by identity.
 _FLAT_TREEDEFS: dict[tuple[type, int], TreeDef] = {}
+
+
+def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
+    """Each leaf's path in a nest, in flattening order: ``value['a'][1]``."""
+    if treedef is None:
+        yield prefix
+        return
+    _, keys, children = treedef
+    labels: Sequence[object] = range(len(children))
+    if isinstance(keys, tuple):
+        labels = keys[0]
+    for label, child in zip(labels, children, strict=False):
+        yield from _leaf_paths(child, f"{prefix}[{label!r}]")
 
 
 def _flatten(value: object) -> tuple[list[object], TreeDef]:
@@ -298,12 +311,32 @@ class ReplicaContext:
             raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
         return self._strategy.communication_options.merge(options)
 
-    def _describe(self, leaves: Sequence[object]) -> tuple[LeafSpec, ...]:
+    def _describe(self, leaves: Sequence[object], treedef: TreeDef = None) -> tuple[LeafSpec, ...]:
         backend = self._strategy.backend
-        if len(leaves) == 1:
-            return (backend.describe(leaves[0]),)
-        # A backend may describe a batch in one pass (the numpy backend does).
-        return backend.describe_leaves(leaves)
+        try:
+            if len(leaves) == 1:
+                return (backend.describe(leaves[0]),)
+            # A backend may describe a batch in one pass (the numpy backend does).
+            return backend.describe_leaves(leaves)
+        except TypeError as exc:
+            raise self._leaf_error(exc, leaves, treedef) from exc
+
+    def _leaf_error(self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef) -> TypeError:
+        """``exc`` (the backend refused a leaf), saying which replica and which leaf."""
+        backend = self._strategy.backend
+        paths = list(_leaf_paths(treedef, "value"))
+        for j, leaf in enumerate(leaves):
+            try:
+                backend.describe(leaf)
+            except TypeError:
+                kind = type(leaf)
+                where = paths[j] if j < len(paths) else f"leaf {j} of the value"
+                return TypeError(
+                    f"replica {self.replica_id_in_sync_group} passed {where} of type "
+                    f"{kind.__module__}.{kind.__qualname__}, which the {backend.name or type(backend).__name__} "
+                    f"backend cannot hold: {exc}"
+                )
+        return exc
 
     @staticmethod
     def _check_name(name: object) -> str | None:
@@ -363,7 +396,10 @@ class ReplicaContext:
             # no new signature is kept alive per collective.
             leaves: list[object] = [value]
             treedef: TreeDef = None
-            spec = run.describe(value)
+            try:
+                spec = run.describe(value)
+            except TypeError as exc:
+                raise self._leaf_error(exc, leaves, None) from exc
             if name is not None:
                 self._check_name(name)
             path = call_path()
@@ -379,7 +415,7 @@ class ReplicaContext:
                 _SIGNATURES[cache_key] = signature
         else:
             leaves, treedef = _flatten(value)
-            specs = self._describe(leaves)
+            specs = self._describe(leaves, treedef)
             if name is not None:
                 self._check_name(name)
             # A plain tuple build: the named tuple's keyword constructor costs more
@@ -442,7 +478,7 @@ class ReplicaContext:
         run = self._require_current("all_gather")
         timeout = self._options(options)
         leaves, treedef = _flatten(value)
-        specs = self._describe(leaves)
+        specs = self._describe(leaves, treedef)
         axis = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         signature = Signature(
             CollectiveKind.ALL_GATHER,
@@ -487,7 +523,7 @@ class ReplicaContext:
             source=source,
             name=self._check_name(name),
             structure=treedef,
-            leaves=self._describe(leaves),
+            leaves=self._describe(leaves, treedef),
             call_path=call_path(),
         )
         return Collective(
@@ -522,7 +558,7 @@ class ReplicaContext:
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
-        specs = self._describe(leaves)
+        specs = self._describe(leaves, treedef)
         axis = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         n = self.num_replicas_in_sync
         for spec in specs:
@@ -667,8 +703,8 @@ class DefaultReplicaContext(ReplicaContext):
         raise AssertionError("the default replica context has no run")
 
     def _validate(self, value: Any) -> None:
-        leaves, _ = flatten(value)
-        self._describe(leaves)
+        leaves, treedef = flatten(value)
+        self._describe(leaves, treedef)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -699,8 +735,8 @@ class DefaultReplicaContext(ReplicaContext):
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to gather)."""
         self._options(options)
-        leaves, _ = flatten(value)
-        for spec in self._describe(leaves):
+        leaves, treedef = flatten(value)
+        for spec in self._describe(leaves, treedef):
             if spec.sparse:
                 raise NotImplementedError("all_gather does not support IndexedSlices")
         if isinstance(axis, bool) or not isinstance(axis, int):

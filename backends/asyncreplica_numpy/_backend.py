@@ -20,6 +20,8 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
+from ._foreign import Library, from_host_shared, library_of, to_host
+
 __all__ = ["NumpyBackend", "group_by_size"]
 
 Leaves = Sequence[Sequence[object]]
@@ -53,6 +55,8 @@ _dtype_names: dict[np.dtype[Any], str] = {}
 _specs: dict[tuple[tuple[int, ...], np.dtype[Any]], LeafSpec] = {}
 # The same specs by dtype, then shape: for describing a batch of one dtype at once.
 _specs_by_dtype: dict[np.dtype[Any], dict[tuple[int, ...], LeafSpec]] = {}
+# Specs of foreign leaves (JAX, array_api_strict, ...) by (shape, dtype, array type).
+_foreign_specs: dict[tuple[tuple[int, ...], np.dtype[Any], str], LeafSpec] = {}
 
 
 def _dtype_name(dtype: np.dtype[Any]) -> str:
@@ -67,6 +71,47 @@ def _as_array(value: object) -> Array:
     if isinstance(value, np.ndarray):
         return value
     return np.asarray(value)
+
+
+def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
+    """``values`` with foreign leaves (JAX, array_api_strict, ...) as numpy arrays.
+
+    Returns ``(values, None)``, unchanged, when no leaf is foreign: replica 0's leaves
+    decide, because the ledger checked that every replica's leaf ``j`` has the same
+    array type. Otherwise also the library of each leaf (None where not foreign).
+    """
+    first = values[0]
+    if list(map(type, first)).count(np.ndarray) == len(first):
+        return values, None
+    libraries = list(map(library_of, first))
+    if libraries.count(None) == len(libraries):
+        return values, None
+    host = [
+        [v if lib is None else to_host(v, lib) for v, lib in zip(row, libraries, strict=True)]
+        for row in values
+    ]
+    return host, libraries
+
+
+def _restore(results: list[list[object]], libraries: list[Library | None]) -> list[list[object]]:
+    """Each replica's results in the array type of its input (see :func:`_host_values`)."""
+    out = [list(row) for row in results]
+    for j, library in enumerate(libraries):
+        if library is not None:
+            for row, converted in zip(
+                out, from_host_shared([row[j] for row in results], library), strict=True
+            ):
+                row[j] = converted
+    return out
+
+
+def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
+    """Components as numpy arrays, and the library of the first one (None if numpy)."""
+    libraries = [None if type(c) is np.ndarray else library_of(c) for c in components]
+    host = [
+        c if lib is None else to_host(c, lib) for c, lib in zip(components, libraries, strict=True)
+    ]
+    return host, libraries[0] if libraries else None
 
 
 def _shared(out: Array, n: int) -> list[Array]:
@@ -363,6 +408,10 @@ class NumpyBackend(Backend):
             spec = _specs.get((value.shape, value.dtype))
             if spec is not None:
                 return spec
+        if type(value) is not np.ndarray:
+            library = library_of(value)
+            if library is not None:
+                return self._describe_foreign(value, library)
         if isinstance(value, IndexedSlices):
             values = self._checked(value.values, "IndexedSlices.values")
             indices = self._checked(value.indices, "IndexedSlices.indices")
@@ -406,6 +455,24 @@ class NumpyBackend(Backend):
         return tuple(map(self.describe, values))
 
     @staticmethod
+    def _describe_foreign(value: object, library: Library) -> LeafSpec:
+        array = to_host(value, library)
+        if array.dtype.kind not in _HOLDABLE_KINDS:
+            raise TypeError(
+                f"a collective's value must have a boolean or numeric dtype, got a "
+                f"{library.name} of dtype {array.dtype}"
+            )
+        key = (array.shape, array.dtype, library.name)
+        spec = _foreign_specs.get(key)
+        if spec is None:
+            if len(_foreign_specs) > 4096:
+                _foreign_specs.clear()
+            spec = _foreign_specs[key] = LeafSpec(
+                array.shape, _dtype_name(array.dtype), array_type=library.name
+            )
+        return spec
+
+    @staticmethod
     def _checked(value: object, what: str) -> Array:
         if type(value) is np.ndarray and value.dtype.kind in _HOLDABLE_KINDS:
             return value
@@ -442,12 +509,20 @@ class NumpyBackend(Backend):
         n = len(values)
         first_values = values[0]
         m = len(first_values)
+        # numpy first: foreign leaves (JAX, ...) are looked for only off the fast paths.
         if m == 1:
-            return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
-        if type(first_values[0]) is np.ndarray:
+            first = first_values[0]
+            if type(first) is np.ndarray or library_of(first) is None:
+                return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+        elif type(first_values[0]) is np.ndarray:
             batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
             if batch is not None:
                 return batch
+        host, libraries = _host_values(values)
+        if libraries is not None:
+            return _restore(
+                await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries
+            )
         out: list[list[object]] = [[None] * m for _ in range(n)]
         # Packable leaves per dtype: (leaf index, shape, element count).
         groups: dict[np.dtype[Any], list[tuple[int, tuple[int, ...], int]]] = {}
@@ -653,6 +728,9 @@ class NumpyBackend(Backend):
         buffer costs its page faults on every call), and when a replica's value has
         :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
+        host, libraries = _host_values(values)
+        if libraries is not None:
+            return _restore(await self.all_gather(host, axis), libraries)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -680,6 +758,9 @@ class NumpyBackend(Backend):
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
+        host, libraries = _host_values(values)
+        if libraries is not None:
+            return _restore(await self.reduce_scatter(op, host, axis), libraries)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -704,6 +785,9 @@ class NumpyBackend(Backend):
         Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
         once no replica holds a view of it), as all_reduce outputs are.
         """
+        host, libraries = _host_values([values])
+        if libraries is not None:
+            return _restore(await self.broadcast(host[0], num_replicas), libraries)
         copies = []
         for v in values:
             array = _as_array(v)
@@ -718,7 +802,19 @@ class NumpyBackend(Backend):
     async def reduce(
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
     ) -> object:
-        """Reduce to one writable result; see :meth:`Backend.reduce`."""
+        """Reduce to one writable result; see :meth:`Backend.reduce`.
+
+        The result is in the array type of the first component.
+        """
+        if type(components[0]) is not np.ndarray:
+            host, library = _host_components(components)
+            if library is not None:
+                return from_host_shared([await self._reduce(op, host, axis)], library)[0]
+        return await self._reduce(op, components, axis)
+
+    async def _reduce(
+        self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
+    ) -> Array:
         arrays = [self._reducible(_as_array(c)) for c in components]
         exact = arrays[0].dtype.kind in "iub"
         if op is ReduceOp.MEAN and exact:
@@ -743,7 +839,16 @@ class NumpyBackend(Backend):
         return _combine(op, [np.asarray(local(a, axis=axis, **kw)) for a in arrays])
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
-        """Concatenate components into one new array; see :meth:`Backend.gather`."""
+        """Concatenate components into one new array; see :meth:`Backend.gather`.
+
+        The result is in the array type of the first component.
+        """
+        if type(components[0]) is not np.ndarray:
+            host, library = _host_components(components)
+            if library is not None:
+                return from_host_shared(
+                    [np.concatenate([_as_array(c) for c in host], axis=axis)], library
+                )[0]
         return np.concatenate([_as_array(c) for c in components], axis=axis)
 
 
@@ -778,6 +883,7 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
 
 def _not_numeric(value: object, what: str) -> str:
     return (
-        f"{what} must be a number, a numpy array or a nest (list, tuple, dict) of them, "
-        f"got {type(value).__name__} {value!r:.60}"
+        f"{what} must be a number, a numpy array, a CPU array of a library that implements "
+        "the array API standard or DLPack (JAX, PyTorch, array_api_strict, ...) or a nest "
+        f"(list, tuple, dict) of them, got {type(value).__name__} {value!r:.60}"
     )

@@ -1,0 +1,202 @@
+"""Arrays of other libraries on the CPU: JAX, array_api_strict, PyTorch, ...
+
+A leaf that is not a numpy array, a numpy scalar or a Python number, but implements the
+Python array API standard or DLPack, is a *foreign* leaf. The numpy backend holds it
+as a numpy array (``np.from_dlpack``: zero-copy) and gives each replica its results
+back in its own input's array type (the library's ``from_dlpack``, found through
+``array-api-compat``; a copy through ``asarray`` where the library cannot import a
+read-only numpy buffer).
+
+``array_api_compat`` is imported on the first foreign leaf only: numpy inputs never
+reach this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+import numpy.typing as npt
+
+from asyncreplica import IndexedSlices
+
+__all__ = ["Library", "from_host", "from_host_shared", "library_of", "to_host"]
+
+Array = npt.NDArray[Any]
+
+# DLPack device types (dlpack.h): memory the CPU can read directly.
+_DL_CPU = 1
+_DL_CUDA_HOST = 3  # pinned host memory
+_DL_CUDA_MANAGED = 13
+_HOST_DEVICES = frozenset((_DL_CPU, _DL_CUDA_HOST, _DL_CUDA_MANAGED))
+_DL_NAMES = {2: "CUDA", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 14: "oneAPI"}
+
+
+class Library(NamedTuple):
+    """How to hold one array type on the host and give results back in it.
+
+    Attributes:
+        name: The array type as users know it: ``"jax.Array"``, ``"torch.Tensor"``,
+            ``"array_api_strict.Array"``.
+        namespace: The array's namespace, as ``array_api_compat.array_namespace`` finds it.
+    """
+
+    name: str
+    namespace: Any
+
+
+# Per type: its Library, or None for a type that is not a foreign array.
+_LIBRARIES: dict[type, Library | None] = {}
+# Array types whose from_dlpack refuses the backend's read-only results: copied out.
+_COPY_OUT: set[str] = set()
+# Immutable array types: replicas may share one buffer that only the library can reach.
+_IMMUTABLE = frozenset(("jax.Array",))
+# JAX imports a host buffer through DLPack without a copy only when it is so aligned.
+_ALIGN = 64
+
+
+def _type_name(value: object) -> str:
+    import array_api_compat as compat
+
+    if compat.is_jax_array(value):
+        return "jax.Array"
+    if compat.is_torch_array(value):
+        return "torch.Tensor"
+    if compat.is_cupy_array(value):
+        return "cupy.ndarray"
+    if compat.is_array_api_strict_namespace(compat.array_namespace(value)):
+        return "array_api_strict.Array"
+    kind = type(value)
+    return f"{kind.__module__.split('.')[0]}.{kind.__qualname__}"
+
+
+def library_of(value: object) -> Library | None:
+    """The :class:`Library` of a foreign array, or None for anything else.
+
+    Numpy arrays (and subclasses), numpy scalars, Python numbers and ``IndexedSlices``
+    are not foreign. The answer is cached per type.
+    """
+    kind = type(value)
+    try:
+        return _LIBRARIES[kind]
+    except KeyError:
+        pass
+    library = None
+    if not isinstance(value, np.ndarray | np.generic | int | float | complex | IndexedSlices) and (
+        hasattr(kind, "__dlpack__") or hasattr(kind, "__array_namespace__")
+    ):
+        import array_api_compat as compat
+
+        if compat.is_array_api_obj(value) and not compat.is_numpy_array(value):
+            library = Library(_type_name(value), compat.array_namespace(value))
+    if len(_LIBRARIES) > 256:
+        _LIBRARIES.clear()
+    _LIBRARIES[kind] = library
+    return library
+
+
+def _device_text(value: object) -> str:
+    try:
+        import array_api_compat as compat
+
+        return str(compat.device(value))
+    except Exception:  # a library without a device attribute: DLPack's numbers say enough
+        return "?"
+
+
+def to_host(value: object, library: Library) -> Array:
+    """``value`` as a numpy array, zero-copy through DLPack where the library allows it.
+
+    Raises:
+        BackendError: ``value`` lives on a device the CPU cannot read (a GPU).
+    """
+    from asyncreplica import BackendError
+
+    dlpack_device = getattr(value, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        device_type = int(dlpack_device()[0])
+        if device_type not in _HOST_DEVICES:
+            where = _DL_NAMES.get(device_type, f"DLPack device type {device_type}")
+            if device_type != 2:
+                serve = "no asyncreplica backend serves this device yet"
+            elif library.name == "cupy.ndarray":
+                serve = (
+                    "the cupy backend serves CuPy arrays (pip install 'asyncreplica[gpu]', "
+                    "then backend='cupy' with GPU devices)"
+                )
+            else:
+                serve = (
+                    "the cupy backend serves CUDA arrays as CuPy arrays only so far: convert "
+                    "with cupy.from_dlpack(x) (zero-copy) and use backend='cupy' with GPU "
+                    "devices (pip install 'asyncreplica[gpu]')"
+                )
+            raise BackendError(
+                f"a {library.name} on {where} device {_device_text(value)} reached the numpy "
+                f"backend, which holds values on the CPU only: {serve}; or move the value to "
+                "the CPU first"
+            )
+        try:
+            return np.from_dlpack(value)  # type: ignore[arg-type]
+        except (BufferError, TypeError, RuntimeError):
+            pass  # e.g. a dtype DLPack cannot carry: numpy's conversion below copies
+    return np.asarray(value)
+
+
+def from_host(array: object, library: Library) -> object:
+    """``array`` (a numpy array) in ``library``'s array type: a replica's own input's.
+
+    Zero-copy through the library's ``from_dlpack`` where it accepts the (read-only)
+    numpy buffer; otherwise a copy through its ``asarray``.
+    """
+    xp = library.namespace
+    if library.name not in _COPY_OUT:
+        convert: Callable[..., object] | None = getattr(xp, "from_dlpack", None)
+        if convert is not None:
+            try:
+                return convert(array)
+            except (BufferError, TypeError, RuntimeError, ValueError):
+                # A read-only buffer the library cannot import (JAX, PyTorch): copy it,
+                # and from now on without trying (a failed import costs a third of a copy).
+                pass
+        _COPY_OUT.add(library.name)
+    return xp.asarray(array)
+
+
+def _aligned_copy(array: Array) -> Array:
+    """A writable, C-contiguous copy of ``array`` whose data is ``_ALIGN``-byte aligned."""
+    raw = np.empty(array.nbytes + _ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGN
+    copy = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    np.copyto(copy, array)
+    return copy
+
+
+def from_host_shared(arrays: list[object], library: Library) -> list[object]:
+    """Each replica's numpy result (``arrays[r]``) in ``library``'s array type.
+
+    Libraries that import the read-only results zero-copy get them so. An immutable
+    library that cannot (JAX) gets one aligned copy of each distinct result buffer,
+    imported zero-copy into one array per replica: the copy is reachable only through
+    those immutable arrays. Other libraries (PyTorch) get a copy per replica, since
+    their arrays can be written.
+    """
+    if library.name not in _COPY_OUT:
+        out = [from_host(arrays[0], library)]
+        if library.name not in _COPY_OUT:
+            return out + [from_host(a, library) for a in arrays[1:]]
+    if library.name not in _IMMUTABLE:
+        return [library.namespace.asarray(a) for a in arrays]
+    copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], Array] = {}
+    out = []
+    for a in arrays:
+        array = np.asarray(a)
+        key = (array.ctypes.data, array.shape, array.strides, array.dtype.str)
+        copy = copies.get(key)
+        if copy is None:
+            copy = copies[key] = _aligned_copy(array)
+        try:
+            out.append(library.namespace.from_dlpack(copy))
+        except (BufferError, TypeError, RuntimeError, ValueError):
+            out.append(library.namespace.asarray(copy))
+    return out

@@ -1,0 +1,418 @@
+"""Arrays of other libraries on the numpy backend: same library in, same library out.
+
+JAX and array_api_strict are in ``[test]``; PyTorch tests run where torch is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from asyncreplica_numpy import NumpyBackend
+from asyncreplica_numpy._foreign import library_of, to_host
+
+import asyncreplica as ar
+from asyncreplica.abc import LeafSpec, ReduceOp
+
+DEVICES = ["CPU:0", "CPU:1", "CPU:2"]
+
+
+def _have(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _numpy(a: np.ndarray) -> Any:
+    return a
+
+
+def _strict(a: np.ndarray) -> Any:
+    import array_api_strict as xp
+
+    return xp.asarray(a)
+
+
+def _jax(a: np.ndarray) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.asarray(a)
+
+
+def _torch(a: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(a.copy())
+
+
+# (array type as the signature names it, constructor, module), one per library.
+LIBRARIES: list[Any] = [
+    pytest.param((None, _numpy), id="numpy"),
+    pytest.param(
+        ("array_api_strict.Array", _strict),
+        id="array_api_strict",
+        marks=pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing"),
+    ),
+    pytest.param(
+        ("jax.Array", _jax),
+        id="jax",
+        marks=pytest.mark.skipif(not _have("jax"), reason="jax missing (pip install 'jax[cpu]')"),
+    ),
+    pytest.param(
+        ("torch.Tensor", _torch),
+        id="torch",
+        marks=pytest.mark.skipif(
+            not _have("torch"), reason="torch is not installed (too heavy for CI)"
+        ),
+    ),
+]
+
+
+def _host(x: object) -> np.ndarray:
+    return np.asarray(np.from_dlpack(x))  # type: ignore[arg-type]
+
+
+def _same_type(result: object, made: Callable[[np.ndarray], Any]) -> None:
+    expected = type(made(np.zeros(1, np.float32)))
+    assert type(result) is expected, f"{type(result)} is not {expected}"
+
+
+def _run(step: Callable[..., Any], *args: Any) -> tuple[Any, ...]:
+    """Each replica's result of ``step``."""
+    strategy = ar.MirroredStrategy(DEVICES)
+
+    async def main() -> Any:
+        return await strategy.run(step, args=args)
+
+    return strategy.experimental_local_results(anyio.run(main))
+
+
+def _inputs(make: Callable[[np.ndarray], Any], shape: tuple[int, ...] = (6,)) -> ar.PerReplica:
+    size = int(np.prod(shape))
+    return ar.PerReplica(
+        [make(np.arange(size, dtype=np.float32).reshape(shape) + r) for r in range(len(DEVICES))]
+    )
+
+
+@pytest.fixture(params=LIBRARIES)
+def library(request: pytest.FixtureRequest) -> tuple[str | None, Callable[[np.ndarray], Any]]:
+    return request.param  # type: ignore[no-any-return]
+
+
+# describe -------------------------------------------------------------------------------------
+
+
+def test_describe_names_the_array_type(library: Any) -> None:
+    name, make = library
+    spec = NumpyBackend(["CPU:0"]).describe(make(np.zeros((2, 3), np.float32)))
+    assert spec == LeafSpec((2, 3), "float32", array_type=name)
+    assert str(spec) == ("float32[2,3]" if name is None else f"{name}(float32[2,3])")
+
+
+def test_numpy_specs_are_unchanged() -> None:
+    # Pure-numpy signatures are exactly what they were: no array type.
+    spec = NumpyBackend(["CPU:0"]).describe(np.zeros(3, np.float32))
+    assert spec == LeafSpec((3,), "float32")
+    assert spec.array_type is None
+    assert tuple(spec) == ((3,), "float32", False, None)
+
+
+# round trips through the strategy -------------------------------------------------------------
+
+
+def test_all_reduce_nest_round_trip(library: Any) -> None:
+    _, make = library
+
+    async def step(x: Any) -> Any:
+        ctx = ar.get_replica_context()
+        return await ctx.all_reduce("sum", {"w": x, "b": [x, x]})
+
+    out = _run(step, _inputs(make))
+    expected = sum(np.arange(6, dtype=np.float32) + r for r in range(3))
+    for r in range(3):
+        result = out[r]
+        for leaf in (result["w"], *result["b"]):
+            _same_type(leaf, make)
+            np.testing.assert_array_equal(_host(leaf), expected)
+
+
+@pytest.mark.parametrize("op", ["mean", "max", "min", "prod"])
+def test_all_reduce_ops(library: Any, op: str) -> None:
+    _, make = library
+
+    async def step(x: Any) -> Any:
+        return await ar.get_replica_context().all_reduce(op, x)
+
+    out = _run(step, _inputs(make))
+    parts = [np.arange(6, dtype=np.float32) + r for r in range(3)]
+    ref = NumpyBackend(DEVICES)
+    expected = anyio.run(ref.all_reduce, ReduceOp.parse(op), [[p] for p in parts])[0][0]
+    for r in range(3):
+        _same_type(out[r], make)
+        np.testing.assert_array_equal(_host(out[r]), expected)
+
+
+def test_all_gather_round_trip(library: Any) -> None:
+    _, make = library
+
+    async def step(x: Any) -> Any:
+        return await ar.get_replica_context().all_gather(x, axis=0)
+
+    out = _run(step, _inputs(make, (2, 2)))
+    expected = np.concatenate(
+        [np.arange(4, dtype=np.float32).reshape(2, 2) + r for r in range(3)], axis=0
+    )
+    for r in range(3):
+        _same_type(out[r], make)
+        np.testing.assert_array_equal(_host(out[r]), expected)
+
+
+def test_broadcast_round_trip(library: Any) -> None:
+    _, make = library
+
+    async def step(x: Any) -> Any:
+        return await ar.get_replica_context().broadcast(x, source=1)
+
+    out = _run(step, _inputs(make))
+    for r in range(3):
+        _same_type(out[r], make)
+        np.testing.assert_array_equal(_host(out[r]), np.arange(6, dtype=np.float32) + 1)
+
+
+def test_reduce_scatter_round_trip(library: Any) -> None:
+    _, make = library
+
+    async def step(x: Any) -> Any:
+        return await ar.get_replica_context().reduce_scatter("sum", x, axis=0)
+
+    out = _run(step, _inputs(make))
+    total = sum(np.arange(6, dtype=np.float32) + r for r in range(3))
+    for r in range(3):
+        _same_type(out[r], make)
+        np.testing.assert_array_equal(_host(out[r]), total[2 * r : 2 * r + 2])
+
+
+def test_merge_call_reduce_and_gather(library: Any) -> None:
+    _, make = library
+
+    async def merge_fn(strategy: ar.Strategy, value: Any) -> Any:
+        total = await strategy.reduce("sum", value, axis=None)
+        joined = await strategy.gather(value, axis=0)
+        return total, joined
+
+    async def step(x: Any) -> Any:
+        return await ar.get_replica_context().merge_call(merge_fn, args=(x,))
+
+    out = _run(step, _inputs(make))
+    parts = [np.arange(6, dtype=np.float32) + r for r in range(3)]
+    for r in range(3):
+        total, joined = out[r]
+        _same_type(total, make)
+        _same_type(joined, make)
+        np.testing.assert_array_equal(_host(total), sum(parts))
+        np.testing.assert_array_equal(_host(joined), np.concatenate(parts))
+
+
+# checks ---------------------------------------------------------------------------------------
+
+
+def _foreign_libraries() -> list[Any]:
+    return [p for p in LIBRARIES if p.id != "numpy"]
+
+
+@pytest.mark.parametrize("library", _foreign_libraries())
+def test_mixed_array_types_are_a_mismatch(library: Any) -> None:
+    name, make = library
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        r = ctx.replica_id_in_sync_group
+        value = np.ones(3, np.float32) if r == 0 else make(np.ones(3, np.float32))
+        return await ctx.all_reduce("sum", value)
+
+    with pytest.raises(ar.CollectiveMismatchError) as info:
+        _run(step)
+    message = str(info.value)
+    assert "array type differs" in message
+    assert name in message
+    assert "numpy.ndarray" in message
+    assert "replica 0 passed" in message
+
+
+def test_two_foreign_types_are_a_mismatch() -> None:
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    pytest.importorskip("array_api_strict", reason="array_api_strict missing")
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        make = _jax if ctx.replica_id_in_sync_group == 2 else _strict
+        return await ctx.all_reduce("sum", [make(np.ones(2, np.float32))])
+
+    with pytest.raises(ar.CollectiveMismatchError) as info:
+        _run(step)
+    message = str(info.value)
+    assert "jax.Array" in message
+    assert "array_api_strict.Array" in message
+    assert "replica 2 passed jax.Array" in message
+
+
+# bad input ------------------------------------------------------------------------------------
+
+
+class _Opaque:
+    pass
+
+
+def test_unsupported_leaf_names_replica_path_and_type() -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        leaf: object = _Opaque() if ctx.replica_id_in_sync_group == 1 else np.ones(2)
+        return await ctx.all_reduce("sum", {"a": [np.ones(2), leaf]})
+
+    with pytest.raises(TypeError) as info:
+        _run(step)
+    message = str(info.value)
+    assert "replica 1" in message
+    assert "value['a'][1]" in message
+    assert "_Opaque" in message
+    assert "array API standard or DLPack" in message
+
+
+def test_unsupported_single_leaf_names_replica_and_type() -> None:
+    async def step() -> Any:
+        return await ar.get_replica_context().all_reduce("sum", _Opaque())
+
+    for _ in range(2):  # the second time the leaf type takes the runtime's one-leaf path
+        with pytest.raises(TypeError, match=r"replica \d passed value of type .*_Opaque"):
+            _run(step)
+
+
+class _FakeNamespace:
+    __name__ = "fake_gpu_lib"
+
+
+class _CudaArray:
+    """An array-API object whose DLPack device is CUDA (no GPU needed)."""
+
+    shape = (3,)
+    device = "cuda:0"
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        return _FakeNamespace()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, 0)
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        raise AssertionError("never exported: the device is checked first")
+
+
+def test_array_on_a_gpu_is_a_backend_error() -> None:
+    with pytest.raises(ar.BackendError, match=r"CUDA.*cupy backend.*asyncreplica\[gpu\]"):
+        NumpyBackend(["CPU:0"]).describe(_CudaArray())
+
+
+# zero-copy ------------------------------------------------------------------------------------
+
+
+def test_strict_input_and_output_are_zero_copy() -> None:
+    pytest.importorskip("array_api_strict", reason="array_api_strict missing")
+    import array_api_strict as xp
+
+    x = xp.asarray(np.arange(4, dtype=np.float32))
+    library = library_of(x)
+    assert library is not None
+    # In: the numpy view shares the array's buffer.
+    assert to_host(x, library).ctypes.data == _host(x).ctypes.data
+    # Out: every replica's result is a view of one shared, read-only buffer.
+    backend = NumpyBackend(DEVICES)
+    out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x], [x], [x]])
+    addresses = {_host(row[0]).ctypes.data for row in out}
+    assert len(addresses) == 1
+    assert len({id(row[0]) for row in out}) == 3
+    with pytest.raises(ValueError, match="read-only"):
+        out[0][0][0] = 1.0
+
+
+def test_jax_input_is_zero_copy() -> None:
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    import jax.numpy as jnp
+
+    x = jnp.arange(256, dtype=jnp.float32)
+    library = library_of(x)
+    assert library is not None
+    assert to_host(x, library).ctypes.data == x.unsafe_buffer_pointer()
+
+
+def test_jax_output_is_one_copy_shared_by_the_replicas() -> None:
+    # JAX cannot import the backend's read-only buffer through DLPack: each result is
+    # copied once, into an aligned buffer every replica's (immutable) JAX array views.
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    import jax.numpy as jnp
+
+    backend = NumpyBackend(DEVICES)
+    x = jnp.arange(256, dtype=jnp.float32)
+    for _ in range(2):  # the first call learns that JAX refuses read-only buffers
+        out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x], [x], [x]])
+        pointers = {row[0].unsafe_buffer_pointer() for row in out}  # type: ignore[attr-defined]
+        assert len(pointers) == 1
+        assert len({id(row[0]) for row in out}) == 3
+        for row in out:
+            np.testing.assert_array_equal(_host(row[0]), 3 * np.arange(256, dtype=np.float32))
+
+
+def test_jax_reduce_scatter_chunks_are_distinct() -> None:
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    import jax.numpy as jnp
+
+    backend = NumpyBackend(DEVICES)
+    x = jnp.arange(6, dtype=jnp.float32)
+    out = anyio.run(backend.reduce_scatter, ReduceOp.SUM, [[x], [x], [x]], 0)
+    for r, row in enumerate(out):
+        np.testing.assert_array_equal(_host(row[0]), 3 * np.arange(2 * r, 2 * r + 2))
+
+
+_NUMPY_ONLY = """
+import sys, anyio, numpy as np
+import asyncreplica as ar
+
+async def step():
+    ctx = ar.get_replica_context()
+    a = await ctx.all_reduce("sum", np.ones(3, np.float32))
+    b = await ctx.all_reduce("sum", [np.ones(3), np.ones(2), 1.0, {"k": np.int32(2)}])
+    c = await ctx.all_gather(np.ones((1, 2)), axis=0)
+    return a, b, c
+
+strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+anyio.run(strategy.run, step)
+loaded = sorted(m for m in sys.modules if m.startswith("array_api"))
+assert not loaded, loaded
+"""
+
+
+def test_numpy_programs_never_import_array_api_compat() -> None:
+    # The numpy paths decide on type(x) is np.ndarray (or a number) before anything else.
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _NUMPY_ONLY], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_array_type_is_compared_by_the_ledger() -> None:
+    from asyncreplica._core._match import differing_fields
+    from asyncreplica.abc import CollectiveKind, Signature
+
+    def sig(spec: LeafSpec) -> Signature:
+        return Signature(CollectiveKind.ALL_REDUCE, ReduceOp.SUM, leaves=(spec,))
+
+    numpy_spec = LeafSpec((3,), "float32")
+    jax_spec = LeafSpec((3,), "float32", array_type="jax.Array")
+    assert differing_fields(sig(numpy_spec), sig(jax_spec), check_call_sites=True) == (
+        "array type",
+    )
+    assert differing_fields(sig(jax_spec), sig(jax_spec), check_call_sites=True) == ()
