@@ -250,9 +250,11 @@ async def _inspections_per_arrival(n: int) -> float:
 async def test_an_arrivals_deadlock_check_does_not_grow_with_the_replicas() -> None:
     small = await _inspections_per_arrival(16)
     large = await _inspections_per_arrival(256)
-    # A full rescan per arrival inspects about n/2 replicas' tasks: 8 and 128 here.
+    # A full rescan per arrival inspects about n/2 replicas' tasks: 8 and 128 here. The
+    # incremental check stays near 1-2.5 at any size; trio shuffles its run queue on
+    # purpose, which moves the count by up to about 1.2 between sizes (25 runs each).
     assert large <= 4.0, (small, large)
-    assert large <= small + 1.0, (small, large)
+    assert large <= small + 2.0, (small, large)
 
 
 @pytest.mark.parametrize(
