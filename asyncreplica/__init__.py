@@ -32,6 +32,7 @@ from ._exceptions import ReplicaContextError as ReplicaContextError
 from ._exceptions import ReplicaExitedError as ReplicaExitedError
 from ._options import CommunicationImplementation as CommunicationImplementation
 from ._options import CommunicationOptions as CommunicationOptions
+from ._public import set_public_module
 from ._runtime._context import ReplicaContext as ReplicaContext
 from ._runtime._context import get_replica_context as get_replica_context
 from ._runtime._context import get_strategy as get_strategy
@@ -89,18 +90,5 @@ __all__ = [
 ]
 
 
-def _set_public_module() -> None:
-    """Make every public class say ``asyncreplica``, the module to import it from.
-
-    Tracebacks, ``repr`` and ``help()`` then print ``asyncreplica.ReplicaExitedError``
-    instead of ``asyncreplica._exceptions.ReplicaExitedError``. Pickling still works: it
-    finds a class by ``__module__`` and ``__qualname__``, and both name it here.
-    """
-    namespace = globals()
-    for name in __all__:
-        obj = namespace[name]
-        if isinstance(obj, type) and obj.__module__.startswith("asyncreplica."):
-            obj.__module__ = __name__
-
-
-_set_public_module()
+set_public_module(__name__, globals(), __all__)
+del set_public_module

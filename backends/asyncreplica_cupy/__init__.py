@@ -12,6 +12,8 @@ The planning (which replicas on which GPU, NCCL ranks, the replica-order fold, t
 
 from __future__ import annotations
 
+from asyncreplica._public import set_public_module
+
 from ._backend import (
     INSTALL_HINT,
     CupyBackend,
@@ -37,17 +39,5 @@ __all__ = [
 ]
 
 
-def _set_public_module() -> None:
-    """Name this package, where they are imported from, as its classes' module.
-
-    Tracebacks, ``repr`` and ``help()`` then print the public name; pickle finds the
-    classes here too.
-    """
-    namespace = globals()
-    for name in __all__:
-        obj = namespace[name]
-        if isinstance(obj, type) and obj.__module__.startswith(__name__ + "."):
-            obj.__module__ = __name__
-
-
-_set_public_module()
+set_public_module(__name__, globals(), __all__)
+del set_public_module
