@@ -66,6 +66,16 @@ class Backend(abc.ABC):
     #: The name users pass as ``backend=``; set by each subclass.
     name: ClassVar[str] = ""
 
+    #: True when the backend accepts *foreign* arrays: leaves of another array library
+    #: than its own that implement the array API standard or DLPack (JAX,
+    #: ``array_api_strict``, ...). Such a backend describes a foreign leaf with a
+    #: :class:`LeafSpec` whose ``array_type`` names its type (so replicas that pass
+    #: different types get a ``CollectiveMismatchError``) and gives each replica its
+    #: results in its own input's array type. ``BackendConformanceTests`` checks this
+    #: when it is True and skips those tests otherwise. The default is False; the
+    #: numpy backend sets it.
+    accepts_foreign_arrays: ClassVar[bool] = False
+
     def __init__(self, devices: Sequence[str]) -> None:
         self.devices = tuple(devices)
 

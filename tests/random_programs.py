@@ -74,6 +74,49 @@ KNOWN_BROKEN: set[str] = set()
 # with the issue 14 item each one waits for:
 KNOWN_BROKEN_MPI: set[str] = set()
 
+# Array libraries a program may build its leaves with (``draw_program(libraries=...)``).
+# Only the local property test draws foreign ones: across processes they come back as
+# numpy arrays (a documented limit), so the MPI program stays numpy-only.
+LIBRARIES = ("numpy", "array_api_strict", "jax")
+# JAX holds 32-bit values only (its default, x64 off): its programs draw no 64-bit dtypes.
+_NO_X64 = ("float64", "int64")
+
+
+def library_dtypes(library: str) -> tuple[str, ...]:
+    """The dtypes a program of ``library`` draws from."""
+    return tuple(d for d in DTYPES if library != "jax" or d not in _NO_X64)
+
+
+@functools.cache
+def namespace(library: str) -> Any:
+    """The array namespace of ``library`` (imported on first use)."""
+    if library == "jax":
+        import jax.numpy as jnp
+
+        return jnp
+    if library == "array_api_strict":
+        import array_api_strict
+
+        return array_api_strict
+    return np
+
+
+def to_library(a: np.ndarray, library: str) -> Any:
+    """``a`` as an array of ``library`` (numpy arrays are returned as they are)."""
+    if library == "numpy":
+        return a
+    return namespace(library).asarray(a.astype(a.dtype.newbyteorder("=")))
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """An array of any library as a numpy array (through DLPack where it can)."""
+    if isinstance(value, np.ndarray | np.generic):
+        return np.asarray(value)
+    try:
+        return np.from_dlpack(value)
+    except (AttributeError, BufferError, TypeError, RuntimeError):
+        return np.asarray(value)
+
 
 class Chooser(Protocol):
     """Where the generator's choices come from (hypothesis, or a seeded ``random``)."""
@@ -135,6 +178,7 @@ class Program:
     # | ("sleep0",) | ("raise",) | ("cancel",) | ("spawn_then_raise", index)
     actions: tuple[tuple[tuple[Any, ...], ...], ...]
     faults: tuple[str, ...] = ()
+    library: str = "numpy"  # the array library of every step's leaves (not named pairs')
 
     def collectives(self, rid: int) -> list[Any]:
         out: list[Any] = []
@@ -190,9 +234,17 @@ SCALAR_BROADCAST = "scalar_broadcast"
 BIG_INTS = "big_ints"
 
 
-def _step(c: Chooser, n: int, seed: int, *, deep: bool, off: frozenset[str] = frozenset()) -> Step:
+def _step(
+    c: Chooser,
+    n: int,
+    seed: int,
+    *,
+    deep: bool,
+    off: frozenset[str] = frozenset(),
+    dtypes: Sequence[str] = DTYPES,
+) -> Step:
     kind = c.choice(KINDS)
-    dtype = c.choice(DTYPES)
+    dtype = c.choice(dtypes)
     nest = c.choice(NESTS)
     site = c.integer(0, 1)
     depth = c.choice((DEEP, 9, 12) if deep else (0, 1, 2, DEEP - 1))
@@ -218,7 +270,7 @@ def _step(c: Chooser, n: int, seed: int, *, deep: bool, off: frozenset[str] = fr
     return Step(kind, c.choice(OPS), tuple(dims), axis=axis, **common)  # type: ignore[arg-type]
 
 
-def _changed(c: Chooser, step: Step, n: int) -> Step:
+def _changed(c: Chooser, step: Step, n: int, dtypes: Sequence[str] = DTYPES) -> Step:
     """The same step with one field changed so that replicas must disagree."""
     choices = ["kind"]
     if step.kind not in ("barrier", "merge_call"):
@@ -231,7 +283,7 @@ def _changed(c: Chooser, step: Step, n: int) -> Step:
     if what == "shape":
         return replace(step, shape=(*step.shape, 2))  # a new trailing axis: never compatible
     if what == "dtype":
-        legal = [d for d in DTYPES if d != step.dtype]
+        legal = [d for d in dtypes if d != step.dtype]
         if step.op is not None:
             legal.remove("bool")
         return replace(step, dtype=c.choice(legal))
@@ -253,6 +305,7 @@ def draw_program(
     known_broken: set[str] | None = None,
     named_pairs: bool = True,
     off: frozenset[str] = frozenset(),
+    libraries: Sequence[str] = ("numpy",),
 ) -> Program:
     """Draw one program: its replicas, its steps, and each replica's actions and faults.
 
@@ -266,9 +319,14 @@ def draw_program(
         known_broken: The fault kinds kept out of the draw; ``KNOWN_BROKEN`` by default.
         named_pairs: Whether steps may be pairs of named collectives.
         off: Features not to draw (``SCALAR_BROADCAST``).
+        libraries: The array libraries (``LIBRARIES``) the program may build its leaves
+            with, one drawn per program; repeat one to draw it more often. Nothing is
+            drawn when there is one (the default: numpy), so seeds keep their programs.
     """
     broken = KNOWN_BROKEN if known_broken is None else known_broken
     n = c.integer(*n_range)
+    library = c.choice(libraries) if len(set(libraries)) > 1 else libraries[0]
+    dtypes = library_dtypes(library)
     allowed = [f for f in faults if f not in broken]
     base: list[Step] = []
     named: list[int] = []
@@ -279,16 +337,16 @@ def draw_program(
         if what == "twins":
             # Two steps that differ only in the line issuing them (and their values).
             deep = "swap_deep" in allowed and c.integer(0, 1) == 1
-            first = replace(_step(c, n, 10 * i, deep=deep, off=off), site=0)
+            first = replace(_step(c, n, 10 * i, deep=deep, off=off, dtypes=dtypes), site=0)
             base += [first, replace(first, site=1, seed=first.seed + 1)]
         elif what == "same_line":
-            first = replace(_step(c, n, 10 * i, deep=False, off=off), depth=0)
+            first = replace(_step(c, n, 10 * i, deep=False, off=off, dtypes=dtypes), depth=0)
             base.append(replace(first, pair=True))
         elif what == "named":
             named.append(len(base))
             base.append(Step("named", seed=10 * i, shape=(2,), dtype="float64"))
         else:
-            base.append(_step(c, n, 10 * i, deep=False, off=off))
+            base.append(_step(c, n, 10 * i, deep=False, off=off, dtypes=dtypes))
     modes = [m for m in (*CONCURRENT, "seq_ab") if asyncio_only or m not in ASYNCIO_ONLY]
     per_replica: list[tuple[tuple[Any, ...], ...]] = []
     drawn: list[str] = []
@@ -302,7 +360,7 @@ def draw_program(
                 acts.append(("step", s, variant))
         for _ in range(c.integer(0, 2) if allowed else 0):
             fault = c.choice(allowed)
-            if _fault(c, fault, acts, n, asyncio_only, off):
+            if _fault(c, fault, acts, n, asyncio_only, off, dtypes):
                 drawn.append(fault)
         for _ in range(c.integer(0, 3)):  # checkpoints never change the outcome
             acts.insert(c.integer(0, len(acts)), (c.choice(("checkpoint", "sleep0")),))
@@ -316,7 +374,7 @@ def draw_program(
         "gather": {"cycle_gather"},
         "ensure_future": {"cycle_task", "spawn_then_raise"},
     }
-    program = Program(n, tuple(base), tuple(per_replica), tuple(drawn))
+    program = Program(n, tuple(base), tuple(per_replica), tuple(drawn), library)
     if drawn or program.cycle:
         per_replica = [
             tuple(
@@ -327,23 +385,29 @@ def draw_program(
             )
             for acts in per_replica
         ]
-        program = Program(n, tuple(base), tuple(per_replica), tuple(drawn))
+        program = Program(n, tuple(base), tuple(per_replica), tuple(drawn), library)
     return program
 
 
 def _fault(
-    c: Chooser, fault: str, acts: list[tuple[Any, ...]], n: int, aio: bool, off: frozenset[str]
+    c: Chooser,
+    fault: str,
+    acts: list[tuple[Any, ...]],
+    n: int,
+    aio: bool,
+    off: frozenset[str],
+    dtypes: Sequence[str] = DTYPES,
 ) -> bool:
     """Apply ``fault`` to one replica's actions; False when it does not apply."""
     steps = [i for i, a in enumerate(acts) if a[0] == "step"]
     if fault == "skip" and steps:
         del acts[c.choice(steps)]
     elif fault == "extra":
-        extra = _step(c, n, 1000 + len(acts), deep=False, off=off)
+        extra = _step(c, n, 1000 + len(acts), deep=False, off=off, dtypes=dtypes)
         acts.insert(c.integer(0, len(acts)), ("step", extra, Variant()))
     elif fault == "change" and steps:
         i = c.choice(steps)
-        acts[i] = ("step", _changed(c, acts[i][1], n), acts[i][2])
+        acts[i] = ("step", _changed(c, acts[i][1], n, dtypes), acts[i][2])
     elif fault in ("swap", "swap_deep"):
         twins = [
             i
@@ -402,11 +466,16 @@ def leaf_count(step: Step) -> int:
     return 1 if step.nest == "leaf" else 2
 
 
-def build(step: Step, rid: int, variant: Variant) -> Any:
-    """The value replica ``rid`` passes, in its own byte order and dict key order."""
+def build(step: Step, rid: int, variant: Variant, library: str = "numpy") -> Any:
+    """The value replica ``rid`` passes, in its own byte order and dict key order.
 
-    def leaf(j: int) -> np.ndarray:
+    Leaves are ``library``'s arrays; byte orders other than the native one are numpy's.
+    """
+
+    def leaf(j: int) -> Any:
         a = leaf_value(step, rid, j)
+        if library != "numpy":
+            return to_library(a, library)
         if variant.byteorder != "=" and a.dtype.itemsize > 1:
             a = a.astype(a.dtype.newbyteorder(variant.byteorder))
         return a
@@ -465,7 +534,13 @@ def expected_leaf(step: Step, rid: int, n: int, j: int) -> Any:
 
 
 def check_step(
-    step: Step, rid: int, n: int, variant: Variant, got: Any, local: Sequence[int]
+    step: Step,
+    rid: int,
+    n: int,
+    variant: Variant,
+    got: Any,
+    local: Sequence[int],
+    library: str = "numpy",
 ) -> None:
     """Assert replica ``rid``'s result of ``step`` is exactly numpy's.
 
@@ -475,8 +550,8 @@ def check_step(
         assert isinstance(got, tuple), got
         assert len(got) == 2
         first = replace(step, pair=False, swapped=False)
-        check_step(first, rid, n, variant, got[0], local)
-        check_step(replace(first, seed=first.seed + 1), rid, n, variant, got[1], local)
+        check_step(first, rid, n, variant, got[0], local, library)
+        check_step(replace(first, seed=first.seed + 1), rid, n, variant, got[1], local, library)
         return
     if step.kind == "barrier":
         assert got is None
@@ -486,25 +561,37 @@ def check_step(
         assert isinstance(got, tuple), got
         assert len(got) == len(local)
         for g, r in zip(got, local, strict=True):
-            same(g, leaf_value(step, r, 0))
+            same(g, leaf_value(step, r, 0), library)
         return
     if step.nest == "leaf":
-        same(got, expected_leaf(step, rid, n, 0))
+        same(got, expected_leaf(step, rid, n, 0), library)
     elif step.nest == "list":
         assert isinstance(got, list), type(got)
         assert len(got) == 2
         for j in range(2):
-            same(got[j], expected_leaf(step, rid, n, j))
+            same(got[j], expected_leaf(step, rid, n, j), library)
     else:
         assert isinstance(got, dict), type(got)
         keys = ["b", "w"] if variant.keys_reversed else ["w", "b"]
         assert list(got) == keys, "a result must keep the replica's own key order"
-        same(got["w"], expected_leaf(step, rid, n, 0))
-        same(got["b"], expected_leaf(step, rid, n, 1))
+        same(got["w"], expected_leaf(step, rid, n, 0), library)
+        same(got["b"], expected_leaf(step, rid, n, 1), library)
 
 
-def same(got: Any, expected: np.ndarray) -> None:
-    got = np.asarray(got)
+def same(got: Any, expected: np.ndarray, library: str = "numpy") -> None:
+    """``got`` is ``library``'s array type and holds numpy's ``expected`` exactly.
+
+    For a foreign library the oracle's value is taken as that library holds it (JAX,
+    32-bit by default, holds the float64 MEAN of integers as float32).
+    """
+    if library == "numpy":
+        # numpy inputs may be numpy scalars (0-d arithmetic gives them); numpy either way.
+        assert isinstance(got, np.ndarray | np.generic), f"a {type(got)} for a numpy input"
+    else:
+        kind = type(to_library(np.zeros(1, expected.dtype), library))
+        assert type(got) is kind, f"a {type(got)} came back for a {kind} input"
+        expected = to_numpy(to_library(expected, library))
+    got = to_numpy(got)
     assert got.shape == expected.shape, (got.shape, expected.shape)
     # Byte order is the transport's business: a big-endian float64 is still a float64.
     assert got.dtype.name == expected.dtype.name, (got.dtype, expected.dtype)
@@ -530,7 +617,7 @@ def check_results(program: Program, rid: int, got: list[Any], local: Sequence[in
             np.testing.assert_array_equal(ra, expected_named(action[1], program.n, "a"))
             np.testing.assert_array_equal(rb, expected_named(action[1], program.n, "b"))
         else:
-            check_step(action[1], rid, program.n, action[2], g, local)
+            check_step(action[1], rid, program.n, action[2], g, local, program.library)
 
 
 # -- the interpreter -------------------------------------------------------------------------
@@ -569,11 +656,14 @@ async def at_site(ctx: ar.ReplicaContext, step: Step, x: Any) -> Any:
     return await chain(step.depth, ctx, step, x)
 
 
-async def same_line(ctx: ar.ReplicaContext, step: Step, rid: int, v: Variant) -> Any:
+async def same_line(
+    ctx: ar.ReplicaContext, step: Step, rid: int, v: Variant, library: str = "numpy"
+) -> Any:
     """A twin pair from one line: ``a`` then ``b``, or (``swapped``) ``b`` then ``a``."""
     a = replace(step, pair=False, swapped=False)
     b = replace(a, seed=a.seed + 1)
-    f, xa, xb, swap = functools.partial(issue, ctx), build(a, rid, v), build(b, rid, v), step.swapped
+    xa, xb = build(a, rid, v, library), build(b, rid, v, library)
+    f, swap = functools.partial(issue, ctx), step.swapped
     ra, rb = (await f(a, xa), await f(b, xb)) if not swap else (await f(b, xb), await f(a, xa))[::-1]  # fmt: skip
     return ra, rb
 
@@ -625,14 +715,15 @@ async def act(
     rid: int,
     planted: list[BaseException],
     cancel: Callable[[], None],
+    library: str = "numpy",
 ) -> tuple[bool, Any]:
-    """Perform one action; return (whether it gave a result, the result)."""
+    """Perform one action (steps with ``library``'s arrays); return (gave a result, it)."""
     what = action[0]
     if what == "step":
         step, variant = action[1], action[2]
         if step.pair:
-            return True, await same_line(ctx, step, rid, variant)
-        return True, await at_site(ctx, step, build(step, rid, variant))
+            return True, await same_line(ctx, step, rid, variant, library)
+        return True, await at_site(ctx, step, build(step, rid, variant, library))
     if what == "named":
         return True, await named_pair(ctx, action[1], action[2], rid)
     if what == "checkpoint":
@@ -653,4 +744,3 @@ async def act(
         cancel()
         await anyio.lowlevel.checkpoint()
     return False, None
-

@@ -4,8 +4,9 @@ Hypothesis draws a program (see ``random_programs.py``): collectives of every ki
 small shapes, dtypes from int8 to float64 and bool where legal, leaves or nests (lists,
 dicts), issued from two different lines, through 0 to 12 helper frames, or two on one
 line; named pairs issued from a task group, ``asyncio.gather``, a helper task or in
-sequence. Each replica passes its values in its own byte order and dict key order (which
-must never matter) and may take faults: a skipped, extra, changed or swapped step (swapped
+sequence. Each program builds its leaves with one array library (numpy, array_api_strict,
+or rarely JAX: those installed), whose type every result must keep. Each replica passes
+its values in its own byte order and dict key order (which must never matter) and may take faults: a skipped, extra, changed or swapped step (swapped
 at depth, or on one line), a planted exception, named collectives awaited in a cycle, a
 helper task left behind by a failing replica, a cancellation of the whole run, and
 checkpoints anywhere. Each program runs under a hang guard on asyncio and trio:
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -58,6 +60,16 @@ settings.register_profile(
 
 HANG_GUARD = 5.0
 
+# The array library of each program's leaves, by weight: JAX calls are slow, so JAX is
+# drawn for about one program in ten. Libraries that are not installed are left out.
+_WEIGHTS = {"numpy": 5, "array_api_strict": 4, "jax": 1}
+ARRAY_LIBRARIES = tuple(
+    name
+    for name, weight in _WEIGHTS.items()
+    if name == "numpy" or importlib.util.find_spec(name) is not None
+    for _ in range(weight)
+)
+
 
 class HypothesisChooser:
     """The generator's choices, drawn by hypothesis (so failures shrink)."""
@@ -93,7 +105,7 @@ async def execute(program: Program, guard: float = HANG_GUARD) -> None:
             rid = ctx.replica_id_in_sync_group
             out = results.setdefault(rid, [])
             for action in program.actions[rid]:
-                gave, result = await act(ctx, action, rid, planted, scope.cancel)
+                gave, result = await act(ctx, action, rid, planted, scope.cancel, program.library)
                 if gave:
                     out.append(result)
 
@@ -168,7 +180,10 @@ def check_outcome(
 @settings(settings.get_profile("asyncreplica-properties"))
 @given(data=st.data())
 def test_random_programs_never_hang_and_never_lie(backend: str, data: st.DataObject) -> None:
-    program = draw_program(HypothesisChooser(data), asyncio_only=backend == "asyncio")
+    program = draw_program(
+        HypothesisChooser(data), asyncio_only=backend == "asyncio", libraries=ARRAY_LIBRARIES
+    )
+    record(f"array library: {program.library}")
     anyio.run(functools.partial(execute, program), backend=backend)
 
 

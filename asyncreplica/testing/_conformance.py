@@ -131,6 +131,32 @@ def _random(
     return out
 
 
+# Array libraries whose (CPU) arrays the foreign-array tests pass, by the array type the
+# signature names: (module to import, pip requirement).
+FOREIGN = {
+    "array_api_strict.Array": ("array_api_strict", "array-api-strict"),
+    "jax.Array": ("jax.numpy", "jax[cpu]"),
+}
+# Collectives the foreign-array tests run (dtypes every library holds without x64 modes).
+FOREIGN_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def _namespace(array_type: str) -> Any:
+    """The namespace that makes ``array_type`` arrays; skips the test when it is missing."""
+    module, requirement = FOREIGN[array_type]
+    return pytest.importorskip(
+        module, reason=f"{array_type} inputs need {module} (pip install '{requirement}')"
+    )
+
+
+def _host(value: object) -> Array:
+    """A foreign array's contents as numpy: through DLPack, else ``numpy.asarray``."""
+    try:
+        return np.from_dlpack(value)  # type: ignore[arg-type]
+    except (AttributeError, BufferError, TypeError, RuntimeError):
+        return np.asarray(value)
+
+
 def _arrays_of(value: object) -> list[object]:
     """The arrays a leaf is made of: an ``IndexedSlices`` has two."""
     if isinstance(value, IndexedSlices):
@@ -726,6 +752,99 @@ class BackendConformanceTests(abc.ABC):
                 assert got == [(d, s, b) for d, s, b, _ in first], (
                     f"replica {r}'s leaf {j} differs from replica 0's"
                 )
+
+    # -- foreign arrays (Backend.accepts_foreign_arrays) -------------------------------------
+
+    def _foreign(self, array_type: str) -> Any:
+        """The namespace of ``array_type``; skips unless the backend accepts foreign arrays."""
+        kind = type(self.backend)
+        if not kind.accepts_foreign_arrays:
+            pytest.skip(
+                f"{kind.__name__} does not accept arrays of other libraries "
+                "(Backend.accepts_foreign_arrays is False)"
+            )
+        return _namespace(array_type)
+
+    @pytest.mark.parametrize("array_type", list(FOREIGN))
+    def test_foreign_describe_names_the_array_type(self, array_type: str) -> None:
+        """A foreign leaf's ``LeafSpec`` has its shape, dtype and ``array_type``."""
+        xp = self._foreign(array_type)
+        value = xp.asarray(np.zeros((2, 3), np.float32))
+        assert self.backend.describe(value) == LeafSpec((2, 3), "float32", array_type=array_type)
+
+    @pytest.mark.parametrize("kind", FOREIGN_COLLECTIVES)
+    @pytest.mark.parametrize("array_type", list(FOREIGN))
+    def test_foreign_results_keep_the_input_type(self, array_type: str, kind: str) -> None:
+        """Foreign inputs give results of the input's own type with numpy's values, bitwise."""
+        xp = self._foreign(array_type)
+        n = self._n
+        values = _random(n, "float32", (2 * n, 3))
+        ints = _random(n, "int32", (n,))
+        expected: list[list[Array]]
+        if kind == "all_reduce":
+            rows = [[xp.asarray(values[r]), xp.asarray(ints[r])] for r in range(n)]
+            call = self.backend.all_reduce(ReduceOp.SUM, rows)
+            combined = [_fold(ReduceOp.SUM, values), _fold(ReduceOp.SUM, ints)]
+            expected = [combined] * n
+        elif kind == "all_gather":
+            rows = [[xp.asarray(values[r][: r + 1])] for r in range(n)]
+            call = self.backend.all_gather(rows, 0)
+            expected = [[np.concatenate([values[r][: r + 1] for r in range(n)])]] * n
+        elif kind == "reduce_scatter":
+            rows = [[xp.asarray(values[r])] for r in range(n)]
+            call = self.backend.reduce_scatter(ReduceOp.MAX, rows, 0)
+            chunks = np.split(_fold(ReduceOp.MAX, values), n, axis=0)
+            expected = [[chunks[r]] for r in range(n)]
+        else:
+            rows = [[xp.asarray(values[0]), xp.asarray(ints[0])]]
+            call = self.backend.broadcast(rows[0], n)
+            expected = [[values[0], ints[0]]] * n
+        results = self._check_layout(self._run(lambda: call), n, len(expected[0]))
+        for r in range(n):
+            for j, want in enumerate(expected[r]):
+                got = results[r][j]
+                what = f"{kind} of {array_type} inputs, leaf {j} on replica {r}"
+                assert type(got) is type(rows[0][j]), (
+                    f"{what}: a {type(got).__module__}.{type(got).__qualname__} came back"
+                )
+                host = _host(got)
+                assert host.dtype == want.dtype, f"{what}: dtype {host.dtype}, not {want.dtype}"
+                np.testing.assert_array_equal(host, want, err_msg=what, strict=True)
+
+    @pytest.mark.parametrize("array_type", list(FOREIGN))
+    def test_foreign_and_numpy_inputs_are_a_mismatch(self, array_type: str) -> None:
+        """Replicas passing numpy and foreign arrays get a ``CollectiveMismatchError`` naming both."""
+        xp = self._foreign(array_type)
+        self._check_mixed(lambda r: xp if r == self._n - 1 else np, array_type, "numpy.ndarray")
+
+    def test_two_foreign_types_are_a_mismatch(self) -> None:
+        """JAX and ``array_api_strict`` inputs to one collective: a mismatch naming both."""
+        jnp = self._foreign("jax.Array")
+        strict = self._foreign("array_api_strict.Array")
+        self._check_mixed(
+            lambda r: jnp if r == self._n - 1 else strict, "jax.Array", "array_api_strict.Array"
+        )
+
+    def _check_mixed(self, namespace: Callable[[int], Any], last: str, others: str) -> None:
+        """Run an all_reduce where the last replica's namespace differs; check the error."""
+        n = self._n
+        if n < 2:
+            pytest.skip("needs two replicas or more")
+        strategy = asyncreplica.MirroredStrategy(list(self.devices), backend=self.backend)
+        arrays = _random(n, "float32", (3,))
+
+        async def step(r: object) -> object:
+            ctx = asyncreplica.get_replica_context()
+            assert ctx is not None
+            rid = ctx.replica_id_in_sync_group
+            return await ctx.all_reduce(ReduceOp.SUM, namespace(rid).asarray(arrays[rid]))
+
+        with pytest.raises(asyncreplica.CollectiveMismatchError) as info:
+            self._run(lambda: strategy.run(step, args=(PerReplica(list(range(n))),)))
+        message = str(info.value)
+        assert "array type" in message, message
+        assert f"replica {n - 1} passed {last}" in message, message
+        assert others in message, message
 
     # -- end to end ------------------------------------------------------------------------
 

@@ -387,6 +387,9 @@ class NumpyBackend(Backend):
     """
 
     name: ClassVar[str] = "numpy"
+    #: JAX, ``array_api_strict``, PyTorch (CPU) ... arrays are held as numpy arrays and
+    #: come back in their own type (``asyncreplica_numpy._foreign``).
+    accepts_foreign_arrays: ClassVar[bool] = True
 
     def __init__(self, devices: Sequence[str]) -> None:
         super().__init__(devices)
