@@ -38,6 +38,8 @@ def test_quick_bench_writes_a_table_and_json(
     assert ("all_gather", "asyncreplica") in systems
     assert ("scale (per replica)", "asyncreplica") in systems
     assert ("tracing on", "asyncreplica + trace") in systems
+    for name in ("numpy", "jax", "array_api_strict"):  # issue 18: by input array type
+        assert ("all_reduce array type", name) in systems
     # The minimal implementations each target is also read against, measured in the run.
     assert ("batched 1000 x 1 KiB", "numpy, per leaf (floor)") in systems
     for kind in ("all_gather", "broadcast", "reduce_scatter"):
@@ -170,6 +172,39 @@ def test_the_targets_are_issue_17s_table() -> None:
     assert targets["batched 1000 x 1 KiB x 4 vs one 1000 KiB"].reference == 2.0
 
 
+def _typed(name: str, us: float, numpy_us: float = 400.0) -> Row:
+    return Row("all_reduce array type", 8, 1 << 20, "asyncio", name, us, "numpy inputs", numpy_us)
+
+
+def test_the_array_type_targets_read_each_library_against_numpy_inputs() -> None:
+    rows = [_typed("numpy", 400.0), _typed("jax", 430.0), _typed("array_api_strict", 480.0)]
+    targets = {t.figure: t for t in _targets(_rows() + rows)}
+    jax = targets["all_reduce 1 MiB x 8, jax / numpy inputs"]
+    strict = targets["all_reduce 1 MiB x 8, array_api_strict / numpy inputs"]
+    assert (jax.value, jax.target, jax.met) == (pytest.approx(1.075), "<= 1.1x", True)
+    assert (strict.value, strict.target, strict.met) == (pytest.approx(1.2), "<= 1.1x", False)
+    # Within the noise: not measured, so missed.
+    noisy = {t.figure: t for t in _targets([_typed("jax", NAN)])}
+    assert not noisy["all_reduce 1 MiB x 8, jax / numpy inputs"].met
+
+
+def test_a_library_not_installed_is_a_dash_and_no_target(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = Row("all_reduce array type", 8, 1 << 20, "asyncio", "jax", NAN, "not installed", NAN)
+    rows = [*_rows(), _typed("numpy", 400.0), missing, _typed("array_api_strict", 420.0)]
+    figures = [t.figure for t in _targets(rows)]
+    assert "all_reduce 1 MiB x 8, array_api_strict / numpy inputs" in figures
+    assert not any("jax" in f for f in figures)
+    _canned(monkeypatch, rows)
+    assert main(["--quick", "--quiet", "--check"]) == 0  # nothing to miss
+    line = next(x for x in capsys.readouterr().out.splitlines() if "not installed" in x)
+    assert line.split()[:6] == ["all_reduce", "array", "type", "8", "1", "MiB"]
+    assert "jax" in line
+    assert " -us " in line
+    assert line.rstrip().endswith("-x")
+
+
 def test_the_mpi_targets_read_the_mpi_report() -> None:
     report = {
         "processes": 2,
@@ -198,7 +233,13 @@ def test_the_mpi_targets_read_the_mpi_report() -> None:
 def _canned(monkeypatch: pytest.MonkeyPatch, rows: list[Row]) -> None:
     """``main`` measures nothing: every case returns its part of ``rows``."""
     monkeypatch.setattr(bench_main, "_measure_all_reduce", lambda plan, progress: rows)
-    for name in ("_measure_scale", "_measure_moves", "_measure_batched", "_measure_tracing"):
+    for name in (
+        "_measure_scale",
+        "_measure_moves",
+        "_measure_array_types",
+        "_measure_batched",
+        "_measure_tracing",
+    ):
         monkeypatch.setattr(bench_main, name, lambda plan, progress: [])
     monkeypatch.setattr(bench_main, "_measure_memory", lambda plan, progress: [])
     monkeypatch.setattr(bench_main, "_measure_mpi", lambda quick, progress: None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import math
 import os
 import statistics
 import tempfile
@@ -293,6 +294,67 @@ def _measure_moves(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             rows.append(
                 Row(kind, n, nbytes, "asyncio", "futures", us, name, floor_us, futures[kind])
             )
+    return rows
+
+
+# Issue 18's array types: the case's name, and each library's name and constructor.
+ARRAY_TYPES_CASE = "all_reduce array type"
+NUMPY_INPUTS = "numpy inputs"
+NOT_INSTALLED = "not installed"
+
+
+def _jax_array(a: Array) -> Any:
+    import jax.numpy as jnp
+
+    return jnp.asarray(a)
+
+
+def _strict_array(a: Array) -> Any:
+    import array_api_strict as xp
+
+    return xp.asarray(a)
+
+
+_ARRAY_TYPES: dict[str, tuple[str, Callable[[Array], Any]]] = {
+    "jax": ("jax", _jax_array),
+    "array_api_strict": ("array_api_strict", _strict_array),
+}
+
+
+def _measure_array_types(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
+    """A 1 MiB x 8 all_reduce of JAX and array_api_strict inputs against numpy inputs.
+
+    Interleaved with the numpy inputs' run, which is each row's baseline. A library
+    that is not installed gets a row not measured (``-``), and no target.
+    """
+    n, nbytes = 8, 1 << 20
+    inputs = _inputs(n, nbytes)
+    rounds = _rounds(plan, nbytes, n)
+    strategy = ar.MirroredStrategy(_devices(n))
+    values = {"numpy": ar.PerReplica(inputs)}
+    for name, (module, make) in _ARRAY_TYPES.items():
+        if importlib.util.find_spec(module) is not None:
+            values[name] = ar.PerReplica([make(a) for a in inputs])
+    progress(f"all_reduce {_size(nbytes)} x {n} replicas of {', '.join(values)} inputs")
+    samples: dict[str, list[float]] = {name: [] for name in values}
+    for per_replica in values.values():  # one untimed round of each
+        _ours("asyncio", strategy, "all_reduce", per_replica)(1)
+    for _ in range(plan.repeat):  # interleaved
+        for name, per_replica in values.items():
+            sample = _ours("asyncio", strategy, "all_reduce", per_replica)
+            samples[name].append(_steady(sample, rounds))
+    numpy_us = _median_us(samples["numpy"], rounds)
+    rows: list[Row] = []
+    for name in ["numpy", *_ARRAY_TYPES]:
+        if name in samples:
+            us = _median_us(samples[name], rounds)
+            baseline, baseline_us = NUMPY_INPUTS, numpy_us
+        else:
+            us, baseline, baseline_us = math.nan, NOT_INSTALLED, math.nan
+        case = ARRAY_TYPES_CASE
+        rows.append(
+            Row(case, n, nbytes, "asyncio", name, us, baseline, baseline_us, samples.get(name, []))
+        )
     return rows
 
 

@@ -20,6 +20,7 @@ from ._cases import (
     _local_rendezvous_us,
     _loops,
     _measure_all_reduce,
+    _measure_array_types,
     _measure_batched,
     _measure_moves,
     _measure_scale,
@@ -130,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = _measure_all_reduce(plan, progress)
     rows += _measure_scale(plan, progress)
     rows += _measure_moves(plan, progress)
+    rows += _measure_array_types(plan, progress)
     rows += _measure_batched(plan, progress)
     rows += _measure_tracing(plan, progress)
     targets = _targets(rows) + _measure_memory(plan, progress)

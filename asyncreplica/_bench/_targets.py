@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._cases import _MOVES
+from ._cases import _ARRAY_TYPES, _MOVES, ARRAY_TYPES_CASE, NUMPY_INPUTS
 from ._model import Row, Target, _bounded, _find, _size
 
 
@@ -70,6 +70,10 @@ def _targets(rows: list[Row]) -> list[Target]:
             out.append(
                 _bounded(figure, r.ratio, 1.2, reference=reference, reference_system="futures")
             )
+    for name in _ARRAY_TYPES:  # issue 18: routing and converting are nearly free
+        typed = _find(rows, ARRAY_TYPES_CASE, 8, 1 << 20, "asyncio", name)
+        if typed is not None and typed.baseline == NUMPY_INPUTS:  # else: not installed
+            out.append(_bounded(f"all_reduce 1 MiB x 8, {name} / numpy inputs", typed.ratio, 1.1))
     for r in rows:
         if r.case == "tracing on":
             out.append(Target("tracing on vs off, 8 B x 8", r.ratio, "x", "(reported)", True))

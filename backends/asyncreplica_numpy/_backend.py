@@ -73,12 +73,28 @@ def _as_array(value: object) -> Array:
     return np.asarray(value)
 
 
-def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
+# A foreign leaf's numpy view, by the leaf's id: made while describing the leaf and
+# taken by the collective that follows, so that each leaf is converted once.
+_Described = dict[int, tuple[object, Array]]
+
+
+def _held(value: object, library: Library, described: _Described) -> Array:
+    """``value`` (foreign) as a numpy array: the view made while describing it, if any."""
+    entry = described.pop(id(value), None)
+    if entry is not None and entry[0] is value:
+        return entry[1]
+    return to_host(value, library)
+
+
+def _host_values(
+    values: Leaves, described: _Described
+) -> tuple[Leaves, list[Library | None] | None]:
     """``values`` with foreign leaves (JAX, array_api_strict, ...) as numpy arrays.
 
     Returns ``(values, None)``, unchanged, when no leaf is foreign: replica 0's leaves
     decide, because the ledger checked that every replica's leaf ``j`` has the same
     array type. Otherwise also the library of each leaf (None where not foreign).
+    Views made while describing the leaves (``described``) are reused, then dropped.
     """
     first = values[0]
     if list(map(type, first)).count(np.ndarray) == len(first):
@@ -87,9 +103,13 @@ def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
     if libraries.count(None) == len(libraries):
         return values, None
     host = [
-        [v if lib is None else to_host(v, lib) for v, lib in zip(row, libraries, strict=True)]
+        [
+            v if lib is None else _held(v, lib, described)
+            for v, lib in zip(row, libraries, strict=True)
+        ]
         for row in values
     ]
+    described.clear()  # nothing outlives its collective
     return host, libraries
 
 
@@ -105,12 +125,16 @@ def _restore(results: list[list[object]], libraries: list[Library | None]) -> li
     return out
 
 
-def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
+def _host_components(
+    components: Sequence[object], described: _Described
+) -> tuple[list[object], Library | None]:
     """Components as numpy arrays, and the library of the first one (None if numpy)."""
     libraries = [None if type(c) is np.ndarray else library_of(c) for c in components]
     host = [
-        c if lib is None else to_host(c, lib) for c, lib in zip(components, libraries, strict=True)
+        c if lib is None else _held(c, lib, described)
+        for c, lib in zip(components, libraries, strict=True)
     ]
+    described.clear()
     return host, libraries[0] if libraries else None
 
 
@@ -397,6 +421,9 @@ class NumpyBackend(Backend):
         # Where other replicas' leaves of a batch are joined (reused; see _reduce_batch).
         self._scratch = io.BytesIO()
         self._threads: ThreadPoolExecutor | None = None
+        # Foreign leaves' numpy views made by describe, for the collective that follows
+        # (see _host_values); emptied by that collective.
+        self._described: _Described = {}
         others = [d for d in self.devices if not d.startswith("CPU:")]
         if others:
             raise ValueError(
@@ -457,9 +484,12 @@ class NumpyBackend(Backend):
                         return specs  # type: ignore[return-value]
         return tuple(map(self.describe, values))
 
-    @staticmethod
-    def _describe_foreign(value: object, library: Library) -> LeafSpec:
+    def _describe_foreign(self, value: object, library: Library) -> LeafSpec:
         array = to_host(value, library)
+        described = self._described
+        if len(described) > 4096:  # describes with no collective after them (errors)
+            described.clear()
+        described[id(value)] = (value, array)
         if array.dtype.kind not in _HOLDABLE_KINDS:
             raise TypeError(
                 f"a collective's value must have a boolean or numeric dtype, got a "
@@ -521,7 +551,7 @@ class NumpyBackend(Backend):
             batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
             if batch is not None:
                 return batch
-        host, libraries = _host_values(values)
+        host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(
                 await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries
@@ -703,6 +733,7 @@ class NumpyBackend(Backend):
             self._threads.shutdown(wait=False)
             self._threads = None
         self._pool.clear()
+        self._described.clear()
         self._scratch = io.BytesIO()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
@@ -731,7 +762,7 @@ class NumpyBackend(Backend):
         buffer costs its page faults on every call), and when a replica's value has
         :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
-        host, libraries = _host_values(values)
+        host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(await self.all_gather(host, axis), libraries)
         n = len(values)
@@ -761,7 +792,7 @@ class NumpyBackend(Backend):
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
-        host, libraries = _host_values(values)
+        host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(await self.reduce_scatter(op, host, axis), libraries)
         n = len(values)
@@ -788,7 +819,7 @@ class NumpyBackend(Backend):
         Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
         once no replica holds a view of it), as all_reduce outputs are.
         """
-        host, libraries = _host_values([values])
+        host, libraries = _host_values([values], self._described)
         if libraries is not None:
             return _restore(await self.broadcast(host[0], num_replicas), libraries)
         copies = []
@@ -810,7 +841,7 @@ class NumpyBackend(Backend):
         The result is in the array type of the first component.
         """
         if type(components[0]) is not np.ndarray:
-            host, library = _host_components(components)
+            host, library = _host_components(components, self._described)
             if library is not None:
                 return from_host_shared([await self._reduce(op, host, axis)], library)[0]
         return await self._reduce(op, components, axis)
@@ -847,7 +878,7 @@ class NumpyBackend(Backend):
         The result is in the array type of the first component.
         """
         if type(components[0]) is not np.ndarray:
-            host, library = _host_components(components)
+            host, library = _host_components(components, self._described)
             if library is not None:
                 return from_host_shared(
                     [np.concatenate([_as_array(c) for c in host], axis=axis)], library

@@ -416,3 +416,69 @@ def test_array_type_is_compared_by_the_ledger() -> None:
         "array type",
     )
     assert differing_fields(sig(jax_spec), sig(jax_spec), check_call_sites=True) == ()
+
+
+# cost -----------------------------------------------------------------------------------------
+
+
+class _Counted:
+    """An array-API array (array_api_strict's namespace, DLPack) counting its exports."""
+
+    exports = 0
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._wrapped = array
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        import array_api_strict
+
+        return array_api_strict
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        type(self).exports += 1
+        return self._wrapped.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._wrapped.__dlpack_device__()  # type: ignore[no-any-return]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._wrapped.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self._wrapped.dtype
+
+
+@pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing")
+@pytest.mark.parametrize("leaves", [1, 2])
+def test_a_foreign_leaf_is_converted_once_per_collective(leaves: int) -> None:
+    # Described (the runtime checks every replica's leaves), then reduced: one export each.
+    backend = NumpyBackend(DEVICES)
+    values = [
+        [_Counted(np.arange(4, dtype=np.float32) + r + j) for j in range(leaves)]
+        for r in range(len(DEVICES))
+    ]
+    _Counted.exports = 0
+    for row in values:
+        backend.describe_leaves(row)
+    out = anyio.run(backend.all_reduce, ReduceOp.SUM, values)
+    assert _Counted.exports == len(DEVICES) * leaves
+    expected = sum(np.arange(4, dtype=np.float32) + r for r in range(len(DEVICES)))
+    for j in range(leaves):
+        np.testing.assert_array_equal(_host(out[0][j]), expected + len(DEVICES) * j)
+    # Nothing of the collective is kept: the next one converts its leaves afresh.
+    assert not backend._described
+    anyio.run(backend.all_reduce, ReduceOp.SUM, values)
+    assert _Counted.exports == 2 * len(DEVICES) * leaves
+
+
+@pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing")
+def test_strict_leaf_is_held_as_its_own_numpy_array() -> None:
+    import array_api_strict as xp
+
+    x = xp.asarray(np.arange(6, dtype=np.float32))
+    library = library_of(x)
+    assert library is not None
+    # No DLPack round trip: the numpy array inside (guarded, see to_host).
+    assert to_host(x, library) is x._array
