@@ -517,6 +517,13 @@ def _roll_call(
     return lines
 
 
+# The last line of every stall warning.
+_STALL_NOTE = (
+    "This is a warning, not an error: the run goes on, and a message follows if the "
+    "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
+)
+
+
 def stall_message(
     where: str, waited: float, arrived: Mapping[int, Signature], missing: Mapping[int, str]
 ) -> str:
@@ -531,10 +538,7 @@ def stall_message(
             "",
             *_roll_call(arrived, missing, "and waits"),
             "",
-            (
-                "This is a warning, not an error: the run goes on, and a message follows if the "
-                "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
-            ),
+            _STALL_NOTE,
         ]
     )
 
@@ -566,10 +570,7 @@ def merge_fn_stall_message(
             f"  * {everyone} called merge_call({merge_fn}) and {_verb([0] * num_replicas, 'waits', 'wait')}",
             f"  * merge_fn {merge_fn} runs in replica {caller}'s task, {whereabouts}",
             "",
-            (
-                "This is a warning, not an error: the run goes on, and a message follows if the "
-                "collective completes. Set CommunicationOptions(timeout_seconds=...) to fail instead."
-            ),
+            _STALL_NOTE,
         ]
     )
 
