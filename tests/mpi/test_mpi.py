@@ -111,12 +111,13 @@ SCENARIOS = {
     "shape": (
         "CollectiveMismatchError",
         [
-            "Processes disagree about their 1st collective (position 0): value differs",
+            # The same field names as inside one process (asyncreplica._core._match).
+            "Processes disagree about their 1st collective (position 0): shape differs.",
             "process 0 (replicas 0, 1) called all_reduce(SUM) on float64[3]",
             "process 1 (replica 2) called all_reduce(SUM) on float64[4]",
         ],
     ),
-    "op": ("CollectiveMismatchError", ["op differs", "all_reduce(MAX)"]),
+    "op": ("CollectiveMismatchError", [": reduce op differs.", "all_reduce(MAX)"]),
     "callsite": (
         "CollectiveMismatchError",
         [
