@@ -491,6 +491,8 @@ class Run:
         self._cancel_scope: anyio.CancelScope | None = None
         # Errors that already carry a note saying where they came from.
         self._noted: set[int] = set()
+        # Errors raised because the run had already failed (ids): never root causes.
+        self._consequences: set[int] = set()
 
     @property
     def failed(self) -> bool:
@@ -508,7 +510,7 @@ class Run:
         A replica's own task group wraps the collective error it re-raises in an
         ``ExceptionGroup``; that group is not a second failure.
         """
-        if any(e is error for _, e in self._errors):
+        if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
         if isinstance(error, BaseExceptionGroup):
             return all(
@@ -691,6 +693,13 @@ class Run:
                 # disagreement of this process's replicas is, so that a replica's own
                 # task group around the collective does not make it a group.
                 self._fail(replica, exc)
+                raise
+            except Exception as exc:
+                if self.failed:
+                    # Another collective of this run failed across processes first
+                    # (e.g. timed out, leaving the processes out of step): this one's
+                    # error is its consequence, not a second root cause.
+                    self._consequences.add(id(exc))
                 raise
         if tracer is not None:
             tracer.dispatch_end(key)
