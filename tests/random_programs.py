@@ -18,7 +18,8 @@ Fault kinds (``FAULTS``) and what they test:
 * ``swap``: a replica swaps two steps that agree on everything but the line they are
   issued from (found only by comparing call paths); ``swap_deep`` does so through more
   helper frames than the call path used to keep (9 to 12); ``swap_same_line`` swaps two
-  collectives that one source line issues.
+  collectives that one source line issues; ``swap_task`` swaps two that helper tasks
+  issue, each task started from its own line (the task's own frames agree).
 * ``raise``: a replica raises; ``cancel``: the run is cancelled from outside.
 * ``cycle``: two replicas await the same two named collectives in opposite orders (a
   wait cycle, ``CollectiveDeadlockError``); ``cycle_task`` and ``cycle_gather`` do so
@@ -59,6 +60,7 @@ FAULTS = (
     "swap",
     "swap_deep",
     "swap_same_line",
+    "swap_task",
     "raise",
     "cancel",
     "cycle",
@@ -155,6 +157,7 @@ class Step:
     depth: int = 0  # helper frames between the step function and the call
     pair: bool = False  # a twin pair (seed, seed + 1) issued from one line
     swapped: bool = False  # the pair issued in the other order, from the same line
+    task: bool = False  # issued in a helper task started from the site's line
     big: bool = False  # int8/uint8 values near 100, whose sum overflows the dtype
 
 
@@ -337,7 +340,10 @@ def draw_program(
         if what == "twins":
             # Two steps that differ only in the line issuing them (and their values).
             deep = "swap_deep" in allowed and c.integer(0, 1) == 1
-            first = replace(_step(c, n, 10 * i, deep=deep, off=off, dtypes=dtypes), site=0)
+            task = "swap_task" in allowed and c.integer(0, 2) == 0
+            first = replace(
+                _step(c, n, 10 * i, deep=deep, off=off, dtypes=dtypes), site=0, task=task
+            )
             base += [first, replace(first, site=1, seed=first.seed + 1)]
         elif what == "same_line":
             first = replace(_step(c, n, 10 * i, deep=False, off=off, dtypes=dtypes), depth=0)
@@ -408,7 +414,7 @@ def _fault(
     elif fault == "change" and steps:
         i = c.choice(steps)
         acts[i] = ("step", _changed(c, acts[i][1], n, dtypes), acts[i][2])
-    elif fault in ("swap", "swap_deep"):
+    elif fault in ("swap", "swap_deep", "swap_task"):
         twins = [
             i
             for i in steps[:-1]
@@ -416,6 +422,7 @@ def _fault(
             and acts[i][1].site == 0
             and acts[i + 1][1] == replace(acts[i][1], site=1, seed=acts[i][1].seed + 1)
             and (acts[i][1].depth >= DEEP) == (fault == "swap_deep")
+            and acts[i][1].task == (fault == "swap_task")
         ]
         if not twins:
             return False
@@ -650,7 +657,22 @@ async def chain(depth: int, ctx: ar.ReplicaContext, step: Step, x: Any) -> Any:
 
 
 async def at_site(ctx: ar.ReplicaContext, step: Step, x: Any) -> Any:
-    """Issue ``step`` from one of two lines (its ``site``), through its helper frames."""
+    """Issue ``step`` from one of two lines (its ``site``), through its helper frames.
+
+    A ``task`` step is issued in a helper task, started from one of two lines.
+    """
+    if step.task:
+        out: list[Any] = []
+
+        async def run() -> None:
+            out.append(await chain(step.depth, ctx, step, x))
+
+        async with anyio.create_task_group() as tg:
+            if step.site == 0:
+                tg.start_soon(run)
+            else:
+                tg.start_soon(run)
+        return out[0]
     if step.site == 0:
         return await chain(step.depth, ctx, step, x)
     return await chain(step.depth, ctx, step, x)

@@ -43,6 +43,7 @@ from random_programs import (
     act,
     check_results,
     draw_program,
+    to_library,
 )
 
 import asyncreplica as ar
@@ -96,6 +97,8 @@ async def execute(program: Program, guard: float = HANG_GUARD) -> None:
     results: dict[int, list[Any]] = {}
     before = len(anyio.get_running_tasks())
     outcome: Any = None
+    # The library is imported (JAX: seconds on a loaded machine) before the hang guard.
+    to_library(np.zeros(1), program.library)
 
     with anyio.fail_after(guard), anyio.CancelScope() as scope:
 

@@ -23,20 +23,29 @@ The walk also stops where a scheduler resumed a coroutine: a frame that is not a
 coroutine's, below a coroutine's frame, can only have resumed it (``send``), as the
 event loop's task step does for a helper task. Frames below it belong to whatever
 started the loop, not to the replica.
+
+A helper task's path goes on where the task was started: when a replica creates a
+task, :func:`record_spawn` captures the call path of the line that created it (that
+line's own task's spawn path included), and every collective the task issues has its
+own frames followed by those. Two helper tasks started from different lines in a
+different order per replica therefore differ, as two direct calls would.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import linecache
 import sys
+import weakref
 from itertools import islice
 from types import CodeType, FrameType
 from typing import Any
 
 from .._core._signature import CallSite
+from ._tasks import current_task
 
-__all__ = ["LOOP_PACKAGES", "call_path"]
+__all__ = ["LOOP_PACKAGES", "call_path", "forget_spawn", "record_spawn"]
 
 # The packages whose frames are an event loop's own (by module identity).
 LOOP_PACKAGES = frozenset({"asyncio", "trio", "anyio", "uvloop", "sniffio", "outcome"})
@@ -92,15 +101,84 @@ def _kind(frame: FrameType) -> int:
     return kind
 
 
+# The call path of the line that started each live helper task, by id(task), beside
+# a weak reference to the task (an entry is dropped when its task ends, forget_spawn,
+# or is freed; the reference tells a task from a later one that reuses the id).
+_spawned: dict[int, tuple[weakref.ref[Any], tuple[CallSite, ...]]] = {}
+# A task's own path followed by its spawn path, interned: keyed by the ids of both
+# (each entry holds both, so the ids stay theirs) and cleared with the other caches.
+_joined: dict[tuple[int, int], tuple[Any, Any, tuple[CallSite, ...]]] = {}
+
+
 def call_path() -> tuple[CallSite, ...]:
     """Return the frames from the collective's caller down to the replica's step function.
 
     The walk starts at the first frame outside the runtime and stops at the runtime's
     replica driver, or where a scheduler resumed the coroutines above it. Coroutines
     that await each other are chained through ``f_back`` while they run, so the step
-    function's frame is on this chain. Event-loop frames are skipped.
+    function's frame is on this chain. Event-loop frames are skipped. In a helper task
+    the replica started, the path goes on with the call path of the line that started
+    the task (:func:`record_spawn`).
     """
-    first = sys._getframe(1)
+    path = _path_from(sys._getframe(1))
+    if _spawned:
+        path = _with_spawn(path)
+    return path
+
+
+def record_spawn(task: object) -> None:
+    """Record where ``task`` was started: the call path of the code creating it.
+
+    Call it synchronously from the task's creation (a task factory, trio's
+    ``task_spawned``), inside the replica that creates it; the runtime's and the event
+    loop's frames above the creating line are skipped. A task started with no user
+    frame on the stack (by the runtime itself) gets no entry.
+    """
+    path = _path_from(sys._getframe(1))
+    if _spawned:
+        path = _with_spawn(path)
+    if path:
+        key = id(task)
+        _spawned[key] = (weakref.ref(task, functools.partial(_freed, key)), path)
+
+
+def _freed(key: int, ref: weakref.ref[Any]) -> None:
+    entry = _spawned.get(key)
+    if entry is not None and entry[0] is ref:
+        del _spawned[key]
+
+
+def forget_spawn(task: object) -> None:
+    """Drop ``task``'s spawn path (call it when the task ends)."""
+    entry = _spawned.get(id(task))
+    if entry is not None and entry[0]() is task:
+        del _spawned[id(task)]
+
+
+def _with_spawn(path: tuple[CallSite, ...]) -> tuple[CallSite, ...]:
+    """``path`` followed by the running task's spawn path, if it has one."""
+    try:
+        task = current_task()
+    except RuntimeError:  # no task is running (called outside an event loop)
+        return path
+    entry = _spawned.get(id(task))
+    if entry is None or entry[0]() is not task:
+        return path
+    spawn = entry[1]
+    key = (id(path), id(spawn))
+    joined = _joined.get(key)
+    if joined is not None and joined[0] is path and joined[1] is spawn:
+        return joined[2]
+    if len(_joined) >= _MAX_PATHS:
+        _joined.clear()
+    candidate = path + spawn
+    whole = _paths.setdefault(candidate, candidate)
+    _joined[key] = (path, spawn, whole)
+    return whole
+
+
+def _path_from(first: FrameType) -> tuple[CallSite, ...]:
+    """The interned call path of the user frames from ``first`` down (see call_path)."""
     frame: FrameType | None = first
     get_kind = _kinds.get
     key: list[int] = []

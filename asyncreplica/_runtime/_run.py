@@ -45,7 +45,7 @@ from .._core._report import (
 )
 from .._core._signature import CollectiveKind, ReduceOp, Signature
 from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
-from . import _tasks
+from . import _inspect, _tasks
 from ._mode import MODE, Mode
 
 if TYPE_CHECKING:
@@ -245,8 +245,18 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
     run = mode.replica._run
     if run is not None and not run.closed:
         run.watch.adopt(mode.replica._replica_id, task)  # the local index, as started()
+        # Where it was started goes on the call path of its collectives.
+        _inspect.record_spawn(task)
+        task.add_done_callback(_inspect.forget_spawn)
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
+
+
+def _on_trio_task_spawned(task: object) -> None:
+    """Trio instrument hook: record where a replica's helper task was started."""
+    mode = MODE.get()
+    if mode is not None and mode.replica is not None:
+        _inspect.record_spawn(task)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -481,6 +491,8 @@ class Run:
         self._cancel_scope: anyio.CancelScope | None = None
         # Errors that already carry a note saying where they came from.
         self._noted: set[int] = set()
+        # Errors raised because the run had already failed (ids): never root causes.
+        self._consequences: set[int] = set()
 
     @property
     def failed(self) -> bool:
@@ -498,7 +510,7 @@ class Run:
         A replica's own task group wraps the collective error it re-raises in an
         ``ExceptionGroup``; that group is not a second failure.
         """
-        if any(e is error for _, e in self._errors):
+        if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
         if isinstance(error, BaseExceptionGroup):
             return all(
@@ -672,9 +684,23 @@ class Run:
         else:
             # Scale-out: the processes agree on this position first (MPI).
             payloads = slot.payloads
-            slot.results = await group.collective(
-                signature, key, lambda: call.dispatch(self, call, payloads)
-            )
+            try:
+                slot.results = await group.collective(
+                    signature, key, lambda: call.dispatch(self, call, payloads)
+                )
+            except CollectiveError as exc:
+                # The processes disagree (or one failed): the run's root cause, as a
+                # disagreement of this process's replicas is, so that a replica's own
+                # task group around the collective does not make it a group.
+                self._fail(replica, exc)
+                raise
+            except Exception as exc:
+                if self.failed:
+                    # Another collective of this run failed across processes first
+                    # (e.g. timed out, leaving the processes out of step): this one's
+                    # error is its consequence, not a second root cause.
+                    self._consequences.add(id(exc))
+                raise
         if tracer is not None:
             tracer.dispatch_end(key)
             tracer.resume(replica, key)
@@ -1006,7 +1032,7 @@ class Run:
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
-            _tasks.install_trio_watch(self.task_done)
+            _tasks.install_trio_watch(self.task_done, _on_trio_task_spawned)
         stall = self.stall_warning_seconds
         if self.tracer is not None:
             self.tracer.run_begin(self.num_replicas, self.strategy.extended.worker_devices)
@@ -1067,7 +1093,7 @@ class Run:
             if loop is not None:
                 _tasks.uninstall_factory(loop)
             else:
-                _tasks.uninstall_trio_watch(self.task_done)
+                _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
         if self._errors:
             raise self._root_cause()
         return self._results

@@ -372,10 +372,19 @@ def _trio_watch_var() -> Any:
             import trio
 
             class _ExitWatch(trio.abc.Instrument):
-                """Calls every active run's ``on_exit`` when a task of this trio run exits."""
+                """Calls every active run's hooks when a task of this trio run starts or exits.
+
+                ``on_spawn`` runs synchronously in the code that starts the task (trio
+                calls ``task_spawned`` from ``start_soon``), so it sees who started it.
+                """
 
                 def __init__(self) -> None:
                     self.callbacks: list[Callable[[object], None]] = []
+                    self.spawn_callbacks: list[Callable[[object], None]] = []
+
+                def task_spawned(self, task: trio.lowlevel.Task) -> None:
+                    for callback in list(self.spawn_callbacks):
+                        callback(task)
 
                 def task_exited(self, task: trio.lowlevel.Task) -> None:
                     for callback in list(self.callbacks):
@@ -385,8 +394,13 @@ def _trio_watch_var() -> Any:
         return _trio_watch
 
 
-def install_trio_watch(on_exit: Callable[[object], None]) -> None:
-    """Call ``on_exit(task)`` whenever a task of this trio run exits, until uninstalled."""
+def install_trio_watch(
+    on_exit: Callable[[object], None], on_spawn: Callable[[object], None]
+) -> None:
+    """Call ``on_exit(task)`` when a task of this trio run exits, until uninstalled.
+
+    ``on_spawn(task)`` is called whenever one is started, from the code starting it.
+    """
     import trio
 
     var, watch_class = _trio_watch_var()
@@ -396,15 +410,19 @@ def install_trio_watch(on_exit: Callable[[object], None]) -> None:
         trio.lowlevel.add_instrument(instrument)
         var.set(instrument)
     instrument.callbacks.append(on_exit)
+    instrument.spawn_callbacks.append(on_spawn)
 
 
-def uninstall_trio_watch(on_exit: Callable[[object], None]) -> None:
+def uninstall_trio_watch(
+    on_exit: Callable[[object], None], on_spawn: Callable[[object], None]
+) -> None:
     """Undo one :func:`install_trio_watch` (in the same trio run)."""
     import trio
 
     var, _ = _trio_watch_var()
     instrument = var.get()
     instrument.callbacks.remove(on_exit)
+    instrument.spawn_callbacks.remove(on_spawn)
     if not instrument.callbacks:
         trio.lowlevel.remove_instrument(instrument)
         var.set(None)

@@ -230,8 +230,7 @@ def _arrive(
                     f"of {size}; arrived: {_ranks_text(sorted(set(range(size)) - set(missing)))})."
                     "\n\nCreating the strategy is collective: every process must create it, "
                     "in the same order. A process that is busy, blocked or took another "
-                    "branch never arrives.\nSee docs/errors.md#collectivetimeouterror in the "
-                    "asyncreplica documentation."
+                    "branch never arrives."
                 ),
             )
         time.sleep(delay)
@@ -713,7 +712,6 @@ class MPIProcessGroup(ProcessGroup):
                 "continue (the exit hook ends the MPI job)."
             ),
             "Look at the failing process's own error (it is raised there, with its traceback).",
-            "See docs/errors.md#replicaexitederror in the asyncreplica documentation.",
         ]
         current = self.current
         failed = range(self.offsets[rank], self.offsets[rank] + self.replica_counts[rank])

@@ -152,7 +152,7 @@ def signature_fields(
         shape = list(spec.shape)
         if gathered is not None and gathered < len(shape):
             shape[gathered] = -1
-        leaves.append([shape, spec.dtype, spec.sparse])
+        leaves.append([shape, spec.dtype, spec.sparse, spec.array_type])
     merge_fn = signature.merge_fn
     code = getattr(merge_fn, "co_filename", None)
     if code is not None:
@@ -168,6 +168,7 @@ def signature_fields(
         "merge_fn": merge_fn,
         "name": signature.name,
         "value": signature.value_str() if gathered is None else _masked(signature, leaves),
+        "structure": _structure(signature),
         "leaves": leaves,
         "position": key_text(position),
         "call site": (_site_text(site) if check_call_sites and signature.name is None else None),
@@ -179,8 +180,16 @@ def signature_fields(
     }
 
 
+def _structure(signature: Signature) -> str | None:
+    """The value's nest without its leaves (``[*, {'a': *}]``); None without a nest."""
+    if signature.structure is None:
+        return None
+    blank = tuple(LeafSpec((), "*") for _ in signature.leaves)
+    return signature._replace(leaves=blank).value_str().replace("*[]", "*")
+
+
 def _masked(signature: Signature, leaves: list[list[Any]]) -> str:
-    specs = [f"{d}[{','.join('*' if s < 0 else str(s) for s in shape)}]" for shape, d, _ in leaves]
+    specs = [f"{d}[{','.join('*' if s < 0 else str(s) for s in shape)}]" for shape, d, *_ in leaves]
     return specs[0] if len(specs) == 1 else "[" + ", ".join(specs) + "]"
 
 
@@ -188,10 +197,10 @@ def cross_fields(
     what: str, op: ReduceOp | None, axis: object, specs: Sequence[LeafSpec]
 ) -> dict[str, Any]:
     """The fields of a cross-replica operation (``Strategy.reduce``, ``gather``)."""
-    leaves: list[list[Any]] = [[list(s.shape), s.dtype, s.sparse] for s in specs]
+    leaves: list[list[Any]] = [[list(s.shape), s.dtype, s.sparse, s.array_type] for s in specs]
     # Sizes along the gathered or reduced axes may differ (uneven batches).
     masked = (axis,) if isinstance(axis, int) else axis if isinstance(axis, tuple) else ()
-    for shape, _, _ in leaves:
+    for shape, *_ in leaves:
         for a in masked:
             if isinstance(a, int) and a < len(shape):
                 shape[a] = -1
@@ -203,7 +212,7 @@ def cross_fields(
         "merge_fn": None,
         "name": None,
         "value": ", ".join(
-            f"{d}[{','.join('*' if n < 0 else str(n) for n in s)}]" for s, d, _ in leaves
+            f"{d}[{','.join('*' if n < 0 else str(n) for n in s)}]" for s, d, *_ in leaves
         ),
         "leaves": leaves,
         "position": f"cross-replica {what}",
@@ -303,14 +312,49 @@ def differing_fields(details: Sequence[Mapping[str, Any]]) -> list[str]:
     for key in fields[0]:
         if any(f.get(key) != fields[0].get(key) for f in fields[1:]):
             names.append(key)
-    if "value" in names and "leaves" in names:
-        names.remove("leaves")  # the same difference, as data
+    if "value" in names or "leaves" in names or "structure" in names:
+        # The value's parts by the names one process uses (asyncreplica._core._match):
+        # structure, array type, dtype, shape; leaves of other nests are not compared.
+        parts = (
+            ["structure"]
+            if "structure" in names
+            else _leaf_differences([f.get("leaves") for f in fields])
+        )
+        at = min(names.index(n) for n in ("value", "structure", "leaves") if n in names)
+        names = [n for n in names if n not in ("value", "structure", "leaves")]
+        names[at:at] = parts
+    if "op" in names:
+        names[names.index("op")] = "reduce op"  # as one process names it
+    if any(f.get("name") is not None for f in fields):
+        # A named collective matches by name, whatever its call path (as in one process).
+        names = [n for n in names if n not in ("call site", "call path")]
     if "call path" in names:
         # One field for users, as inside one process: where the collective was called
         # from, the whole path.
         names[names.index("call path")] = "call site"
         names = list(dict.fromkeys(names))
     return names
+
+
+def _leaf_differences(leaves: Sequence[Any]) -> list[str]:
+    """How the processes' leaves (``[shape, dtype, sparse, array type]`` each) differ."""
+    first = leaves[0]
+    if any(not isinstance(other, list) or len(other) != len(first) for other in leaves[1:]):
+        return ["structure"]  # another number of leaves
+    # Each part's items in a leaf: the array type, (dtype, sparse), the shape.
+    parts: list[tuple[str, slice]] = [
+        ("array type", slice(3, 4)),
+        ("dtype", slice(1, 3)),
+        ("shape", slice(0, 1)),
+    ]
+    return [
+        name
+        for name, items in parts
+        if any(
+            [leaf[items] for leaf in other] != [leaf[items] for leaf in first]
+            for other in leaves[1:]
+        )
+    ]
 
 
 def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
@@ -413,6 +457,8 @@ def rebuild_signature(fields: Mapping[str, Any], site: str | None) -> Signature:
         merge_fn=fields.get("merge_fn"),
         merge_fn_name=fields.get("merge_fn"),
         name=fields.get("name"),
-        leaves=tuple(LeafSpec(tuple(s), d, bool(sp)) for s, d, sp in fields.get("leaves", [])),
+        leaves=tuple(
+            LeafSpec(tuple(s), d, bool(sp), *rest) for s, d, sp, *rest in fields.get("leaves", [])
+        ),
         call_path=call_path,
     )

@@ -111,12 +111,13 @@ SCENARIOS = {
     "shape": (
         "CollectiveMismatchError",
         [
-            "Processes disagree about their 1st collective (position 0): value differs",
+            # The same field names as inside one process (asyncreplica._core._match).
+            "Processes disagree about their 1st collective (position 0): shape differs.",
             "process 0 (replicas 0, 1) called all_reduce(SUM) on float64[3]",
             "process 1 (replica 2) called all_reduce(SUM) on float64[4]",
         ],
     ),
-    "op": ("CollectiveMismatchError", ["op differs", "all_reduce(MAX)"]),
+    "op": ("CollectiveMismatchError", [": reduce op differs.", "all_reduce(MAX)"]),
     "callsite": (
         "CollectiveMismatchError",
         [
@@ -233,18 +234,26 @@ def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     assert logs[1] == ""
 
 
-def test_a_timeout_is_told_to_the_processes_still_waiting(tmp_path: Path) -> None:
+@pytest.mark.parametrize("named", [False, True], ids=["one", "two-named-in-a-task-group"])
+def test_a_timeout_is_told_to_the_processes_still_waiting(named: bool, tmp_path: Path) -> None:
     # Process 0 times out first; process 1 (arrived later) and process 2 (busy) raise
-    # with process 0's cause instead of being ended by its exit hook first.
-    rc, logs, output = launch(3, "timeout_peers.py", tmp_path=tmp_path)
+    # with process 0's cause instead of being ended by its exit hook first. With two
+    # named collectives in a replica's task group, the second fails because the first
+    # timed out: still the one error on each process, never a group of both.
+    args = ("named",) if named else ()
+    rc, logs, output = launch(3, "timeout_peers.py", *args, tmp_path=tmp_path)
     assert rc != 0, output
     assert logs[0].startswith("raised CollectiveTimeoutError\n"), output
+    # Named: 'a' or 'b', whichever timed out first.
+    where = "the collective named '" if named else "the 1st collective"
     for rank in (1, 2):
         assert logs[rank].startswith(
             "raised ReplicaExitedError\nProcess 0 timed out after "
-            "0.5 s waiting for the other processes at the 1st "
-            "collective"
+            f"0.5 s waiting for the other processes at {where}"
         ), output
+        # One pointer to the explanation, at the end.
+        assert logs[rank].count("asyncreplica explain") == 1, logs[rank]
+        assert "See docs/errors.md" not in logs[rank]
         assert "process 0 (replica 0) failed: CollectiveTimeoutError" in logs[rank]
 
 

@@ -2,7 +2,8 @@
 
 Inside one process a swapped pair of calls of one helper is a "call site differs"
 error; across processes it must be one too, however deep the differing frame is and
-even when the two calls share a line. Launches ``programs/callpath.py`` under mpiexec
+even when the two calls share a line or are made by helper tasks started from
+different lines. Launches ``programs/callpath.py`` under mpiexec
 (process 0 runs replicas 0 and 1, process 1 runs replica 2).
 """
 
@@ -76,6 +77,13 @@ MISMATCHES = {
         f"callpath.py:{line('deep')} in through <- ... (10 frames in common) <- ",
         f"callpath.py:{line('deep-0')} in deep_swap",
         f"callpath.py:{line('deep-1')} in deep_swap",
+    ],
+    "task_swap": [
+        "call site differs",
+        f"callpath.py:{line('reduce')} in reduce <- ",
+        f"callpath.py:{line('task')} in in_task <- ",
+        f"callpath.py:{line('task-0')} in task_swap",
+        f"callpath.py:{line('task-1')} in task_swap",
     ],
     "same_line": [
         "call site differs",

@@ -226,14 +226,17 @@ async def test_the_loops_own_frames_are_left_out(anyio_backend: object) -> None:
             await collective
 
         async with anyio.create_task_group() as tg:
+            started.append(_here() + 1)
             tg.start_soon(issue)
 
+    started: list[int] = []
     await strategy.run(step)
     assert len(seen) == 2
     assert seen[0] == seen[1]
-    # The helper task's path is its own coroutine: it ends where the loop resumes it,
-    # with no loop frame and nothing of the test runner below the loop.
-    assert [site.function for site in seen[0]] == ["issue"]
+    # The helper task's own frames end where the loop resumes it; the path goes on at
+    # the line that started the task. No loop frame, nothing of the test runner.
+    assert [site.function for site in seen[0]] == ["issue", "step"]
+    assert seen[0][1].lineno == started[0]
 
 
 def test_a_swap_on_one_line_is_caught_and_shown_with_columns() -> None:

@@ -71,31 +71,3 @@ def test_a_thread_a_replica_awaits_keeps_running_after_the_run_failed() -> None:
         return alive
 
     assert asyncio.run(main())
-
-
-def test_helper_tasks_started_from_different_lines_in_swapped_order_look_alike() -> None:
-    # "A collective issued inside a task the replica started has the call path of that
-    # task's own coroutine [...] so two such tasks started from different lines in a
-    # different order per replica look alike": they pair silently, a with b.
-    s = ar.MirroredStrategy(["CPU:0", "CPU:1"])
-
-    async def helper(value: float) -> object:
-        ctx = ar.get_replica_context()
-        assert ctx is not None
-        return await ctx.all_reduce("sum", np.float64(value))
-
-    async def step() -> tuple[object, object]:
-        ctx = ar.get_replica_context()
-        assert ctx is not None
-        if ctx.replica_id_in_sync_group == 0:
-            a = await asyncio.create_task(helper(1.0))
-            b = await asyncio.create_task(helper(10.0))
-        else:
-            b = await asyncio.create_task(helper(10.0))
-            a = await asyncio.create_task(helper(1.0))
-        return a, b
-
-    a, b = asyncio.run(s.run(step))
-    # Replica 0's a (1) paired with replica 1's b (10): 11 everywhere, no error.
-    assert [float(v) for v in s.experimental_local_results(a)] == [11.0, 11.0]
-    assert [float(v) for v in s.experimental_local_results(b)] == [11.0, 11.0]

@@ -54,6 +54,24 @@ async def same_line() -> Any:
     return (await f("SUM", a), await f("SUM", b)) if RANK == 0 else (await f("SUM", b), await f("SUM", a))  # fmt: skip  # marker: line
 
 
+async def in_task(x: np.ndarray) -> None:
+    # A helper task of its own; the caller's line is not on the task's stack.
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(reduce, x)  # marker: task
+
+
+async def task_swap() -> None:
+    # The same helper task started from two places, in swapped order per process: the
+    # tasks' own frames agree; where they were started does not.
+    a, b = np.full(3, 1.0), np.full(3, 2.0)
+    if RANK == 0:
+        await in_task(a)  # marker: task-0
+        await in_task(b)
+    else:
+        await in_task(b)  # marker: task-1
+        await in_task(a)
+
+
 async def deep_agree() -> Any:
     # The same deep paths on every process: no false alarm, the right sums.
     a, b = np.full(3, 1.0), np.full(3, 2.0)
@@ -65,6 +83,7 @@ STEPS = {
     "deep_swap": deep_swap,
     "same_line": same_line,
     "deep_agree": deep_agree,
+    "task_swap": task_swap,
 }
 
 

@@ -38,7 +38,17 @@ SIZE = MPI.COMM_WORLD.Get_size()
 GUARD_S = 20.0
 # Fault kinds drawn across processes (the single-process ones that make sense here, and
 # "byteorder": replicas pass big- and little-endian values).
-MPI_FAULTS = ("skip", "extra", "change", "swap", "swap_deep", "swap_same_line", "raise", "cycle")
+MPI_FAULTS = (
+    "skip",
+    "extra",
+    "change",
+    "swap",
+    "swap_deep",
+    "swap_same_line",
+    "swap_task",
+    "raise",
+    "cycle",
+)
 TERMINAL = ("exit", "stall")
 # Kept out of the draw (see rp.KNOWN_BROKEN_MPI); ASYNCREPLICA_MPI_KNOWN_BROKEN (a JSON
 # list) replaces the set, to try a fix.

@@ -6,10 +6,16 @@ arrived 0.3 s later than process 0, so process 0 times out first. Process 1 must
 at once with process 0's cause (not be ended by process 0's exit hook before it can
 report anything), and so must process 2 when it arrives. Each rank logs ``raised
 <Type>`` and the message; the job is then ended (the processes are out of step).
+
+With the argument ``named``, each replica issues two named collectives at once, from a
+task group of its own: the second fails only because the first timed out (the processes
+are out of step), so each process must still raise the one error, never a group.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 import time
 
 import anyio
@@ -24,7 +30,14 @@ async def step() -> None:
         await anyio.sleep(0.3)
     if RANK == 2:
         time.sleep(3.0)  # noqa: ASYNC251 -- busy: blocks its loop, as a long computation would
-    await ar.get_replica_context().all_reduce("SUM", np.ones(3))
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    if sys.argv[1:] == ["named"]:
+        async with anyio.create_task_group() as tg:
+            for name in ("a", "b"):
+                tg.start_soon(functools.partial(ctx.all_reduce, "SUM", np.ones(3), name=name))
+        return
+    await ctx.all_reduce("SUM", np.ones(3))
 
 
 async def main() -> None:
