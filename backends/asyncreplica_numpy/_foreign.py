@@ -112,14 +112,11 @@ def to_host(value: object, library: Library) -> Array:
 
     Raises:
         BackendError: ``value`` lives on a device the CPU cannot read (a GPU).
+        TypeError: A torch tensor that requires grad, whose dtype numpy has not
+            (``bfloat16``) or that torch cannot export (a conjugate view).
     """
     from asyncreplica import BackendError
 
-    if library.name == "torch.Tensor" and getattr(value, "requires_grad", False):
-        raise TypeError(
-            "the tensor requires grad, and collectives are not differentiable: pass "
-            "x.detach() (its result carries no autograd history either)"
-        )
     if library.name == "array_api_strict.Array":
         # array_api_strict wraps a numpy array in ``_array`` (private, but stable since
         # its first release); its ``__dlpack__`` compares versions on every call, which
@@ -150,18 +147,29 @@ def to_host(value: object, library: Library) -> Array:
                 f"backend, which holds values on the CPU only: {serve}; or move the value to "
                 "the CPU first"
             )
+        if library.name == "torch.Tensor" and getattr(value, "requires_grad", False):
+            raise TypeError(
+                "the tensor requires grad, and collectives are not differentiable: pass "
+                "x.detach() (its result carries no autograd history either)"
+            )
         try:
             return np.from_dlpack(value)  # type: ignore[arg-type]
         except (BufferError, TypeError, RuntimeError):
             pass  # e.g. a dtype DLPack cannot carry: numpy's conversion below copies
+    if library.name != "torch.Tensor":
+        return np.asarray(value)
     try:
         return np.asarray(value)
-    except TypeError as exc:  # a dtype numpy has not (torch.bfloat16)
-        raise TypeError(
-            f"its dtype {getattr(value, 'dtype', '?')} has no numpy equivalent ({exc}): "
-            "cast it first, e.g. to float32"
-        ) from exc
-    except RuntimeError as exc:  # e.g. torch's conjugate views: torch says what to do
+    except TypeError as exc:
+        dtype = getattr(value, "dtype", None)
+        try:  # does numpy have the dtype (not torch.bfloat16, float8_*, complex32)?
+            np.asarray(library.namespace.empty(0, dtype=dtype))
+        except TypeError:
+            raise TypeError(
+                f"its dtype {dtype} has no numpy equivalent ({exc}): cast it first, e.g. x.float()"
+            ) from exc
+        raise
+    except RuntimeError as exc:  # e.g. a conjugate view: torch's message says what to do
         raise TypeError(str(exc)) from exc
 
 

@@ -234,7 +234,7 @@ def test_a_dtype_numpy_has_not_is_a_clear_type_error(dtype: str) -> None:
     message = str(info.value)
     assert "passed value of type torch.Tensor" in message
     assert f"its dtype torch.{dtype} has no numpy equivalent" in message
-    assert "cast it first" in message
+    assert "cast it first, e.g. x.float()" in message
 
 
 def test_a_conjugate_view_is_a_type_error_with_torchs_advice() -> None:
