@@ -79,7 +79,7 @@ KNOWN_BROKEN_MPI: set[str] = set()
 # Array libraries a program may build its leaves with (``draw_program(libraries=...)``).
 # Only the local property test draws foreign ones: across processes they come back as
 # numpy arrays (a documented limit), so the MPI program stays numpy-only.
-LIBRARIES = ("numpy", "array_api_strict", "jax")
+LIBRARIES = ("numpy", "array_api_strict", "jax", "torch")
 # JAX holds 32-bit values only (its default, x64 off): its programs draw no 64-bit dtypes.
 _NO_X64 = ("float64", "int64")
 
@@ -100,6 +100,10 @@ def namespace(library: str) -> Any:
         import array_api_strict
 
         return array_api_strict
+    if library == "torch":
+        import torch
+
+        return torch  # torch.asarray: a tensor on the numpy array's memory
     return np
 
 

@@ -5,7 +5,7 @@ small shapes, dtypes from int8 to float64 and bool where legal, leaves or nests 
 dicts), issued from two different lines, through 0 to 12 helper frames, or two on one
 line; named pairs issued from a task group, ``asyncio.gather``, a helper task or in
 sequence. Each program builds its leaves with one array library (numpy, array_api_strict,
-or rarely JAX: those installed), whose type every result must keep. Each replica passes
+or more rarely JAX and PyTorch: those installed), whose type every result must keep. Each replica passes
 its values in its own byte order and dict key order (which must never matter) and may take faults: a skipped, extra, changed or swapped step (swapped
 at depth, or on one line), a planted exception, named collectives awaited in a cycle, a
 helper task left behind by a failing replica, a cancellation of the whole run, and
@@ -37,6 +37,7 @@ from hypothesis.errors import InvalidArgument
 from random_programs import (
     FAULTS,
     KNOWN_BROKEN,
+    LIBRARIES,
     Planted,
     Program,
     RandomChooser,
@@ -62,8 +63,9 @@ settings.register_profile(
 HANG_GUARD = 5.0
 
 # The array library of each program's leaves, by weight: JAX calls are slow, so JAX is
-# drawn for about one program in ten. Libraries that are not installed are left out.
-_WEIGHTS = {"numpy": 5, "array_api_strict": 4, "jax": 1}
+# drawn for about one program in ten (eleven with torch, which CI does not install).
+# Libraries that are not installed are left out.
+_WEIGHTS = {"numpy": 5, "array_api_strict": 4, "jax": 1, "torch": 1}
 ARRAY_LIBRARIES = tuple(
     name
     for name, weight in _WEIGHTS.items()
@@ -213,6 +215,24 @@ def test_known_broken_fault_kinds_still_fail(fault: str) -> None:
             found = exc
             break
     assert found is not None, f"{fault!r} no longer fails: remove it from KNOWN_BROKEN"
+
+
+def test_every_array_library_has_a_weight() -> None:
+    assert set(_WEIGHTS) == set(LIBRARIES)
+
+
+@pytest.mark.parametrize("library", [lib for lib in LIBRARIES if lib != "numpy"])
+def test_seeded_programs_of_each_array_library(library: str) -> None:
+    """Programs of one foreign library (skipped where it is missing) hold the properties.
+
+    The hypothesis test draws rare libraries (JAX, PyTorch) for a few programs only; these
+    seeded ones run each library whatever the draw.
+    """
+    pytest.importorskip(library, reason=f"{library} is not installed")
+    for seed in range(25):
+        program = draw_program(RandomChooser(seed), libraries=(library,))
+        assert program.library == library
+        anyio.run(functools.partial(execute, program), backend="asyncio")
 
 
 def test_every_fault_kind_can_be_drawn() -> None:

@@ -49,7 +49,9 @@ class Library(NamedTuple):
 # Per type: its Library, or None for a type that is not a foreign array.
 _LIBRARIES: dict[type, Library | None] = {}
 # Array types whose from_dlpack refuses the backend's read-only results: copied out.
-_COPY_OUT: set[str] = set()
+# PyTorch has no read-only tensors: its from_dlpack (and asarray) would import the shared
+# read-only result as a writable tensor on the same buffer, so torch is copied from the start.
+_COPY_OUT: set[str] = {"torch.Tensor"}
 # Immutable array types: replicas may share one buffer that only the library can reach.
 _IMMUTABLE = frozenset(("jax.Array",))
 # JAX imports a host buffer through DLPack without a copy only when it is so aligned.
@@ -110,6 +112,8 @@ def to_host(value: object, library: Library) -> Array:
 
     Raises:
         BackendError: ``value`` lives on a device the CPU cannot read (a GPU).
+        TypeError: A torch tensor that requires grad, whose dtype numpy has not
+            (``bfloat16``) or that torch cannot export (a conjugate view).
     """
     from asyncreplica import BackendError
 
@@ -143,11 +147,30 @@ def to_host(value: object, library: Library) -> Array:
                 f"backend, which holds values on the CPU only: {serve}; or move the value to "
                 "the CPU first"
             )
+        if library.name == "torch.Tensor" and getattr(value, "requires_grad", False):
+            raise TypeError(
+                "the tensor requires grad, and collectives are not differentiable: pass "
+                "x.detach() (its result carries no autograd history either)"
+            )
         try:
             return np.from_dlpack(value)  # type: ignore[arg-type]
         except (BufferError, TypeError, RuntimeError):
             pass  # e.g. a dtype DLPack cannot carry: numpy's conversion below copies
-    return np.asarray(value)
+    if library.name != "torch.Tensor":
+        return np.asarray(value)
+    try:
+        return np.asarray(value)
+    except TypeError as exc:
+        dtype = getattr(value, "dtype", None)
+        try:  # does numpy have the dtype (not torch.bfloat16, float8_*, complex32)?
+            np.asarray(library.namespace.empty(0, dtype=dtype))
+        except TypeError:
+            raise TypeError(
+                f"its dtype {dtype} has no numpy equivalent ({exc}): cast it first, e.g. x.float()"
+            ) from exc
+        raise
+    except RuntimeError as exc:  # e.g. a conjugate view: torch's message says what to do
+        raise TypeError(str(exc)) from exc
 
 
 def from_host(array: object, library: Library) -> object:
@@ -167,7 +190,11 @@ def from_host(array: object, library: Library) -> object:
                 # and from now on without trying (a failed import costs a third of a copy).
                 pass
         _COPY_OUT.add(library.name)
-    return xp.asarray(array)
+    if library.name in _IMMUTABLE:
+        return xp.asarray(array)
+    # A mutable library's array must not share the backend's read-only buffer: it gets a
+    # writable copy (torch.asarray imports that copy without another).
+    return xp.asarray(np.array(array))
 
 
 def _aligned_copy(array: Array) -> Array:
@@ -193,7 +220,7 @@ def from_host_shared(arrays: list[object], library: Library) -> list[object]:
         if library.name not in _COPY_OUT:
             return out + [from_host(a, library) for a in arrays[1:]]
     if library.name not in _IMMUTABLE:
-        return [library.namespace.asarray(a) for a in arrays]
+        return [from_host(a, library) for a in arrays]
     # One import per distinct result buffer (JAX: ~50 us for 1 MiB, more than the
     # collective); the other replicas sharing it get their own array of that buffer.
     imported: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], object] = {}

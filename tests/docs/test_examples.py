@@ -5,6 +5,9 @@ Every code example in ``docs/*.md`` lives in ``docs/examples/`` (or a subfolder 
 them with the pymdownx.snippets line ``--8<-- "docs/examples/NAME.py"``. This module runs
 each script in a fresh interpreter and checks the includes in both directions.
 
+Examples named ``torch_*.py`` need PyTorch, which is not in ``[test]`` (its default wheel
+brings the CUDA libraries): they are skipped, with the reason, where torch is missing.
+
 The one other include is ``docs/changelog.md``, which pulls in the repository's
 ``CHANGELOG.md`` as markdown (outside any fence); ``MARKDOWN_INCLUDES`` lists it.
 
@@ -16,6 +19,7 @@ example.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -32,6 +36,18 @@ INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$', re.MULTILINE)
 TIMEOUT_S = 60
 # Markdown files a page may include as markdown, outside a fence: page -> target.
 MARKDOWN_INCLUDES = {"changelog.md": "CHANGELOG.md"}
+# Examples that need a package outside [test], by file-name prefix: (module, why not in [test]).
+OPTIONAL = {
+    "torch_": ("torch", "its default wheel brings the CUDA libraries, too heavy for CI"),
+}
+
+
+def _missing(example: Path) -> str | None:
+    """Why ``example`` cannot run here (a package it needs is missing), or None."""
+    for prefix, (module, why) in OPTIONAL.items():
+        if example.name.startswith(prefix) and importlib.util.find_spec(module) is None:
+            return f"{example.name} needs {module}, which is not installed ({why})"
+    return None
 
 
 def _includes(page: Path) -> list[str]:
@@ -48,6 +64,14 @@ def test_markdown_includes_exist() -> None:
         assert "```" not in text, f"docs/{page} includes {target} as markdown, outside a fence"
 
 
+def test_optional_examples_skip_only_where_their_package_is_missing() -> None:
+    torch_examples = [p for p in EXAMPLES if p.name.startswith("torch_")]
+    assert torch_examples, "no docs/examples/**/torch_*.py found"
+    have_torch = importlib.util.find_spec("torch") is not None
+    assert all((_missing(p) is None) == have_torch for p in torch_examples)
+    assert all(_missing(p) is None for p in EXAMPLES if not p.name.startswith("torch_"))
+
+
 def test_there_are_examples_and_pages() -> None:
     assert EXAMPLES, "no docs/examples/*.py found"
     assert PAGES, "no docs/*.md found"
@@ -55,6 +79,9 @@ def test_there_are_examples_and_pages() -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=EXAMPLE_IDS)
 def test_example_runs(example: Path) -> None:
+    reason = _missing(example)
+    if reason is not None:
+        pytest.skip(reason)
     proc = subprocess.run(
         [sys.executable, str(example)],
         cwd=ROOT,
