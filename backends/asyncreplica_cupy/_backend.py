@@ -821,7 +821,14 @@ class _Work:
         if kinds is None:
             return results
         with self.native_errors("giving the results back in the inputs' array types"):
-            return restore(self.cupy, results, kinds, inputs, place_gpu=place_gpu)
+            return restore(
+                self.cupy,
+                results,
+                kinds,
+                inputs,
+                place_gpu=place_gpu,
+                stream_of=lambda gpu: self.backend._stream(self.cupy, gpu),
+            )
 
     @contextlib.contextmanager
     def native_errors(self, what: str) -> Iterator[None]:

@@ -21,7 +21,7 @@ module as an argument, so the routing is tested with stand-ins on any machine.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -120,11 +120,15 @@ def from_gpu(cupy: Any, array: Any, library: Library) -> object:
         ) from exc
 
 
-def _to_host_once(cupy: Any, arrays: Sequence[Any]) -> list[object]:
+def _to_host_once(
+    cupy: Any, arrays: Sequence[Any], stream_of: Callable[[int], Any] | None
+) -> list[object]:
     """Each CuPy array on the host: one device-to-host copy per distinct buffer.
 
     Replicas on one GPU get views of one result buffer; they share one host copy,
-    read-only (``from_host_shared`` gives each its own array of it).
+    read-only (``from_host_shared`` gives each its own array of it). Each copy runs on
+    ``stream_of(gpu)`` (the backend's stream, whose work is done by now), so it waits
+    for the copy only, never for work the user queued on their own stream.
     """
     copies: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], object] = {}
     out = []
@@ -132,7 +136,9 @@ def _to_host_once(cupy: Any, arrays: Sequence[Any]) -> list[object]:
         key = (int(a.data.ptr), tuple(a.shape), tuple(a.strides), a.dtype.str)
         host = copies.get(key)
         if host is None:
-            array = cupy.asnumpy(a)
+            gpu = int(a.device.id)
+            with cupy.cuda.Device(gpu):
+                array = cupy.asnumpy(a, stream=None if stream_of is None else stream_of(gpu))
             array.flags.writeable = False
             host = copies[key] = array
         out.append(host)
@@ -146,6 +152,7 @@ def restore(
     inputs: Sequence[Sequence[object]],
     *,
     place_gpu: bool = True,
+    stream_of: Callable[[int], Any] | None = None,
 ) -> list[list[object]]:
     """Each replica's CuPy results in the array type and on the device of its input.
 
@@ -157,6 +164,7 @@ def restore(
         inputs: ``inputs[r][j]``: the leaf whose type and device replica ``r`` gets.
         place_gpu: Whether a CUDA result moves to its input's GPU when that differs
             from the replica's (not for ``broadcast``: each replica's GPU is the point).
+        stream_of: The stream of each GPU that host copies run on (None: the current).
 
     Returns:
         New rows; leaves whose kind is None are the CuPy results as they are.
@@ -172,7 +180,7 @@ def restore(
             if place_gpu:
                 converted = place_like(converted, wanted)
         else:
-            shared = from_host_shared(_to_host_once(cupy, column), kind.library)
+            shared = from_host_shared(_to_host_once(cupy, column, stream_of), kind.library)
             converted = place_like(shared, wanted)
         for row, value in zip(out, converted, strict=True):
             row[j] = value

@@ -65,7 +65,9 @@ class _Cupy(ModuleType):
 
         self.cuda = SimpleNamespace(Device=Device)
 
-    def asnumpy(self, a: _Result) -> np.ndarray[Any, Any]:
+    def asnumpy(self, a: _Result, stream: object = None) -> np.ndarray[Any, Any]:
+        assert stream == f"ours{a.device.id}", "host copies run on the backend's stream"
+        assert self.devices[-1] == a.device.id, "with the array's GPU current"
         self.to_host.append(a.data.ptr)
         return a.host.copy()
 
@@ -224,7 +226,7 @@ def test_host_results_come_back_once_per_buffer_in_the_input_type(cp: _Cupy, mod
     results: list[list[object]] = [[shared], [shared], [_Result(want, 1, 0xB000)]]
     kind = foreign_of(inputs[0][0])
     assert isinstance(kind, Foreign)
-    out = restore(cp, results, [kind], inputs)
+    out = restore(cp, results, [kind], inputs, stream_of=lambda gpu: f"ours{gpu}")
     assert sorted(cp.to_host) == [0xA000, 0xB000], "one device-to-host copy per buffer"
     for row in out:
         assert type(row[0]) is type(inputs[0][0])
