@@ -181,7 +181,7 @@ def restore(
                 converted = place_like(converted, wanted)
         else:
             shared = from_host_shared(_to_host_once(cupy, column, stream_of), kind.library)
-            converted = place_like(shared, wanted)
+            converted = place_like(shared, wanted, one_device=True)
         for row, value in zip(out, converted, strict=True):
             row[j] = value
     return out

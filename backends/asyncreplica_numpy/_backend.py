@@ -125,7 +125,9 @@ def _restore(
     for j, library in enumerate(libraries):
         if library is not None:
             converted = place_like(
-                from_host_shared([row[j] for row in results], library), [row[j] for row in inputs]
+                from_host_shared([row[j] for row in results], library),
+                [row[j] for row in inputs],
+                one_device=True,
             )
             for row, value in zip(out, converted, strict=True):
                 row[j] = value
