@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from asyncreplica_numpy._devices import place_like
+from asyncreplica_numpy._devices import place_like, unserved_device_error
 from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
 from asyncreplica import IndexedSlices
@@ -34,6 +34,9 @@ from ._group import (
 from ._protocol import cross_fields
 
 __all__ = ["GATHER_BYTES", "MPIBackend"]
+
+# DLPack device types the CPU reads: CPU, CUDA pinned host, CUDA managed.
+_HOST_DLPACK = frozenset((1, 3, 13))
 
 #: Partial results up to this size are gathered and combined in rank order.
 GATHER_BYTES = 64 * 1024
@@ -101,6 +104,7 @@ class MPIBackend(Backend):
         if type(value) is not np.ndarray:
             library = library_of(value)
             if library is not None:
+                _on_host(value, library)
                 spec = self.inner.describe(to_host(value, library))
                 return spec._replace(array_type=library.name)
         return self.inner.describe(value)
@@ -497,6 +501,16 @@ def _host_rows(
         for row in values
     ]
     return host, libraries
+
+
+def _on_host(value: object, library: Library) -> None:
+    """Raise ``BackendError`` for a foreign array the CPU cannot read (a GPU's)."""
+    method = getattr(value, "__dlpack_device__", None)
+    if method is None:
+        return
+    kind = int(method()[0])
+    if kind not in _HOST_DLPACK:
+        raise unserved_device_error(value, library.name, kind, "mpi")
 
 
 def _restore(

@@ -41,6 +41,7 @@ _CUDA = 2
 _HOLDS = {
     "numpy": "which holds values on the CPU only",
     "cupy": "which holds values on CUDA GPUs (and copies CPU values there)",
+    "mpi": "which moves values between processes through host memory only",
 }
 _GPU_ROUTE = (
     "the cupy backend serves CUDA arrays (CuPy, PyTorch, JAX, ...; each replica gets its "
@@ -74,7 +75,7 @@ def unserved_device_error(
         value: The array (its device is printed as its library names it).
         array_type: Its array type as users know it (``"torch.Tensor"``).
         device_type: Its DLPack device type (``value.__dlpack_device__()[0]``).
-        backend: The name of the backend it reached (``"numpy"``, ``"cupy"``).
+        backend: The name of the backend it reached (``"numpy"``, ``"cupy"``, ``"mpi"``).
 
     Returns:
         A ``BackendError`` (to raise) that says which device the array is on, which
@@ -82,7 +83,11 @@ def unserved_device_error(
     """
     where = DLPACK_DEVICE_NAMES.get(device_type, f"DLPack device type {device_type}")
     holds = _HOLDS.get(backend, "which cannot hold values on that device")
-    if device_type == _CUDA and backend != "cupy":
+    if backend == "mpi":
+        serve = (
+            f"{where} values across processes are not supported yet: {_TO_CPU.removeprefix('or ')}"
+        )
+    elif device_type == _CUDA and backend != "cupy":
         serve = f"{_GPU_ROUTE}; {_TO_CPU}"
     else:
         serve = (

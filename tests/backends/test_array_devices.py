@@ -198,3 +198,20 @@ def test_unknown_device_type_is_named_by_its_number() -> None:
     assert "on DLPack device type 99 device x:0" in str(error)
     assert "reached the cupy backend, which holds values on CUDA GPUs" in str(error)
     assert DLPACK_DEVICE_NAMES[10] == "ROCm"
+
+
+def test_cuda_array_under_mpi_says_gpu_values_do_not_cross_processes() -> None:
+    """``MultiWorkerMirroredStrategy`` moves values through host memory: no cupy advice."""
+    from types import SimpleNamespace
+
+    from asyncreplica_mpi._backend import MPIBackend
+
+    ops = SimpleNamespace(SUM=0, PROD=1, MIN=2, MAX=3)
+    backend = MPIBackend(NumpyBackend(["CPU:0"]), SimpleNamespace(_MPI=ops))  # type: ignore[arg-type]
+    with pytest.raises(ar.BackendError) as info:
+        backend.describe(_DeviceArray(2, "cuda:0"))
+    message = str(info.value)
+    assert "reached the mpi backend, which moves values between processes through host" in message
+    assert "CUDA values across processes are not supported yet" in message, message
+    assert "move the value to the CPU first" in message, message
+    assert "MirroredStrategy(['GPU:0'" not in message, message
