@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from asyncreplica_numpy._devices import place_like, unserved_device_error
+from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
 from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
 from asyncreplica import BackendError
@@ -177,11 +177,13 @@ def restore(
         wanted = [row[j] for row in inputs]
         if kind.on_gpu:
             converted = [from_gpu(cupy, a, kind.library) for a in column]
-            if place_gpu:
+            if place_gpu and several_devices(kind.library, host=False):
                 converted = place_like(converted, wanted)
         else:
             shared = from_host_shared(_to_host_once(cupy, column, stream_of), kind.library)
-            converted = place_like(shared, wanted, one_device=True)
+            converted = shared
+            if several_devices(kind.library, host=True):
+                converted = place_like(shared, wanted, one_device=True)
         for row, value in zip(out, converted, strict=True):
             row[j] = value
     return out

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from asyncreplica_numpy._devices import place_like, unserved_device_error
+from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
 from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
 from asyncreplica import IndexedSlices
@@ -522,11 +522,9 @@ def _restore(
     out = [list(row) for row in results]
     for j, library in enumerate(libraries):
         if library is not None:
-            converted = place_like(
-                from_host_shared([row[j] for row in results], library),
-                [row[j] for row in inputs],
-                one_device=True,
-            )
+            converted = from_host_shared([row[j] for row in results], library)
+            if several_devices(library, host=True):
+                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
             for row, value in zip(out, converted, strict=True):
                 row[j] = value
     return out

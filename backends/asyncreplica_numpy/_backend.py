@@ -20,7 +20,7 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from ._devices import place_like
+from ._devices import place_like, several_devices
 from ._foreign import Library, from_host_shared, library_of, to_host
 
 __all__ = ["NumpyBackend", "group_by_size"]
@@ -124,11 +124,9 @@ def _restore(
     out = [list(row) for row in results]
     for j, library in enumerate(libraries):
         if library is not None:
-            converted = place_like(
-                from_host_shared([row[j] for row in results], library),
-                [row[j] for row in inputs],
-                one_device=True,
-            )
+            converted = from_host_shared([row[j] for row in results], library)
+            if several_devices(library, host=True):
+                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
             for row, value in zip(out, converted, strict=True):
                 row[j] = value
     return out

@@ -15,7 +15,9 @@ from collections.abc import Sequence
 
 from asyncreplica import BackendError
 
-__all__ = ["DLPACK_DEVICE_NAMES", "place_like", "unserved_device_error"]
+from ._foreign import Library
+
+__all__ = ["DLPACK_DEVICE_NAMES", "place_like", "several_devices", "unserved_device_error"]
 
 #: DLPack's device types (``dlpack.h``, ``DLDeviceType``) by number.
 DLPACK_DEVICE_NAMES = {
@@ -98,6 +100,39 @@ def unserved_device_error(
         f"a {array_type} on {where} device {_device_text(value)} (DLPack device type "
         f"{device_type}) reached the {backend} backend, {holds}. {serve[0].upper()}{serve[1:]}"
     )
+
+
+# Per (array type, host): whether the library shows several devices of that kind.
+_SEVERAL: dict[tuple[str, bool], bool] = {}
+
+
+def several_devices(library: Library, *, host: bool) -> bool:
+    """Whether arrays of ``library`` may live on several devices (CPU ones if ``host``).
+
+    With one device, every result is on its input's device already and
+    :func:`place_like` has nothing to do: callers skip it. JAX counts its CPU (or GPU)
+    devices; other libraries answer through the array API's
+    ``__array_namespace_info__().devices()``; a library that cannot say counts as
+    several. Cached per library (devices do not come and go within a process).
+    """
+    key = (library.name, host)
+    several = _SEVERAL.get(key)
+    if several is None:
+        try:
+            if library.name == "jax.Array":
+                import jax
+
+                try:
+                    count = len(jax.devices("cpu" if host else "gpu"))
+                except RuntimeError:  # no such backend in this jaxlib
+                    count = 0
+            else:
+                count = len(library.namespace.__array_namespace_info__().devices())
+            several = count > 1
+        except Exception:  # no inspection API: check every result
+            several = True
+        _SEVERAL[key] = several
+    return several
 
 
 def place_like(

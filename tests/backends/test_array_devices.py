@@ -215,3 +215,21 @@ def test_cuda_array_under_mpi_says_gpu_values_do_not_cross_processes() -> None:
     assert "CUDA values across processes are not supported yet" in message, message
     assert "move the value to the CPU first" in message, message
     assert "MirroredStrategy(['GPU:0'" not in message, message
+
+
+def test_one_device_libraries_skip_the_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    """JAX with one CPU device: results are on it already, nothing is looked up per leaf."""
+    jnp = pytest.importorskip("jax.numpy", reason="jax missing (pip install 'jax[cpu]')")
+    import jax
+    from asyncreplica_numpy import _backend as numpy_backend
+
+    if len(jax.devices("cpu")) > 1:
+        pytest.skip("this process has several JAX CPU devices")
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("place_like ran for a library with one device")
+
+    monkeypatch.setattr(numpy_backend, "place_like", refuse)
+    rows = [[jnp.arange(3.0) * r] for r in range(3)]
+    results = anyio.run(NumpyBackend(["CPU:0", "CPU:1", "CPU:2"]).all_reduce, ReduceOp.SUM, rows)
+    np.testing.assert_array_equal(np.asarray(results[2][0]), np.arange(3.0) * 3)
