@@ -42,6 +42,7 @@ from ._plan import (
     reduction_route,
     reduction_variants,
 )
+from ._routing import CUDA_DLPACK, Foreign, foreign_of, host_leaf, restore
 
 __all__ = [
     "INSTALL_HINT",
@@ -64,8 +65,6 @@ _DEVICE_HINT = "check that `nvidia-smi` lists a GPU and that CUDA_VISIBLE_DEVICE
 # dtype kinds a value may have (bool and numbers), and those reductions accept.
 _HOLDABLE_KINDS = frozenset("biufc")
 _NUMERIC_KINDS = frozenset("iufc")
-# DLPack device types whose memory a CUDA kernel can read: kDLCUDA, kDLCUDAManaged.
-_DLPACK_CUDA = (2, 13)
 
 _POLL = PollSchedule()
 
@@ -97,7 +96,7 @@ _MAX_BLOCKS = 8192
 # Compiled fold kernels (cupy.RawKernel), and the (variant, GPU) pairs loaded on a GPU.
 _kernels: dict[FoldVariant, Any] = {}
 _loaded: set[tuple[FoldVariant, int]] = set()
-_specs: dict[tuple[tuple[int, ...], str], LeafSpec] = {}
+_specs: dict[tuple[tuple[int, ...], str, str | None], LeafSpec] = {}
 
 
 def _import_cupy() -> Any:
@@ -165,13 +164,14 @@ def _dlpack_cuda_device(value: object) -> int | None:
         kind, device_id = value.__dlpack_device__()  # type: ignore[attr-defined]
     except Exception:
         return None
-    return int(device_id) if int(kind) in _DLPACK_CUDA else None
+    return int(device_id) if int(kind) in CUDA_DLPACK else None
 
 
 def _not_holdable(value: object, what: str) -> str:
     return (
         f"{what} must be a number, a CuPy or numpy array, an array on a GPU exposing DLPack or "
-        "__cuda_array_interface__ (PyTorch, JAX, ...), or a nest (list, tuple, dict) of them, "
+        "__cuda_array_interface__ (PyTorch, JAX, ...), a CPU array of a library that implements "
+        "the array API standard or DLPack, or a nest (list, tuple, dict) of them, "
         f"got {type(value).__name__} {value!r:.60}"
     )
 
@@ -189,8 +189,12 @@ def _host_array(value: object, what: str) -> np.ndarray[Any, Any]:
     return array
 
 
-def _shape_and_dtype(value: object, what: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+def _shape_and_dtype(
+    value: object, what: str, foreign: Foreign | None = None
+) -> tuple[tuple[int, ...], np.dtype[Any]]:
     """Shape and dtype of a leaf, without copying it anywhere."""
+    if foreign is not None and not foreign.on_gpu:
+        value = host_leaf(value, foreign)  # zero-copy numpy view of a host array
     if type(value) is np.ndarray or _is_cupy_array(value):
         shape, dtype = value.shape, value.dtype  # type: ignore[attr-defined]
     elif (cai := _cuda_array_interface(value)) is not None:
@@ -361,10 +365,15 @@ class CupyBackend(Backend):
 
     Inputs may be CuPy arrays, anything on a GPU exposing DLPack or
     ``__cuda_array_interface__`` (PyTorch, JAX: read in place, never through the host),
-    or numpy arrays and Python numbers, which are copied to the replica's GPU once.
-    Results are CuPy arrays (wrap them with ``torch.from_dlpack`` to get tensors without
-    a copy). Replicas on one GPU get views of one result buffer: CuPy arrays cannot be
-    made read-only, so do not write to a result in place.
+    or numpy arrays, Python numbers and CPU arrays of other libraries (JAX,
+    ``array_api_strict``, ...), which are copied to the replica's GPU once. Each replica
+    gets its results in its own input's array type: CuPy arrays for CuPy, numpy and
+    number inputs; a tensor of the input's library, on the input's GPU, for a CUDA
+    array of another library (its ``from_dlpack``: zero-copy); an array of the input's
+    library on its device for a CPU array (one copy back per result buffer; see
+    ``asyncreplica_cupy._routing``). Replicas on one GPU get views of one result
+    buffer: CuPy arrays and PyTorch tensors cannot be made read-only, so do not write
+    to a result in place.
 
     Args:
         devices: Each local replica's device; all GPUs (``"GPU:0"``), possibly repeated.
@@ -377,6 +386,9 @@ class CupyBackend(Backend):
     """
 
     name: ClassVar[str] = "cupy"
+    #: CUDA arrays of other libraries (PyTorch, JAX) and their CPU arrays come back in
+    #: their own type (``asyncreplica_cupy._routing``).
+    accepts_foreign_arrays: ClassVar[bool] = True
 
     def __init__(self, devices: Sequence[str], *, exact_order: bool = True) -> None:
         super().__init__(devices)
@@ -439,13 +451,15 @@ class CupyBackend(Backend):
             _, dtype = _shape_and_dtype(value.values, "IndexedSlices.values")
             _shape_and_dtype(value.indices, "IndexedSlices.indices")
             return LeafSpec(value.dense_shape, dtype.name, sparse=True)
-        shape, dtype = _shape_and_dtype(value, "a collective's value")
-        key = (shape, dtype.str)
+        foreign = foreign_of(value)
+        shape, dtype = _shape_and_dtype(value, "a collective's value", foreign)
+        array_type = None if foreign is None else foreign.library.name
+        key = (shape, dtype.str, array_type)
         spec = _specs.get(key)
         if spec is None:
             if len(_specs) > 4096:
                 _specs.clear()
-            spec = _specs[key] = LeafSpec(shape, dtype.name)
+            spec = _specs[key] = LeafSpec(shape, dtype.name, array_type=array_type)
         return spec
 
     # -- collectives -----------------------------------------------------------------------
@@ -459,6 +473,9 @@ class CupyBackend(Backend):
         and one fused kernel per leaf already reads each input once).
         """
         n, m = len(values), len(values[0])
+        inputs, kinds = values, _foreign_leaves(values[0])
+        if kinds is not None:
+            values = _held(values, kinds)
         await self._prepare_kernels(op, values)
         work = _Work(self)
         out: list[list[object]] = [[None] * m for _ in range(n)]
@@ -473,11 +490,14 @@ class CupyBackend(Backend):
                 for r in range(n):
                     out[r][j] = results[r]
         await work.finish()
-        return out
+        return work.restore(out, kinds, inputs)
 
     async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
         """Concatenate each leaf along ``axis`` on every GPU; see :meth:`Backend.all_gather`."""
         n, m = len(values), len(values[0])
+        inputs, kinds = values, _foreign_leaves(values[0])
+        if kinds is not None:
+            values = _held(values, kinds)
         work = _Work(self)
         out: list[list[object]] = [[None] * m for _ in range(n)]
         with work.native_errors("all_gather"):
@@ -486,11 +506,14 @@ class CupyBackend(Backend):
                 for r in range(n):
                     out[r][j] = per_gpu[self.plan.gpu_of(r)].view()
         await work.finish()
-        return out
+        return work.restore(out, kinds, inputs)
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then replica ``r`` gets chunk ``r`` of its GPU's result buffer."""
         n, m = len(values), len(values[0])
+        inputs, kinds = values, _foreign_leaves(values[0])
+        if kinds is not None:
+            values = _held(values, kinds)
         await self._prepare_kernels(op, values)
         work = _Work(self)
         out: list[list[object]] = [[None] * m for _ in range(n)]
@@ -501,13 +524,18 @@ class CupyBackend(Backend):
                 for r in range(n):
                     out[r][j] = chunks[self.plan.gpu_of(r)][r]
         await work.finish()
-        return out
+        return work.restore(out, kinds, inputs)
 
     async def broadcast(self, values: Sequence[object], num_replicas: int) -> list[list[object]]:
         """Copy the source's leaves once to each GPU; see :meth:`Backend.broadcast`.
 
-        Replica ``r`` lives on the GPU of replica ``r % len(devices)``.
+        Replica ``r`` lives on the GPU of replica ``r % len(devices)``. Foreign leaves
+        come back in the source's array type, on each replica's GPU (host arrays: on
+        the source's device).
         """
+        inputs, kinds = values, _foreign_leaves(values)
+        if kinds is not None:
+            values = _held([values], kinds)[0]
         work = _Work(self)
         targets = list(dict.fromkeys(self.plan.gpu_of(r) for r in range(num_replicas)))
         out: list[list[object]] = [[] for _ in range(num_replicas)]
@@ -519,12 +547,17 @@ class CupyBackend(Backend):
                 for r in range(num_replicas):
                     out[r].append(copies[self.plan.gpu_of(r)].view())
         await work.finish()
-        return out
+        return work.restore(out, kinds, [inputs] * num_replicas, place_gpu=False)
 
     async def reduce(
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
     ) -> object:
-        """Reduce onto replica 0's GPU, one new writable CuPy array; see :meth:`Backend.reduce`."""
+        """Reduce onto replica 0's GPU, one new writable array; see :meth:`Backend.reduce`.
+
+        The result is a CuPy array, or in the first component's array type (and on its
+        device) when that is another library's.
+        """
+        inputs, components, kinds = _held_components(components)
         if components:
             spec = self.describe(components[0])
             _reducible(np.dtype(spec.dtype))
@@ -536,10 +569,15 @@ class CupyBackend(Backend):
             _reducible(arrays[0].dtype)
             result = work.reduce_on(op, arrays, gpu, axis)
         await work.finish()
-        return result
+        return work.restore([[result]], kinds, [inputs[:1]])[0][0]
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
-        """Concatenate onto replica 0's GPU, one new CuPy array; see :meth:`Backend.gather`."""
+        """Concatenate onto replica 0's GPU, one new array; see :meth:`Backend.gather`.
+
+        The result is a CuPy array, or in the first component's array type (and on its
+        device) when that is another library's.
+        """
+        inputs, components, kinds = _held_components(components)
         work = _Work(self)
         gpu = self.plan.gpu_of(0)
         with work.native_errors("gather"):
@@ -547,7 +585,7 @@ class CupyBackend(Backend):
             with work.use(gpu):
                 result = work.cupy.concatenate(arrays, axis=axis)
         await work.finish()
-        return result
+        return work.restore([[result]], kinds, [inputs[:1]])[0][0]
 
     async def aclose(self) -> None:
         """Destroy the NCCL communicators and drop the streams."""
@@ -667,6 +705,40 @@ def _reduce_on_variants(
     )
 
 
+def _foreign_leaves(row: Sequence[object]) -> list[Foreign | None] | None:
+    """How each leaf of ``row`` is foreign (see :func:`foreign_of`); None when none is.
+
+    Replica 0's leaves decide: the ledger checked that every replica's leaf ``j`` has
+    the same array type.
+    """
+    kinds = [foreign_of(v) for v in row]
+    return None if kinds.count(None) == len(kinds) else kinds
+
+
+def _held(values: Leaves, kinds: Sequence[Foreign | None]) -> list[list[object]]:
+    """``values`` with host foreign leaves as numpy arrays (CUDA ones as they are)."""
+    return [
+        [v if k is None else host_leaf(v, k) for v, k in zip(row, kinds, strict=True)]
+        for row in values
+    ]
+
+
+def _held_components(
+    components: Sequence[object],
+) -> tuple[Sequence[object], Sequence[object], list[Foreign | None] | None]:
+    """``Strategy.reduce``/``gather`` components: as given, as held, and the first's kind."""
+    if not components:
+        return components, components, None
+    first = foreign_of(components[0])
+    if first is None:
+        return components, components, None
+    held = []
+    for c in components:
+        kind = foreign_of(c)
+        held.append(c if kind is None else host_leaf(c, kind))
+    return components, held, [first]
+
+
 class _Work:
     """The device work of one collective: streams it touched, buffers it must keep alive.
 
@@ -732,6 +804,31 @@ class _Work:
         with anyio.CancelScope(shield=True), self.native_errors("waiting for the GPUs"):
             await wait_for_events(events)
         self.keep.clear()
+
+    def restore(
+        self,
+        results: list[list[object]],
+        kinds: Sequence[Foreign | None] | None,
+        inputs: Sequence[Sequence[object]],
+        *,
+        place_gpu: bool = True,
+    ) -> list[list[object]]:
+        """Foreign leaves' results in their input's type (after :meth:`finish`).
+
+        See :func:`asyncreplica_cupy._routing.restore`; ``results`` as they are when no
+        leaf is foreign.
+        """
+        if kinds is None:
+            return results
+        with self.native_errors("giving the results back in the inputs' array types"):
+            return restore(
+                self.cupy,
+                results,
+                kinds,
+                inputs,
+                place_gpu=place_gpu,
+                stream_of=lambda gpu: self.backend._stream(self.cupy, gpu),
+            )
 
     @contextlib.contextmanager
     def native_errors(self, what: str) -> Iterator[None]:

@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
+from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
@@ -32,6 +34,9 @@ from ._group import (
 from ._protocol import cross_fields
 
 __all__ = ["GATHER_BYTES", "MPIBackend"]
+
+# DLPack device types the CPU reads: CPU, CUDA pinned host, CUDA managed.
+_HOST_DLPACK = frozenset((1, 3, 13))
 
 #: Partial results up to this size are gathered and combined in rank order.
 GATHER_BYTES = 64 * 1024
@@ -90,12 +95,25 @@ class MPIBackend(Backend):
         }
 
     def describe(self, value: object) -> LeafSpec:
-        """Describe a leaf (the local backend decides what it holds)."""
+        """Describe a leaf (the local backend decides what it holds).
+
+        A foreign leaf (JAX, ``array_api_strict``, ...) is described as its numpy view,
+        with its ``array_type``: every collective here holds foreign leaves as numpy
+        arrays (see :func:`_host_rows`), so the local backend never sees one.
+        """
+        if type(value) is not np.ndarray:
+            library = library_of(value)
+            if library is not None:
+                _on_host(value, library)
+                spec = self.inner.describe(to_host(value, library))
+                return spec._replace(array_type=library.name)
         return self.inner.describe(value)
 
     def describe_leaves(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
-        """Describe several leaves (the local backend's batch path)."""
-        return self.inner.describe_leaves(values)
+        """Describe several leaves (the local backend's batch path for numpy arrays)."""
+        if list(map(type, values)).count(np.ndarray) == len(values):
+            return self.inner.describe_leaves(values)
+        return tuple(map(self.describe, values))
 
     def _output(self, size: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
         """A 1-D output buffer: a pooled one that no replica still views, or a new one.
@@ -234,6 +252,10 @@ class MPIBackend(Backend):
     ) -> list[list[object]]:
         """Combine every replica's leaves across all processes (see the module docstring)."""
         _no_sparse(values, "all_reduce")
+        host, libraries = _host_rows(values)
+        if libraries is not None:
+            results = await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack)
+            return _restore(results, libraries, values)
         if op is ReduceOp.MEAN and values and any(_integer(leaf) for leaf in values[0]):
             return await self._exact_mean(values, bytes_per_pack)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
@@ -323,6 +345,9 @@ class MPIBackend(Backend):
     async def all_gather(self, values: Sequence[Sequence[object]], axis: int) -> list[list[object]]:
         """Concatenate every replica's leaves along ``axis`` in global replica order."""
         _no_sparse(values, "all_gather")
+        host, libraries = _host_rows(values)
+        if libraries is not None:
+            return _restore(await self.all_gather(host, axis), libraries, values)
         local = await self.inner.all_gather(values, axis)
         with self.group.committed():
             await self.group.settle()
@@ -333,6 +358,9 @@ class MPIBackend(Backend):
         self, op: ReduceOp, values: Sequence[Sequence[object]], axis: int
     ) -> list[list[object]]:
         """All-reduce, then give global replica ``g`` the ``g``-th chunk along ``axis``."""
+        host, libraries = _host_rows(values)
+        if libraries is not None:
+            return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
         reduced = await self.all_reduce(op, values)
         total = self.group.num_replicas
         first = self.group.offset
@@ -352,7 +380,12 @@ class MPIBackend(Backend):
         """Copy the source replica's leaves to every replica of every process.
 
         Outside an agreed collective (``extended.broadcast_to``), the copy is local.
+        Foreign leaves come back in the source's array type, on its device.
         """
+        host, libraries = _host_rows([values])
+        if libraries is not None:
+            results = await self.broadcast(host[0], num_replicas)
+            return _restore(results, libraries, [values] * num_replicas)
         signature = self.group.current
         if signature is None or signature.source is None or self.group.size == 1:
             return await self.inner.broadcast(values, num_replicas)
@@ -380,7 +413,14 @@ class MPIBackend(Backend):
     async def reduce(
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
     ) -> object:
-        """Reduce the local components, then across processes (``Strategy.reduce``)."""
+        """Reduce the local components, then across processes (``Strategy.reduce``).
+
+        The result is in the array type, and on the device, of the first component.
+        """
+        host, library = _host_components(components)
+        if library is not None:
+            result = await self.reduce(op, host, axis)
+            return place_like(from_host_shared([result], library), components[:1])[0]
         specs = [self.describe(c) for c in components]
         if any(s.sparse for s in specs):
             raise NotImplementedError(
@@ -415,7 +455,14 @@ class MPIBackend(Backend):
         return await self.group.cross(fields, work)
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
-        """Concatenate the local components, then every process's, along ``axis``."""
+        """Concatenate the local components, then every process's, along ``axis``.
+
+        The result is in the array type, and on the device, of the first component.
+        """
+        host, library = _host_components(components)
+        if library is not None:
+            result = await self.gather(host, axis)
+            return place_like(from_host_shared([result], library), components[:1])[0]
         specs = [self.describe(c) for c in components]
         fields = cross_fields("gather", None, axis, specs[:1])
 
@@ -428,6 +475,73 @@ class MPIBackend(Backend):
     async def aclose(self) -> None:
         """Close the local backend."""
         await self.inner.aclose()
+
+
+# Foreign leaves (JAX, array_api_strict, ...) -------------------------------------------
+
+
+def _host_rows(
+    values: Sequence[Sequence[object]],
+) -> tuple[list[list[object]], list[Library | None] | None]:
+    """``values`` with foreign leaves as numpy arrays, and each leaf's library.
+
+    ``(values, None)`` when no leaf is foreign: replica 0's leaves decide, since the
+    ledger checked that every local replica's leaf ``j`` has the same array type.
+    """
+    if not values:
+        return [], None
+    first = values[0]
+    if list(map(type, first)).count(np.ndarray) == len(first):
+        return [list(row) for row in values], None
+    libraries = list(map(library_of, first))
+    if libraries.count(None) == len(libraries):
+        return [list(row) for row in values], None
+    host = [
+        [v if lib is None else to_host(v, lib) for v, lib in zip(row, libraries, strict=True)]
+        for row in values
+    ]
+    return host, libraries
+
+
+def _on_host(value: object, library: Library) -> None:
+    """Raise ``BackendError`` for a foreign array the CPU cannot read (a GPU's)."""
+    method = getattr(value, "__dlpack_device__", None)
+    if method is None:
+        return
+    kind = int(method()[0])
+    if kind not in _HOST_DLPACK:
+        raise unserved_device_error(value, library.name, kind, "mpi")
+
+
+def _restore(
+    results: list[list[object]],
+    libraries: list[Library | None],
+    inputs: Sequence[Sequence[object]],
+) -> list[list[object]]:
+    """Each replica's results in the array type and on the device of its input."""
+    out = [list(row) for row in results]
+    for j, library in enumerate(libraries):
+        if library is not None:
+            converted = from_host_shared([row[j] for row in results], library)
+            if several_devices(library, host=True):
+                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
+            for row, value in zip(out, converted, strict=True):
+                row[j] = value
+    return out
+
+
+def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
+    """``Strategy.reduce``/``gather`` components as numpy arrays, and the first's library."""
+    if not components or type(components[0]) is np.ndarray:
+        return list(components), None
+    library = library_of(components[0])
+    if library is None:
+        return list(components), None
+    host = []
+    for c in components:
+        lib = None if type(c) is np.ndarray else library_of(c)
+        host.append(c if lib is None else to_host(c, lib))
+    return host, library
 
 
 def _integer(leaf: object) -> bool:

@@ -20,6 +20,7 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
+from ._devices import place_like, several_devices
 from ._foreign import Library, from_host_shared, library_of, to_host
 
 __all__ = ["NumpyBackend", "group_by_size"]
@@ -113,15 +114,21 @@ def _host_values(
     return host, libraries
 
 
-def _restore(results: list[list[object]], libraries: list[Library | None]) -> list[list[object]]:
-    """Each replica's results in the array type of its input (see :func:`_host_values`)."""
+def _restore(
+    results: list[list[object]], libraries: list[Library | None], inputs: Leaves
+) -> list[list[object]]:
+    """Each replica's results in the array type and on the device of its input.
+
+    ``inputs[r]`` are replica ``r``'s original leaves (see :func:`_host_values`).
+    """
     out = [list(row) for row in results]
     for j, library in enumerate(libraries):
         if library is not None:
-            for row, converted in zip(
-                out, from_host_shared([row[j] for row in results], library), strict=True
-            ):
-                row[j] = converted
+            converted = from_host_shared([row[j] for row in results], library)
+            if several_devices(library, host=True):
+                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
+            for row, value in zip(out, converted, strict=True):
+                row[j] = value
     return out
 
 
@@ -554,7 +561,7 @@ class NumpyBackend(Backend):
         host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(
-                await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries
+                await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries, values
             )
         out: list[list[object]] = [[None] * m for _ in range(n)]
         # Packable leaves per dtype: (leaf index, shape, element count).
@@ -764,7 +771,7 @@ class NumpyBackend(Backend):
         """
         host, libraries = _host_values(values, self._described)
         if libraries is not None:
-            return _restore(await self.all_gather(host, axis), libraries)
+            return _restore(await self.all_gather(host, axis), libraries, values)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -794,7 +801,7 @@ class NumpyBackend(Backend):
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
         host, libraries = _host_values(values, self._described)
         if libraries is not None:
-            return _restore(await self.reduce_scatter(op, host, axis), libraries)
+            return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -821,7 +828,9 @@ class NumpyBackend(Backend):
         """
         host, libraries = _host_values([values], self._described)
         if libraries is not None:
-            return _restore(await self.broadcast(host[0], num_replicas), libraries)
+            return _restore(
+                await self.broadcast(host[0], num_replicas), libraries, [values] * num_replicas
+            )
         copies = []
         for v in values:
             array = _as_array(v)
@@ -838,12 +847,13 @@ class NumpyBackend(Backend):
     ) -> object:
         """Reduce to one writable result; see :meth:`Backend.reduce`.
 
-        The result is in the array type of the first component.
+        The result is in the array type, and on the device, of the first component.
         """
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components, self._described)
             if library is not None:
-                return from_host_shared([await self._reduce(op, host, axis)], library)[0]
+                result = from_host_shared([await self._reduce(op, host, axis)], library)
+                return place_like(result, components[:1])[0]
         return await self._reduce(op, components, axis)
 
     async def _reduce(
@@ -875,14 +885,15 @@ class NumpyBackend(Backend):
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`.
 
-        The result is in the array type of the first component.
+        The result is in the array type, and on the device, of the first component.
         """
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components, self._described)
             if library is not None:
-                return from_host_shared(
+                result = from_host_shared(
                     [np.concatenate([_as_array(c) for c in host], axis=axis)], library
-                )[0]
+                )
+                return place_like(result, components[:1])[0]
         return np.concatenate([_as_array(c) for c in components], axis=axis)
 
 

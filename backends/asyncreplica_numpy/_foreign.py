@@ -30,7 +30,6 @@ _DL_CPU = 1
 _DL_CUDA_HOST = 3  # pinned host memory
 _DL_CUDA_MANAGED = 13
 _HOST_DEVICES = frozenset((_DL_CPU, _DL_CUDA_HOST, _DL_CUDA_MANAGED))
-_DL_NAMES = {2: "CUDA", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm", 14: "oneAPI"}
 
 
 class Library(NamedTuple):
@@ -98,15 +97,6 @@ def library_of(value: object) -> Library | None:
     return library
 
 
-def _device_text(value: object) -> str:
-    try:
-        import array_api_compat as compat
-
-        return str(compat.device(value))
-    except Exception:  # a library without a device attribute: DLPack's numbers say enough
-        return "?"
-
-
 def to_host(value: object, library: Library) -> Array:
     """``value`` as a numpy array, zero-copy through DLPack where the library allows it.
 
@@ -115,8 +105,6 @@ def to_host(value: object, library: Library) -> Array:
         TypeError: A torch tensor that requires grad, whose dtype numpy has not
             (``bfloat16``) or that torch cannot export (a conjugate view).
     """
-    from asyncreplica import BackendError
-
     if library.name == "array_api_strict.Array":
         # array_api_strict wraps a numpy array in ``_array`` (private, but stable since
         # its first release); its ``__dlpack__`` compares versions on every call, which
@@ -128,25 +116,9 @@ def to_host(value: object, library: Library) -> Array:
     if dlpack_device is not None:
         device_type = int(dlpack_device()[0])
         if device_type not in _HOST_DEVICES:
-            where = _DL_NAMES.get(device_type, f"DLPack device type {device_type}")
-            if device_type != 2:
-                serve = "no asyncreplica backend serves this device yet"
-            elif library.name == "cupy.ndarray":
-                serve = (
-                    "the cupy backend serves CuPy arrays (pip install 'asyncreplica[gpu]', "
-                    "then backend='cupy' with GPU devices)"
-                )
-            else:
-                serve = (
-                    "the cupy backend serves CUDA arrays as CuPy arrays only so far: convert "
-                    "with cupy.from_dlpack(x) (zero-copy) and use backend='cupy' with GPU "
-                    "devices (pip install 'asyncreplica[gpu]')"
-                )
-            raise BackendError(
-                f"a {library.name} on {where} device {_device_text(value)} reached the numpy "
-                f"backend, which holds values on the CPU only: {serve}; or move the value to "
-                "the CPU first"
-            )
+            from ._devices import unserved_device_error
+
+            raise unserved_device_error(value, library.name, device_type, "numpy")
         if library.name == "torch.Tensor" and getattr(value, "requires_grad", False):
             raise TypeError(
                 "the tensor requires grad, and collectives are not differentiable: pass "

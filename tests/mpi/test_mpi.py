@@ -354,6 +354,16 @@ def test_integer_mean_equals_one_process_bits(n: int, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_foreign_arrays_come_back_in_their_own_type(n: int, tmp_path: Path) -> None:
+    # JAX and array_api_strict inputs (array_api_strict ones on several of its devices)
+    # under MultiWorkerMirroredStrategy: every collective gives each replica its own
+    # input's array type and device, with the one-process MirroredStrategy's bits.
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    pytest.importorskip("array_api_strict", reason="array_api_strict missing")
+    _every_rank_finishes(n, "foreign.py", tmp_path)
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_the_run_after_a_failed_one_starts_in_step(n: int, tmp_path: Path) -> None:
     # A run fails across processes (a process raises, finishes early, or mismatches)
     # while process 0 has a second named collective queued behind the failing exchange:

@@ -163,3 +163,74 @@ class SimCupy(ModuleType):
             self.log.append(("streamSynchronize", cai["stream"]))  # what CuPy would do
         self.log.append(("asarray", cai["device"]))
         return SimArray(self, cai["device"])
+
+
+# A GPU array library that is neither CuPy nor numpy (as PyTorch on CUDA, JAX on GPU) ----------
+
+
+class FakeGpuNamespace(ModuleType):
+    """``fakegpu``: an array-API namespace whose ``from_dlpack`` wraps what it is given.
+
+    ``refuse`` makes ``from_dlpack`` raise ``BufferError`` that many times first (as JAX
+    does for a GPU buffer that is not aligned); ``imported`` records each producer.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("fakegpu")
+        self.refuse = 0
+        self.imported: list[object] = []
+
+    def from_dlpack(self, x: object) -> FakeGpuTensor:
+        if self.refuse:
+            self.refuse -= 1
+            raise BufferError("fakegpu imports aligned buffers only")
+        self.imported.append(x)
+        return FakeGpuTensor(x, self)
+
+
+class FakeGpuTensor:
+    """A tensor of ``fakegpu`` on a CUDA device: it wraps its producer, never copies.
+
+    Every DLPack call goes to ``inner`` (a CuPy array on a GPU, or a stand-in for one),
+    so ``inner`` is the buffer the tensor reads: zero-copy is ``tensor.inner is result``.
+    """
+
+    def __init__(
+        self, inner: object, namespace: FakeGpuNamespace, device: int | None = None
+    ) -> None:
+        self.inner, self.namespace = inner, namespace
+        self.moved_from: int | None = None
+        self._device = int(inner.__dlpack_device__()[1]) if device is None else device  # type: ignore[attr-defined]
+
+    def __array_namespace__(self, api_version: str | None = None) -> FakeGpuNamespace:
+        return self.namespace
+
+    def __dlpack__(self, **kwargs: object) -> object:
+        return self.inner.__dlpack__(**kwargs)  # type: ignore[attr-defined]
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (2, self._device)
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self._device}"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.inner.shape)  # type: ignore[attr-defined]
+
+    @property
+    def dtype(self) -> object:
+        return self.inner.dtype  # type: ignore[attr-defined]
+
+    def to_device(self, device: str, /, *, stream: object = None) -> FakeGpuTensor:
+        moved = FakeGpuTensor(self.inner, self.namespace, int(device.removeprefix("cuda:")))
+        moved.moved_from = self._device
+        return moved
+
+
+FakeGpuTensor.__module__ = "fakegpu"
+
+#: The one ``fakegpu`` namespace: ``array_api_compat`` finds a type's namespace once and
+#: the backends cache it per type, so every test uses (and resets) this one.
+FAKEGPU = FakeGpuNamespace()

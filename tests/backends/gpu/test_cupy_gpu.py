@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 import anyio
 import numpy as np
 import pytest
+from _cupy_fakes import FAKEGPU, FakeGpuTensor
 from asyncreplica_cupy import CupyBackend, visible_gpu_count
 from asyncreplica_cupy._plan import gpu_ordinal
 
@@ -237,10 +238,80 @@ def test_torch_tensors_are_reduced_without_the_host() -> None:
     a = torch.arange(4, dtype=torch.float32, device="cuda:0")
     b = torch.ones(4, dtype=torch.float32, device="cuda:0")
     backend = CupyBackend(["GPU:0", "GPU:0"])
+    assert backend.describe(a) == LeafSpec((4,), "float32", array_type="torch.Tensor")
     results = anyio.run(backend.all_reduce, ReduceOp.SUM, [[a], [b]])
-    back = torch.from_dlpack(results[0][0])
-    assert back.device.type == "cuda"
-    assert back.tolist() == [1.0, 2.0, 3.0, 4.0]
+    for row in results:
+        back = row[0]
+        assert isinstance(back, torch.Tensor)  # the input's type, zero-copy (DLPack)
+        assert back.device == torch.device("cuda:0")
+        assert back.tolist() == [1.0, 2.0, 3.0, 4.0]
+    # Both replicas' tensors read the one result buffer of their GPU.
+    assert results[0][0].data_ptr() == results[1][0].data_ptr()  # type: ignore[attr-defined]
+
+
+def test_jax_gpu_arrays_come_back_as_jax_arrays() -> None:
+    jax = pytest.importorskip("jax")
+    gpus = [d for d in jax.devices() if d.platform == "gpu"] if _jax_has_gpu(jax) else []
+    if not gpus:
+        pytest.skip("JAX sees no GPU here (pip install 'jax[cuda12]')")
+    x = jax.device_put(jax.numpy.arange(6, dtype=jax.numpy.float32), gpus[0])
+    backend = CupyBackend(["GPU:0", "GPU:0"])
+    results = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x], [x]])
+    for row in results:
+        assert isinstance(row[0], jax.Array)
+        assert row[0].devices() == {gpus[0]}
+        np.testing.assert_array_equal(np.asarray(row[0]), np.arange(6, dtype=np.float32) * 2)
+
+
+def _jax_has_gpu(jax: Any) -> bool:
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:  # no GPU backend in this jaxlib
+        return False
+
+
+def _fake(array: Any) -> FakeGpuTensor:
+    """``array`` (CuPy, on a GPU) as a tensor of ``fakegpu``, another CUDA array library."""
+    return FakeGpuTensor(array, FAKEGPU)
+
+
+def test_cuda_arrays_of_another_library_come_back_in_its_type_zero_copy() -> None:
+    """DLPack in and out, on the GPU: results are ``fakegpu`` tensors of the result buffer."""
+    cp = _cp()
+    backend = CupyBackend(["GPU:0", "GPU:0", "GPU:0"])
+    FAKEGPU.refuse = 0
+    base = [np.arange(6, dtype=np.float32).reshape(3, 2) * (r + 1) for r in range(3)]
+    rows = [[_fake(_on(b)), _on(np.full(2, r, np.int32))] for r, b in enumerate(base)]
+    assert backend.describe(rows[0][0]) == LeafSpec(
+        (3, 2), "float32", array_type="fakegpu.FakeGpuTensor"
+    )
+    checks = {
+        "all_reduce": (
+            lambda: backend.all_reduce(ReduceOp.SUM, rows),
+            [base[0] + base[1] + base[2]] * 3,
+        ),
+        "all_gather": (lambda: backend.all_gather(rows, 0), [np.concatenate(base)] * 3),
+        "reduce_scatter": (
+            lambda: backend.reduce_scatter(ReduceOp.MAX, [[_fake(_on(b))] for b in base], 0),
+            list(np.split(np.maximum.reduce(base), 3, axis=0)),
+        ),
+        "broadcast": (lambda: backend.broadcast(rows[1], 3), [base[1]] * 3),
+    }
+    for what, (call, want) in checks.items():
+        results = anyio.run(call)
+        for r, row in enumerate(results):
+            got = row[0]
+            assert isinstance(got, FakeGpuTensor), (what, r, type(got))
+            assert isinstance(got.inner, cp.ndarray), (what, r, type(got.inner))
+            assert got.device == "cuda:0"
+            np.testing.assert_array_equal(_host(got.inner), want[r], err_msg=what, strict=True)
+            if len(row) > 1:  # the CuPy leaf beside it stays a CuPy array
+                assert isinstance(row[1], cp.ndarray), (what, type(row[1]))
+        if what in ("all_reduce", "all_gather"):  # one result buffer for the GPU, no copy
+            assert len({row[0].inner.data.ptr for row in results}) == 1, what
+    reduced = anyio.run(backend.reduce, ReduceOp.SUM, [row[0] for row in rows], None)
+    assert isinstance(reduced, FakeGpuTensor)
+    np.testing.assert_array_equal(_host(reduced.inner), base[0] + base[1] + base[2])
 
 
 def test_bool_cannot_be_reduced() -> None:
