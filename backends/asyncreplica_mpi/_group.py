@@ -21,6 +21,7 @@ import collections
 import contextlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -73,8 +74,8 @@ _T = TypeVar("_T")
 
 # Polling: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
 # complete the request within them, and a wait that never yields needs no shield from
-# cancellation, see the module docstring), then tests that yield to the loop in between,
-# for up to _SPIN_SECONDS, then sleeps that grow to _MAX_SLEEP. MPICH progresses only
+# cancellation, see the module docstring), then tests that yield to the loop and to the
+# OS (sched_yield) in between, for up to _SPIN_SECONDS, then sleeps that grow to _MAX_SLEEP. MPICH progresses only
 # inside MPI calls, so Test() drives it: a process that sleeps stalls its peers'
 # collectives too, and the loop's timers cannot sleep less than about a millisecond,
 # hence the generous spin (MPI's own blocking calls spin for ever).
@@ -269,6 +270,9 @@ _pending_notes: list[Any] = []
 #: (the hand-over to a thread costs about 100 µs) and blocks it for a few hundred µs at
 #: most, as the local backend's reductions do below its own offload size (4 MiB).
 THREAD_WAIT_BYTES = 2 << 20
+
+
+_sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
 
 def _spin(test: Callable[[], bool]) -> bool:
@@ -557,6 +561,10 @@ class MPIProcessGroup(ProcessGroup):
         while not test():
             now = time.perf_counter()
             if now < spin_until:
+                # The peer may share this core (the machine is busy): a spin that does
+                # not give it the core waits a whole time slice for it, an MPI blocking
+                # call alike. Nothing else runnable here: this returns at once.
+                _sched_yield()
                 if on_asyncio:
                     await asyncio.sleep(0)
                 else:
