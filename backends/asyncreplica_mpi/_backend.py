@@ -31,19 +31,10 @@ from ._group import (
 )
 from ._protocol import cross_fields
 
-__all__ = ["GATHER_BYTES", "PIPELINE_BYTES", "PIPELINE_CHUNK_BYTES", "MPIBackend"]
+__all__ = ["GATHER_BYTES", "MPIBackend"]
 
 #: Partial results up to this size are gathered and combined in rank order.
 GATHER_BYTES = 64 * 1024
-
-#: A leaf of this many bytes or more is summed locally and reduced across processes
-#: chunk by chunk, the two overlapped (see :meth:`MPIBackend._pipelined`).
-PIPELINE_BYTES = 512 << 10
-#: The chunk size of a pipelined all_reduce.
-PIPELINE_CHUNK_BYTES = 256 << 10
-_IN_FLIGHT = 2  # chunks in MPI at once
-# From this size on the numpy backend sums a leaf with several threads: not pipelined.
-_LOCAL_THREADS_BYTES = 4 << 20
 
 _UFUNCS = {
     ReduceOp.SUM: np.add,
@@ -246,12 +237,6 @@ class MPIBackend(Backend):
         if op is ReduceOp.MEAN and values and any(_integer(leaf) for leaf in values[0]):
             return await self._exact_mean(values, bytes_per_pack)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        arrays = self._pipelinable(op, values)
-        if arrays is not None:
-            with self.group.committed():  # the data must move once agreed
-                await self.group.settle()
-                result = await self._pipelined(op, arrays)
-            return [[result.view()] for _ in values]  # read-only, as result is
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
         combined = await self._combine_inline(op, leaves)  # read-only already
@@ -262,92 +247,6 @@ class MPIBackend(Backend):
             for c in combined:
                 c.flags.writeable = False  # a new array, or a new view of a pooled buffer
         return [[c.view() for c in combined] for _ in values]  # read-only, as c is
-
-    def _pipelinable(
-        self, op: ReduceOp, values: Sequence[Sequence[object]]
-    ) -> list[np.ndarray[Any, Any]] | None:
-        """The replicas' arrays when ``all_reduce`` can pipeline them (else None).
-
-        One large dense leaf per replica: plain, C-contiguous numpy arrays of a native
-        integer or float dtype that MPI reduces itself, of :data:`PIPELINE_BYTES` up to
-        the local backend's offload size (past which it sums with several threads), on
-        a numpy local backend (whose sum, in replica order, element by element, is the
-        one :meth:`_pipelined` makes chunk by chunk).
-        """
-        if (
-            self.group.size == 1
-            or self.inner.name != "numpy"
-            or op not in _UFUNCS
-            or not values
-            or len(values[0]) != 1
-        ):
-            return None
-        first = values[0][0]
-        if type(first) is not np.ndarray:
-            return None
-        dtype = first.dtype
-        if (
-            dtype.kind not in "iuf"
-            or not dtype.isnative
-            or not PIPELINE_BYTES <= first.nbytes < _LOCAL_THREADS_BYTES
-            or (op is ReduceOp.MEAN and dtype.kind != "f")
-        ):
-            return None
-        arrays: list[np.ndarray[Any, Any]] = []
-        for replica in values:
-            array = replica[0]
-            # The ledger checked every replica's shape and dtype; type and layout not.
-            if type(array) is not np.ndarray or not array.flags.c_contiguous:
-                return None
-            arrays.append(array)
-        return arrays
-
-    async def _pipelined(
-        self, op: ReduceOp, arrays: Sequence[np.ndarray[Any, Any]]
-    ) -> np.ndarray[Any, Any]:
-        """The local sum and the transfer of a large leaf, chunk by chunk, overlapped.
-
-        Chunk ``k`` is combined in replica order into the output (hot in cache), then
-        reduced across processes in place by a non-blocking ``Iallreduce`` while chunk
-        ``k + 1`` is combined: every element sees the operations the unpipelined path
-        applies (the local backend's replica-order sum, then MPI's reduction of the
-        processes' partial results), so the bits are the same. At most
-        :data:`_IN_FLIGHT` chunks are in MPI at once. Returns a read-only array of the
-        leaf's shape (a new one for MEAN, else a pooled buffer).
-        """
-        group = self.group
-        shape = arrays[0].shape
-        flat = [a.reshape(-1) for a in arrays]
-        first = flat[0]
-        size = first.size
-        out = self._output(size, first.dtype)
-        out.flags.writeable = True
-        ufunc = _UFUNCS[op]
-        mpi_op = self._ops[op]
-        comm = group.data_comm
-        in_place = self._MPI.IN_PLACE
-        step = max(PIPELINE_CHUNK_BYTES // first.itemsize, 1)
-        rest = flat[2:]
-        requests: list[Any] = []
-        for lo in range(0, size, step):
-            hi = min(lo + step, size)
-            block = out[lo:hi]
-            if len(flat) == 1:
-                block[...] = first[lo:hi]
-            else:
-                ufunc(first[lo:hi], flat[1][lo:hi], out=block)
-                for a in rest:
-                    ufunc(block, a[lo:hi], out=block)
-            requests.append(comm.Iallreduce(in_place, block, op=mpi_op))
-            if len(requests) > _IN_FLIGHT:
-                await group.wait_data(requests.pop(0))
-        for request in requests:
-            await group.wait_data(request)
-        result = out.reshape(shape)
-        if op is ReduceOp.MEAN:
-            result = np.true_divide(result, group.num_replicas)
-        result.flags.writeable = False
-        return result
 
     async def _exact_mean(
         self, values: Sequence[Sequence[object]], bytes_per_pack: int

@@ -73,7 +73,6 @@ async def main() -> None:
             raise TypeError("simulated transfer failure")
 
         MPIBackend._move = refuse  # type: ignore[method-assign]
-        MPIBackend._pipelined = refuse  # type: ignore[method-assign]
     if KIND == "exit":
         await strategy.run(step)
         if RANK == FAULTY:
