@@ -21,6 +21,7 @@ import collections
 import contextlib
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -72,15 +73,19 @@ _ROW_BYTES = HEADER_BYTES + INLINE_BYTES  # one process's part of an exchange
 
 _T = TypeVar("_T")
 
-# Polling: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
+# Waiting: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
 # complete the request within them, and a wait that never yields needs no shield from
 # cancellation, see the module docstring), then tests that yield to the loop and to the
-# OS (sched_yield) in between, for up to _SPIN_SECONDS, then sleeps that grow to _MAX_SLEEP. MPICH progresses only
-# inside MPI calls, so Test() drives it: a process that sleeps stalls its peers'
-# collectives too, and the loop's timers cannot sleep less than about a millisecond,
-# hence the generous spin (MPI's own blocking calls spin for ever).
+# OS (sched_yield) in between, for up to _SPIN_SECONDS. MPICH progresses only inside
+# MPI calls, so Test() drives it, and the loop's timers cannot sleep less than about a
+# millisecond, hence the generous spin. Then the wait is *parked*: a daemon thread
+# blocks in MPI until the request completes or a peer rings this process's bell (it
+# sends one after each note), and wakes the loop, so that no delivery waits for a
+# timer (MPI's blocking calls drive progress themselves). Without MPI_THREAD_MULTIPLE
+# the loop sleeps instead, from _MIN_SLEEP growing to _MAX_SLEEP between tests.
 _BUSY_SECONDS = 20e-6
 _SPIN_SECONDS = 0.01
+_MIN_SLEEP = 1e-4
 _MAX_SLEEP = 0.001
 # A slow wait reads the peers' notes every _NOTES_SECONDS; a wait at an exchange tells
 # the peers it waits there once it has waited _ANNOUNCE_SECONDS (so that a stall
@@ -88,6 +93,7 @@ _MAX_SLEEP = 0.001
 _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
+_BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 _ACK_SECONDS = 10.0
 _DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
@@ -286,6 +292,28 @@ def _spin(test: Callable[[], bool]) -> bool:
     return False
 
 
+def _waker(event: anyio.Event) -> Callable[[], None]:
+    """A function that any thread may call to set ``event`` (on this loop)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        call = loop.call_soon_threadsafe
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                call(event.set)
+
+        return wake
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+
+    def wake_trio() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(event.set)
+
+    return wake_trio
+
+
 _serials = iter(range(1 << 62))
 _thread_level: list[bool] = []
 
@@ -308,6 +336,7 @@ class _Expired(Exception):
 _Agreement = tuple[dict[str, Any], dict[str, Any], int, Hashable]
 
 _NO_SHIELD = contextlib.nullcontext()
+_BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
 class MPIProcessGroup(ProcessGroup):
@@ -365,6 +394,9 @@ class MPIProcessGroup(ProcessGroup):
         self._peer_failure: dict[str, Any] | None = None
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []
+        # A receive of any peer's bell, always posted (see _park).
+        self._bell_buf = np.zeros(1, np.int64)
+        self._bell: Any = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
         self._agreed = False  # the current collective's agreement is made
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
         self._failed_peers: set[int] = set()  # peers that told us they failed
@@ -523,10 +555,10 @@ class MPIProcessGroup(ProcessGroup):
         try:
             with anyio.CancelScope(shield=True):
                 if deadline is None:
-                    await self._watch(test, number)
+                    await self._watch(test, number, request)
                     return
                 with anyio.CancelScope(deadline=deadline):
-                    await self._watch(test, number)
+                    await self._watch(test, number, request)
                     return
             raise _Expired
         except BaseException:
@@ -538,11 +570,16 @@ class MPIProcessGroup(ProcessGroup):
 
     # -- waiting: notes from peers, stall warnings ------------------------------------
 
-    async def _watch(self, test: Callable[[], bool], exchange: int | None = None) -> None:
+    async def _watch(
+        self, test: Callable[[], bool], exchange: int | None = None, request: Any = None
+    ) -> None:
         """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
 
-        It tests without yielding, then yields to the loop in between (``asyncio.sleep(0)``
-        on asyncio) for up to _SPIN_SECONDS, then sleeps up to _MAX_SLEEP between tests.
+        It tests yielding to the loop (``asyncio.sleep(0)`` on asyncio) and to the OS in
+        between for up to _SPIN_SECONDS, then parks (see :meth:`_park`): ``request``,
+        when given, is what ``test`` tests; without it, whatever makes ``test`` true
+        rings this process's bell. Without MPI_THREAD_MULTIPLE it sleeps up to
+        _MAX_SLEEP between tests instead of parking.
 
         A peer's failure after an agreement raises here (see :meth:`_read_notes`).
         For an exchange (``exchange``: its number), a wait that passes
@@ -553,40 +590,96 @@ class MPIProcessGroup(ProcessGroup):
         on_asyncio = asyncio._get_running_loop() is not None
         start = time.perf_counter()
         spin_until = start + _SPIN_SECONDS
-        next_check = spin_until
-        delay = 1e-4
+        while not test():
+            if time.perf_counter() >= spin_until:
+                break
+            # The peer may share this core (the machine is busy): a spin that does not
+            # give it the core waits a whole time slice for it, an MPI blocking call
+            # alike. With nothing else runnable here this returns at once.
+            _sched_yield()
+            if on_asyncio:
+                await asyncio.sleep(0)
+            else:
+                await anyio.lowlevel.checkpoint()
+        else:
+            return
         stall = self.stall_warning_seconds
         announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
-        announced = warned = False
-        while not test():
-            now = time.perf_counter()
-            if now < spin_until:
-                # The peer may share this core (the machine is busy): a spin that does
-                # not give it the core waits a whole time slice for it, an MPI blocking
-                # call alike. Nothing else runnable here: this returns at once.
-                _sched_yield()
-                if on_asyncio:
-                    await asyncio.sleep(0)
+        warned = False
+        timers = exchange is not None and self.size > 1
+        # The timed checks: (seconds into the wait, what to do), earliest first.
+        due: list[tuple[float, str]] = []
+        if timers:
+            due.append((announce, "announce"))
+            if stall:
+                due.append((stall, "stall"))
+            due.sort()
+        parked = thread_multiple()
+        delay = _MIN_SLEEP
+        while True:
+            self._read_notes()
+            if test():
+                break
+            waited = time.perf_counter() - start
+            while due and waited >= due[0][0]:
+                _, what = due.pop(0)
+                if what == "announce":
+                    assert exchange is not None
+                    self._tell_peers({"kind": "waiting", "number": exchange})
                 else:
-                    await anyio.lowlevel.checkpoint()
-                continue
-            if now >= next_check:
-                next_check = now + _NOTES_SECONDS
-                self._read_notes()
-                if exchange is not None and self.size > 1:
-                    if not announced and now - start >= announce:
-                        announced = True
-                        self._tell_peers({"kind": "waiting", "number": exchange})
-                    if stall and not warned and now - start >= stall:
-                        warned = True
-                        _logger.warning(self._stall_message(exchange, now - start))
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
+                    assert exchange is not None
+                    warned = True
+                    _logger.warning(self._stall_message(exchange, waited))
+            until = due[0][0] - waited if due else None
+            if parked:
+                await self._park(request, until)
+            else:
+                nap = delay if until is None else min(delay, max(until, 0.0))
+                await anyio.sleep(min(nap, _NOTES_SECONDS))
+                delay = min(delay * 2, _MAX_SLEEP)
         if warned:
             _logger.warning(
                 f"Collective resumed: the processes completed {self._waiting_what()} after "
                 f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
             )
+
+    async def _park(self, request: Any, seconds: float | None) -> None:
+        """Block a daemon thread in MPI until ``request`` completes or the bell rings.
+
+        The bell is a receive from any peer, always posted; a peer rings it after each
+        note it sends (see :meth:`_tell_peers`), and a transfer thread rings this
+        process's own when it is done. The thread wakes the loop; this returns then,
+        or after ``seconds`` (for a timed check: the thread stays parked), with the
+        bell posted again if it rang. Cancelled (a deadline), it rings its own bell so
+        that the thread returns.
+        """
+        bell = self._bell
+        woke = anyio.Event()
+        wake = _waker(woke)
+        MPI = self._MPI
+
+        def park() -> None:
+            try:
+                if request is None:
+                    bell.Wait()
+                else:
+                    MPI.Request.Waitany([request, bell])
+            finally:
+                wake()
+
+        threading.Thread(target=park, name="asyncreplica MPI wait", daemon=True).start()
+        try:
+            with anyio.move_on_after(math.inf if seconds is None else seconds):
+                await woke.wait()
+        except BaseException:  # cancelled: release the thread, which tests nothing more
+            self._ring(self.rank)
+            raise
+        if not woke.is_set():  # a timed check is due: release the thread first
+            self._ring(self.rank)
+            with anyio.CancelScope(shield=True):
+                await woke.wait()
+        if bell.Test():  # it rang: listen again
+            self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
 
     def _waiting_what(self) -> str:
         return _exchange_text(self._pending)
@@ -646,6 +739,11 @@ class MPIProcessGroup(ProcessGroup):
         for r in range(self.size):
             if r != self.rank:
                 self._sends.append(self._side.Isend(payload, dest=r, tag=_NOTE_TAG))
+                self._ring(r)
+
+    def _ring(self, rank: int) -> None:
+        """Ring ``rank``'s bell (this process's own: release this process's parked wait)."""
+        self._sends.append(self._side.Isend(_BELL, dest=rank, tag=_BELL_TAG))
 
     def _read_notes(self) -> None:
         """Receive the peers' notes; raise if one failed after an agreement.
@@ -770,7 +868,7 @@ class MPIProcessGroup(ProcessGroup):
     async def wait_data(self, request: Any) -> None:
         """Wait for a posted data transfer (the caller shields it), watching for failures."""
         if not _spin(request.Test):
-            await self._watch(request.Test)
+            await self._watch(request.Test, request=request)
 
     async def blocking(self, fn: Callable[[], object]) -> None:
         """Run a blocking MPI call in a (daemon) thread; the loop watches for failures.
@@ -788,7 +886,11 @@ class MPIProcessGroup(ProcessGroup):
                 errors.append(exc)
             finally:
                 done.set()
+                # Wake the loop's parked wait (a self-send completes at once).
+                with contextlib.suppress(Exception):
+                    side.Isend(_BELL, dest=rank, tag=_BELL_TAG).Wait()
 
+        side, rank = self._side, self.rank
         threading.Thread(target=target, name="asyncreplica MPI transfer", daemon=True).start()
         await self._watch(done.is_set)
         if errors:
@@ -1270,6 +1372,9 @@ class MPIProcessGroup(ProcessGroup):
                     flush=True,
                 )
         with contextlib.suppress(Exception):  # freeing at exit is best effort
+            self._bell.Cancel()
+            self._bell.Wait()
+        with contextlib.suppress(Exception):
             if self._gather is not None:
                 self._gather.Free()
         for comm in (self._ctl, self._data):
