@@ -87,9 +87,10 @@ _BUSY_SECONDS = 20e-6
 _SPIN_SECONDS = 0.01
 _MIN_SLEEP = 1e-4
 _MAX_SLEEP = 0.001
-# A slow wait reads the peers' notes every _NOTES_SECONDS; a wait at an exchange tells
-# the peers it waits there once it has waited _ANNOUNCE_SECONDS (so that a stall
-# warning can name the processes that have not arrived).
+# A parked wait reads the peers' notes when its bell rings (a sleeping one, every
+# _NOTES_SECONDS at most); a wait at an exchange tells the peers it waits there once it
+# has waited _ANNOUNCE_SECONDS (so that a stall warning can name the processes that
+# have not arrived).
 _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
@@ -649,9 +650,9 @@ class MPIProcessGroup(ProcessGroup):
         The bell is a receive from any peer, always posted; a peer rings it after each
         note it sends (see :meth:`_tell_peers`), and a transfer thread rings this
         process's own when it is done. The thread wakes the loop; this returns then,
-        or after ``seconds`` (for a timed check: the thread stays parked), with the
-        bell posted again if it rang. Cancelled (a deadline), it rings its own bell so
-        that the thread returns.
+        with the bell posted again if it rang. After ``seconds`` (a timed check is due)
+        it rings its own bell and returns once the thread has; cancelled (a deadline),
+        it rings its own bell and raises at once (the exchange is abandoned).
         """
         bell = self._bell
         woke = anyio.Event()
@@ -672,7 +673,8 @@ class MPIProcessGroup(ProcessGroup):
             with anyio.move_on_after(math.inf if seconds is None else seconds):
                 await woke.wait()
         except BaseException:  # cancelled: release the thread, which tests nothing more
-            self._ring(self.rank)
+            with contextlib.suppress(Exception):  # the cancellation is the news
+                self._ring(self.rank)
             raise
         if not woke.is_set():  # a timed check is due: release the thread first
             self._ring(self.rank)
@@ -743,6 +745,8 @@ class MPIProcessGroup(ProcessGroup):
 
     def _ring(self, rank: int) -> None:
         """Ring ``rank``'s bell (this process's own: release this process's parked wait)."""
+        if len(self._sends) > 64:
+            self._sends = [r for r in self._sends if not r.Test()]
         self._sends.append(self._side.Isend(_BELL, dest=rank, tag=_BELL_TAG))
 
     def _read_notes(self) -> None:
