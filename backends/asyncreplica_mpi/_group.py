@@ -3,7 +3,8 @@
 See :mod:`._protocol` for the exchange itself. This module owns the communicators
 (two duplicates of the user's: one for agreement, one for data, so that neither
 ever shares traffic with the user's own), the polling of non-blocking requests from
-the event loop, and the goodbye exchange at interpreter exit.
+the event loop, and the goodbye exchange at interpreter exit. Creating a group's
+arrival notes live in :mod:`._arrival`, merged timelines in :mod:`._trace`.
 
 Cancellation: once a process has posted its part of an MPI collective it must finish
 it, or the processes fall out of step. Every wait between posting a request and its
@@ -20,7 +21,6 @@ import atexit
 import collections
 import contextlib
 import json
-import logging
 import math
 import os
 import sys
@@ -43,6 +43,7 @@ from asyncreplica import (
 )
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
+from ._arrival import _arrive, _logger
 from ._protocol import (
     HEADER,
     HEADER_BYTES,
@@ -59,6 +60,7 @@ from ._protocol import (
     rebuild_signature,
     signature_fields,
 )
+from ._trace import TraceMerger
 
 __all__ = [
     "INLINE_BYTES",
@@ -129,145 +131,6 @@ def _install_hooks() -> None:
 def _goodbye_all() -> None:
     for group in sorted(_groups, key=lambda g: -g._serial):
         group.goodbye()
-
-
-# -- creating a group: every process announces itself ----------------------------------
-#
-# Creating a group is collective (MPI_Comm_dup). Before any collective call, each
-# process sends every other one an arrival note on the user's communicator (tag
-# _ARRIVAL_TAG, 4 int64: magic, kind, the group's serial on that communicator, the
-# process's replica count) and waits for theirs. So a process that never creates its
-# strategy (exited, or created it on other ranks only) is named in a stall warning and
-# after timeout_seconds, instead of leaving the others inside MPI_Comm_dup for ever.
-
-_ARRIVAL_TAG = 0x6172  # "ar"
-_GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
-_ARRIVED = 1
-_GAVE_UP = 2
-_logger = logging.getLogger("asyncreplica")
-# Per user communicator (by handle): the communicator, and how many groups this
-# process created on it.
-_created: dict[int, tuple[Any, int]] = {}
-
-
-def _note_to_all(
-    comm: Any, kind: int, serial: int, value: int, tag: int = _ARRIVAL_TAG
-) -> list[Any]:
-    note = np.array([MAGIC, kind, serial, value], np.int64)
-    rank = comm.Get_rank()
-    return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
-
-
-def _arrive(
-    base: Any, local_replicas: int, timeout: float | None, stall: float | None
-) -> list[int]:
-    """Announce this process to every other and wait for theirs; every replica count.
-
-    Notes arrive in the order they were sent (MPI does not overtake messages between
-    two processes on one communicator and tag), so each process's ``k``-th note is
-    the one of its ``k``-th group on this communicator.
-
-    Raises:
-        CollectiveTimeoutError: Some processes did not create their group within
-            ``timeout`` seconds (the message names them).
-        BackendError: A process gave up waiting (its timeout passed) before this one
-            arrived, or a malformed note arrived.
-    """
-    from mpi4py import MPI
-
-    rank, size = base.Get_rank(), base.Get_size()
-    handle = base.py2f()
-    serial = _created.get(handle, (base, 0))[1]
-    _created[handle] = (base, serial + 1)
-    counts = [0] * size
-    counts[rank] = local_replicas
-    if size == 1:
-        return counts
-    sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
-    notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
-    recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
-    started = time.monotonic()
-    warned = False
-    delay = 1e-5
-    while True:
-        for r in list(recvs):
-            if recvs[r].Test():
-                del recvs[r]
-                magic, kind, their_serial, value = (int(v) for v in notes[r])
-                if magic != MAGIC or kind != _ARRIVED:
-                    raise BackendError(
-                        f"process {r} sent a malformed message while the strategy was being "
-                        "created: is the communicator used by other code with tag "
-                        f"{_ARRIVAL_TAG}? The processes are out of step."
-                    )
-                if their_serial != serial:
-                    raise BackendError(
-                        f"Process {r} is creating its MultiWorkerMirroredStrategy number "
-                        f"{their_serial + 1} on this communicator, this process (process "
-                        f"{rank}) its number {serial + 1}: the processes created different "
-                        "numbers of strategies (one created it alone, or gave up waiting). "
-                        "The processes are out of step."
-                    )
-                counts[r] = value
-        if not recvs:
-            break
-        waited = time.monotonic() - started
-        missing = sorted(recvs)
-        if stall and not warned and waited >= stall:
-            warned = True
-            _logger.warning(
-                f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
-                f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
-                "must create it, in the same order).\n\nThis is a warning, not an error: set "
-                "CommunicationOptions(timeout_seconds=...) to fail instead."
-            )
-        if timeout is not None and waited >= timeout:
-            _give_up(base, serial, sends, recvs)
-            raise CollectiveTimeoutError(
-                0,
-                float(timeout),
-                {},
-                {},
-                message=(
-                    f"Timed out after {timeout:g} s creating MultiWorkerMirroredStrategy: "
-                    f"{_ranks_text(missing)} did not create theirs (this is process {rank} "
-                    f"of {size}; arrived: {_ranks_text(sorted(set(range(size)) - set(missing)))})."
-                    "\n\nCreating the strategy is collective: every process must create it, "
-                    "in the same order. A process that is busy, blocked or took another "
-                    "branch never arrives.\nSee docs/errors.md#collectivetimeouterror in the "
-                    "asyncreplica documentation."
-                ),
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
-    MPI.Request.Waitall(sends)
-    for r in range(size):  # one that arrived, then gave up waiting for a late one
-        if r != rank and base.Iprobe(source=r, tag=_GAVE_UP_TAG):
-            note = np.zeros(4, np.int64)
-            base.Recv(note, source=r, tag=_GAVE_UP_TAG)
-            if int(note[1]) == _GAVE_UP:
-                raise BackendError(
-                    f"Process {r} gave up waiting for the other processes to create "
-                    "MultiWorkerMirroredStrategy (its timeout_seconds passed) before this "
-                    f"process (process {rank}) created it; the processes are out of step."
-                )
-    return counts
-
-
-def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
-    """Stop waiting for arrivals: tell the others, so that a late one does not wait."""
-    for request in recvs.values():
-        with contextlib.suppress(Exception):
-            request.Cancel()
-    _pending_notes.extend(sends)
-    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
-
-
-_pending_notes: list[Any] = []
 
 
 #: Requests moving at least this many bytes are waited for in a worker thread (mpi4py
@@ -1424,99 +1287,3 @@ def _light(signature: Signature) -> bool:
             return False
         nbytes += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
     return nbytes <= INLINE_BYTES
-
-
-class TraceMerger:
-    """Gathers every process's trace to rank 0, with clocks aligned at a barrier.
-
-    Created (collectively) when ``strategy.trace(path)`` starts; :meth:`merge` is
-    called (collectively) when it ends. It uses its own duplicate communicator, so it
-    never interleaves with the collectives' agreement.
-    """
-
-    def __init__(self, group: MPIProcessGroup) -> None:
-        self._group = group
-        self._comm = group._ctl.Dup()
-
-    def merge(self, trace: dict[str, Any], origin_ns: int) -> dict[str, Any] | None:
-        """Every process's ``trace`` merged into one (on rank 0; None elsewhere).
-
-        Each process's timestamps are microseconds since its own ``origin_ns``
-        (``perf_counter_ns``); they are shifted so that the instant every process
-        left one barrier coincides. Processes become ``pid`` = rank, replica tracks
-        are renamed with global replica ids, and flow ids are made unique.
-        """
-        import time
-
-        MPI = self._group._MPI
-        comm = self._comm
-        size, rank = comm.Get_size(), comm.Get_rank()
-        comm.Barrier()
-        since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
-        payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
-        sinces = np.empty(size, np.float64) if rank == 0 else None
-        lengths = np.empty(size, np.int64) if rank == 0 else None
-        comm.Gather(since, sinces, root=0)
-        comm.Gather(np.array([payload.size], np.int64), lengths, root=0)
-        if rank != 0:
-            comm.Gatherv(payload, None, root=0)
-            comm.Free()
-            return None
-        assert lengths is not None
-        assert sinces is not None
-        counts = [int(n) for n in lengths]
-        displs = [sum(counts[:r]) for r in range(size)]
-        buf = np.empty(sum(counts), np.uint8)
-        comm.Gatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
-        comm.Free()
-        docs = [
-            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
-        ]
-        events: list[dict[str, Any]] = []
-        for r, doc in enumerate(docs):
-            shift = float(sinces[0] - sinces[r])
-            offset = self._group.offsets[r]
-            for event in doc["traceEvents"]:
-                event["pid"] = r
-                if "ts" in event:
-                    event["ts"] = round(event["ts"] + shift, 3)
-                if "id" in event and isinstance(event["id"], int):
-                    event["id"] = event["id"] * size + r
-                args = event.get("args")
-                if isinstance(args, dict):
-                    for key in ("replica", "dispatched_by"):
-                        if isinstance(args.get(key), int):
-                            args[key] += offset
-                if event.get("ph") == "M" and isinstance(args, dict):
-                    if event.get("name") == "process_name":
-                        args["name"] = f"MPI rank {r}"
-                    elif event.get("name") == "thread_name":
-                        name = str(args.get("name", ""))
-                        if name.startswith("replica "):
-                            index, _, rest = name[len("replica ") :].partition(" ")
-                            if index.isdigit():
-                                args["name"] = f"replica {int(index) + offset}" + (
-                                    f" {rest}" if rest else ""
-                                )
-                events.append(event)
-        # A process that began tracing before rank 0 (or a barrier left a little later
-        # there) has events before rank 0's origin: the whole trace moves so that its
-        # earliest event is at 0 (timestamps are never negative; offsets are kept).
-        start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
-        moved = max(0.0, -float(start))
-        if moved:
-            for event in events:
-                if isinstance(event.get("ts"), int | float):
-                    event["ts"] = round(event["ts"] + moved, 3)
-        merged = dict(docs[0])
-        merged["traceEvents"] = events
-        clock = "microseconds since rank 0's origin"
-        if moved:
-            clock = f"microseconds since {moved:g} us before rank 0's origin"
-        merged["otherData"] = {
-            **docs[0].get("otherData", {}),
-            "clock": f"{clock}; other ranks aligned at an MPI barrier",
-            "processes": [doc.get("otherData", {}) for doc in docs],
-            "mpi_world_size": size,
-        }
-        return merged
