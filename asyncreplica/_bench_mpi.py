@@ -195,8 +195,36 @@ def table(rows: list[dict[str, Any]], processes: int, replicas: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
-    """Run the MPI benchmark (under mpiexec); return the exit status."""
+def faults_main(argv: list[str], mpiexec: str, processes: int) -> int:
+    """After the all_reduce jobs (not under mpiexec): measure and print the fault latencies.
+
+    Each kind of fault is its own ``mpiexec`` job (see :mod:`._bench_mpi_faults`); with
+    ``--json``, the rows are added to the report rank 0 wrote, as ``faults``.
+    """
+    from . import _bench_mpi_faults as faults
+
+    args = _parser().parse_args(argv)
+    if args.no_faults:
+        return 0
+    repeat = 1 if args.quick else 3
+
+    def progress(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    progress(f"  measuring fault latencies ({len(faults.KINDS)} kinds x {repeat} jobs)")
+    rows = faults.measure(mpiexec, max(processes, 2), repeat, progress)
+    print()
+    print(faults.table(rows))
+    if args.json:
+        with open(args.json, encoding="utf-8") as f:
+            report = json.load(f)
+        report["faults"] = rows
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asyncreplica bench --mpi",
         description="cross-process all_reduce vs raw mpi4py Allreduce, measured in one run",
@@ -207,6 +235,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=200, help="collectives per sample")
     parser.add_argument("--repeat", type=int, default=5, help="samples per case")
     parser.add_argument("--processes", type=int, default=2, help="for the relaunch")
+    parser.add_argument(
+        "--no-faults",
+        action="store_true",
+        help="skip the fault latencies (one mpiexec job per kind of fault, after the table)",
+    )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """Run the MPI benchmark (under mpiexec); return the exit status."""
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.replicas < 1 or args.rounds < 1 or args.repeat < 1:
         parser.error("--replicas, --rounds and --repeat must be positive")

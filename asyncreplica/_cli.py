@@ -575,7 +575,14 @@ def _run_bench_mpi(argv: list[str]) -> int:
                 processes = int(a.partition("=")[2])
         if processes < 1:
             return _error("bench", "--processes must be at least 1")
-        return _relaunch_under_mpiexec(processes)
+        status = _relaunch_under_mpiexec(processes)
+        mpiexec = find_mpiexec()
+        if status or mpiexec is None:
+            return status
+        # Then the fault latencies: one mpiexec job per kind of fault (one ends a process).
+        from asyncreplica._bench_mpi import faults_main
+
+        return faults_main(argv, mpiexec, processes)
     from asyncreplica._bench_mpi import main as bench_mpi
 
     return bench_mpi(argv)

@@ -19,7 +19,9 @@ from asyncreplica._bench import main
 from asyncreplica._bench._baselines import _difference, _median_us
 from asyncreplica._bench._model import Row
 from asyncreplica._bench._plot import _plot, chart
+from asyncreplica._bench._report import _targets_table
 from asyncreplica._bench._targets import _mpi_targets, _targets
+from asyncreplica._bench_mpi_faults import KINDS as FAULT_KINDS
 
 
 @pytest.mark.slow
@@ -217,17 +219,53 @@ def test_the_mpi_targets_read_the_mpi_report() -> None:
         ],
     }
     targets = {t.figure: t for t in _mpi_targets(report, rendezvous_us=30.0)}
+    faults = {f"MPI fault latency, {kind} (2 processes)" for kind in FAULT_KINDS}
     assert set(targets) == {
         "MPI all_reduce 8 B x 4 vs raw Allreduce + local rendezvous",
         "MPI all_reduce 1 MiB x 4 vs local sum + raw Allreduce",
         "MPI all_reduce 16 MiB x 4 vs local sum + raw Allreduce",
+        *faults,
     }
+    # A report without fault latencies misses every one of their targets.
+    assert not any(targets[f].met or math.isfinite(targets[f].value) for f in faults)
     small = targets["MPI all_reduce 8 B x 4 vs raw Allreduce + local rendezvous"]
     assert small.value == pytest.approx(50.0)  # 100 - (20 + 30) us
     assert (small.unit, small.target, small.goal, small.met) == ("us", "<= +15 us", "+5 us", False)
     one = targets["MPI all_reduce 1 MiB x 4 vs local sum + raw Allreduce"]
     assert (one.value, one.target, one.met) == (pytest.approx(1.2), "<= 1.3x", True)
     assert not targets["MPI all_reduce 16 MiB x 4 vs local sum + raw Allreduce"].met  # 1.43x
+
+
+def test_the_mpi_fault_latency_targets_read_the_faults_rows() -> None:
+    latencies = {"skip": 0.004, "swap": 0.2, "mismatch": 0.21, "raise": None, "exit": 0.05}
+    report = {
+        "processes": 3,
+        "replicas": 4,
+        "rows": [],
+        "faults": [
+            {"kind": kind, "processes": 3, "latency_s": latency, "samples_s": [latency]}
+            for kind, latency in latencies.items()
+        ],  # no "transfer" row: not measured
+    }
+    targets = {t.figure: t for t in _mpi_targets(report, rendezvous_us=30.0)}
+    got = {
+        figure.removeprefix("MPI fault latency, ").removesuffix(" (3 processes)"): (
+            None if not math.isfinite(t.value) else t.value,
+            t.met,
+        )
+        for figure, t in targets.items()
+    }
+    assert got == {
+        "skip": (0.004, True),
+        "swap": (0.2, True),  # the bound is inclusive
+        "mismatch": (0.21, False),
+        "raise": (None, False),  # some process never raised the kind's error
+        "exit": (0.05, True),
+        "transfer": (None, False),
+    }
+    skip = targets["MPI fault latency, skip (3 processes)"]
+    assert (skip.unit, skip.target, skip.goal) == ("s", "<= 0.2 s", "")
+    assert "0.00 s" in _targets_table([skip])
 
 
 def _canned(monkeypatch: pytest.MonkeyPatch, rows: list[Row]) -> None:

@@ -65,7 +65,7 @@ def _bounded(
     """A target with a numeric bound: ``value <= limit`` (or ``>=``); NaN is not met."""
     sign = ">=" if higher_is_better else "<="
     plus = "+" if unit == "us" else ""
-    suffix = " us" if unit == "us" else "x"
+    suffix = f" {unit}" if unit in ("us", "s") else "x"
 
     def shown(bound: float) -> str:
         return f"{sign} {plus}{bound:g}{suffix}"

@@ -7,8 +7,11 @@ target is missed, or was not measured.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from .._bench_mpi_faults import KINDS as FAULT_KINDS
+from .._bench_mpi_faults import LIMIT_SECONDS as FAULT_LIMIT_SECONDS
 from ._cases import _ARRAY_TYPES, _MOVES, ARRAY_TYPES_CASE, NUMPY_INPUTS
 from ._model import Row, Target, _bounded, _find, _size
 
@@ -88,6 +91,9 @@ def _mpi_targets(report: dict[str, Any], rendezvous_us: float) -> list[Target]:
             size with ``ours_s``, ``raw_s`` and ``local_s`` (seconds per collective).
         rendezvous_us: A bare futures rendezvous of the MPI run's local replicas (8 B),
             measured in this process: the local part of the 8 B floor.
+
+    The report's ``faults`` rows (see :mod:`asyncreplica._bench_mpi_faults`) give one
+    target per kind of fault: its latency across processes, at most 0.2 s.
     """
     out: list[Target] = []
     n = report["replicas"]
@@ -100,6 +106,16 @@ def _mpi_targets(report: dict[str, Any], rendezvous_us: float) -> list[Target]:
             extra = ours * 1e6 - (raw * 1e6 + rendezvous_us)
             figure = f"MPI all_reduce 8 B x {n} vs raw Allreduce + local rendezvous"
             out.append(_bounded(figure, extra, 15.0, unit="us", goal=5.0))
+    # Every kind of fault reaches every process within 0.2 s (a kind that was not
+    # measured, or never reached some process, is missed).
+    faults = {row["kind"]: row for row in report.get("faults", [])}
+    for kind in FAULT_KINDS:
+        row = faults.get(kind)
+        latency = row["latency_s"] if row is not None else None
+        processes = row["processes"] if row is not None else report["processes"]
+        figure = f"MPI fault latency, {kind} ({processes} processes)"
+        value = math.nan if latency is None else float(latency)
+        out.append(_bounded(figure, value, FAULT_LIMIT_SECONDS, unit="s"))
     return out
 
 

@@ -3,7 +3,8 @@
 See :mod:`._protocol` for the exchange itself. This module owns the communicators
 (two duplicates of the user's: one for agreement, one for data, so that neither
 ever shares traffic with the user's own), the polling of non-blocking requests from
-the event loop, and the goodbye exchange at interpreter exit.
+the event loop, and the goodbye exchange at interpreter exit. Creating a group's
+arrival notes live in :mod:`._arrival`, merged timelines in :mod:`._trace`.
 
 Cancellation: once a process has posted its part of an MPI collective it must finish
 it, or the processes fall out of step. Every wait between posting a request and its
@@ -20,7 +21,8 @@ import atexit
 import collections
 import contextlib
 import json
-import logging
+import math
+import os
 import sys
 import threading
 import time
@@ -41,6 +43,7 @@ from asyncreplica import (
 )
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
+from ._arrival import _arrive, _logger
 from ._protocol import (
     HEADER,
     HEADER_BYTES,
@@ -57,6 +60,7 @@ from ._protocol import (
     rebuild_signature,
     signature_fields,
 )
+from ._trace import TraceMerger
 
 __all__ = [
     "INLINE_BYTES",
@@ -71,22 +75,28 @@ _ROW_BYTES = HEADER_BYTES + INLINE_BYTES  # one process's part of an exchange
 
 _T = TypeVar("_T")
 
-# Polling: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
+# Waiting: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
 # complete the request within them, and a wait that never yields needs no shield from
-# cancellation, see the module docstring), then tests that yield to the loop in between,
-# for up to _SPIN_SECONDS, then sleeps that grow to _MAX_SLEEP. MPICH progresses only
-# inside MPI calls, so Test() drives it: a process that sleeps stalls its peers'
-# collectives too, and the loop's timers cannot sleep less than about a millisecond,
-# hence the generous spin (MPI's own blocking calls spin for ever).
+# cancellation, see the module docstring), then tests that yield to the loop and to the
+# OS (sched_yield) in between, for up to _SPIN_SECONDS. MPICH progresses only inside
+# MPI calls, so Test() drives it, and the loop's timers cannot sleep less than about a
+# millisecond, hence the generous spin. Then the wait is *parked*: a daemon thread
+# blocks in MPI until the request completes or a peer rings this process's bell (it
+# sends one after each note), and wakes the loop, so that no delivery waits for a
+# timer (MPI's blocking calls drive progress themselves). Without MPI_THREAD_MULTIPLE
+# the loop sleeps instead, from _MIN_SLEEP growing to _MAX_SLEEP between tests.
 _BUSY_SECONDS = 20e-6
 _SPIN_SECONDS = 0.01
+_MIN_SLEEP = 1e-4
 _MAX_SLEEP = 0.001
-# A slow wait reads the peers' notes every _NOTES_SECONDS; a wait at an exchange tells
-# the peers it waits there once it has waited _ANNOUNCE_SECONDS (so that a stall
-# warning can name the processes that have not arrived).
+# A parked wait reads the peers' notes when its bell rings (a sleeping one, every
+# _NOTES_SECONDS at most); a wait at an exchange tells the peers it waits there once it
+# has waited _ANNOUNCE_SECONDS (so that a stall warning can name the processes that
+# have not arrived).
 _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
+_BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 _ACK_SECONDS = 10.0
 _DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
@@ -123,144 +133,6 @@ def _goodbye_all() -> None:
         group.goodbye()
 
 
-# -- creating a group: every process announces itself ----------------------------------
-#
-# Creating a group is collective (MPI_Comm_dup). Before any collective call, each
-# process sends every other one an arrival note on the user's communicator (tag
-# _ARRIVAL_TAG, 4 int64: magic, kind, the group's serial on that communicator, the
-# process's replica count) and waits for theirs. So a process that never creates its
-# strategy (exited, or created it on other ranks only) is named in a stall warning and
-# after timeout_seconds, instead of leaving the others inside MPI_Comm_dup for ever.
-
-_ARRIVAL_TAG = 0x6172  # "ar"
-_GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
-_ARRIVED = 1
-_GAVE_UP = 2
-_logger = logging.getLogger("asyncreplica")
-# Per user communicator (by handle): the communicator, and how many groups this
-# process created on it.
-_created: dict[int, tuple[Any, int]] = {}
-
-
-def _note_to_all(
-    comm: Any, kind: int, serial: int, value: int, tag: int = _ARRIVAL_TAG
-) -> list[Any]:
-    note = np.array([MAGIC, kind, serial, value], np.int64)
-    rank = comm.Get_rank()
-    return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
-
-
-def _ranks_text(ranks: Sequence[int]) -> str:
-    return ("process " if len(ranks) == 1 else "processes ") + ", ".join(map(str, ranks))
-
-
-def _arrive(
-    base: Any, local_replicas: int, timeout: float | None, stall: float | None
-) -> list[int]:
-    """Announce this process to every other and wait for theirs; every replica count.
-
-    Notes arrive in the order they were sent (MPI does not overtake messages between
-    two processes on one communicator and tag), so each process's ``k``-th note is
-    the one of its ``k``-th group on this communicator.
-
-    Raises:
-        CollectiveTimeoutError: Some processes did not create their group within
-            ``timeout`` seconds (the message names them).
-        BackendError: A process gave up waiting (its timeout passed) before this one
-            arrived, or a malformed note arrived.
-    """
-    from mpi4py import MPI
-
-    rank, size = base.Get_rank(), base.Get_size()
-    handle = base.py2f()
-    serial = _created.get(handle, (base, 0))[1]
-    _created[handle] = (base, serial + 1)
-    counts = [0] * size
-    counts[rank] = local_replicas
-    if size == 1:
-        return counts
-    sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
-    notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
-    recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
-    started = time.monotonic()
-    warned = False
-    delay = 1e-5
-    while True:
-        for r in list(recvs):
-            if recvs[r].Test():
-                del recvs[r]
-                magic, kind, their_serial, value = (int(v) for v in notes[r])
-                if magic != MAGIC or kind != _ARRIVED:
-                    raise BackendError(
-                        f"process {r} sent a malformed message while the strategy was being "
-                        "created: is the communicator used by other code with tag "
-                        f"{_ARRIVAL_TAG}? The processes are out of step."
-                    )
-                if their_serial != serial:
-                    raise BackendError(
-                        f"Process {r} is creating its MultiWorkerMirroredStrategy number "
-                        f"{their_serial + 1} on this communicator, this process (process "
-                        f"{rank}) its number {serial + 1}: the processes created different "
-                        "numbers of strategies (one created it alone, or gave up waiting). "
-                        "The processes are out of step."
-                    )
-                counts[r] = value
-        if not recvs:
-            break
-        waited = time.monotonic() - started
-        missing = sorted(recvs)
-        if stall and not warned and waited >= stall:
-            warned = True
-            _logger.warning(
-                f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
-                f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
-                "must create it, in the same order).\n\nThis is a warning, not an error: set "
-                "CommunicationOptions(timeout_seconds=...) to fail instead."
-            )
-        if timeout is not None and waited >= timeout:
-            _give_up(base, serial, sends, recvs)
-            raise CollectiveTimeoutError(
-                0,
-                float(timeout),
-                {},
-                {},
-                message=(
-                    f"Timed out after {timeout:g} s creating MultiWorkerMirroredStrategy: "
-                    f"{_ranks_text(missing)} did not create theirs (this is process {rank} "
-                    f"of {size}; arrived: {_ranks_text(sorted(set(range(size)) - set(missing)))})."
-                    "\n\nCreating the strategy is collective: every process must create it, "
-                    "in the same order. A process that is busy, blocked or took another "
-                    "branch never arrives."
-                ),
-            )
-        time.sleep(delay)
-        delay = min(delay * 2, 1e-3)
-    MPI.Request.Waitall(sends)
-    for r in range(size):  # one that arrived, then gave up waiting for a late one
-        if r != rank and base.Iprobe(source=r, tag=_GAVE_UP_TAG):
-            note = np.zeros(4, np.int64)
-            base.Recv(note, source=r, tag=_GAVE_UP_TAG)
-            if int(note[1]) == _GAVE_UP:
-                raise BackendError(
-                    f"Process {r} gave up waiting for the other processes to create "
-                    "MultiWorkerMirroredStrategy (its timeout_seconds passed) before this "
-                    f"process (process {rank}) created it; the processes are out of step."
-                )
-    return counts
-
-
-def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
-    """Stop waiting for arrivals: tell the others, so that a late one does not wait."""
-    for request in recvs.values():
-        with contextlib.suppress(Exception):
-            request.Cancel()
-    _pending_notes.extend(sends)
-    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
-
-
-_pending_notes: list[Any] = []
-
-
 #: Requests moving at least this many bytes are waited for in a worker thread (mpi4py
 #: releases the GIL meanwhile; MPI runs with MPI_THREAD_MULTIPLE): posting and testing a
 #: large non-blocking collective does its copying on the calling thread, which would
@@ -268,6 +140,9 @@ _pending_notes: list[Any] = []
 #: (the hand-over to a thread costs about 100 µs) and blocks it for a few hundred µs at
 #: most, as the local backend's reductions do below its own offload size (4 MiB).
 THREAD_WAIT_BYTES = 2 << 20
+
+
+_sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
 
 def _spin(test: Callable[[], bool]) -> bool:
@@ -279,6 +154,28 @@ def _spin(test: Callable[[], bool]) -> bool:
         if test():
             return True
     return False
+
+
+def _waker(event: anyio.Event) -> Callable[[], None]:
+    """A function that any thread may call to set ``event`` (on this loop)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        call = loop.call_soon_threadsafe
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                call(event.set)
+
+        return wake
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+
+    def wake_trio() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(event.set)
+
+    return wake_trio
 
 
 _serials = iter(range(1 << 62))
@@ -303,6 +200,7 @@ class _Expired(Exception):
 _Agreement = tuple[dict[str, Any], dict[str, Any], int, Hashable]
 
 _NO_SHIELD = contextlib.nullcontext()
+_BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
 class MPIProcessGroup(ProcessGroup):
@@ -360,6 +258,9 @@ class MPIProcessGroup(ProcessGroup):
         self._peer_failure: dict[str, Any] | None = None
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []
+        # A receive of any peer's bell, always posted (see _park).
+        self._bell_buf = np.zeros(1, np.int64)
+        self._bell: Any = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
         self._agreed = False  # the current collective's agreement is made
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
         self._failed_peers: set[int] = set()  # peers that told us they failed
@@ -518,10 +419,10 @@ class MPIProcessGroup(ProcessGroup):
         try:
             with anyio.CancelScope(shield=True):
                 if deadline is None:
-                    await self._watch(test, number)
+                    await self._watch(test, number, request)
                     return
                 with anyio.CancelScope(deadline=deadline):
-                    await self._watch(test, number)
+                    await self._watch(test, number, request)
                     return
             raise _Expired
         except BaseException:
@@ -533,11 +434,16 @@ class MPIProcessGroup(ProcessGroup):
 
     # -- waiting: notes from peers, stall warnings ------------------------------------
 
-    async def _watch(self, test: Callable[[], bool], exchange: int | None = None) -> None:
+    async def _watch(
+        self, test: Callable[[], bool], exchange: int | None = None, request: Any = None
+    ) -> None:
         """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
 
-        It tests without yielding, then yields to the loop in between (``asyncio.sleep(0)``
-        on asyncio) for up to _SPIN_SECONDS, then sleeps up to _MAX_SLEEP between tests.
+        It tests yielding to the loop (``asyncio.sleep(0)`` on asyncio) and to the OS in
+        between for up to _SPIN_SECONDS, then parks (see :meth:`_park`): ``request``,
+        when given, is what ``test`` tests; without it, whatever makes ``test`` true
+        rings this process's bell. Without MPI_THREAD_MULTIPLE it sleeps up to
+        _MAX_SLEEP between tests instead of parking.
 
         A peer's failure after an agreement raises here (see :meth:`_read_notes`).
         For an exchange (``exchange``: its number), a wait that passes
@@ -548,36 +454,97 @@ class MPIProcessGroup(ProcessGroup):
         on_asyncio = asyncio._get_running_loop() is not None
         start = time.perf_counter()
         spin_until = start + _SPIN_SECONDS
-        next_check = spin_until
-        delay = 1e-4
+        while not test():
+            if time.perf_counter() >= spin_until:
+                break
+            # The peer may share this core (the machine is busy): a spin that does not
+            # give it the core waits a whole time slice for it, an MPI blocking call
+            # alike. With nothing else runnable here this returns at once.
+            _sched_yield()
+            if on_asyncio:
+                await asyncio.sleep(0)
+            else:
+                await anyio.lowlevel.checkpoint()
+        else:
+            return
         stall = self.stall_warning_seconds
         announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
-        announced = warned = False
-        while not test():
-            now = time.perf_counter()
-            if now < spin_until:
-                if on_asyncio:
-                    await asyncio.sleep(0)
+        warned = False
+        timers = exchange is not None and self.size > 1
+        # The timed checks: (seconds into the wait, what to do), earliest first.
+        due: list[tuple[float, str]] = []
+        if timers:
+            due.append((announce, "announce"))
+            if stall:
+                due.append((stall, "stall"))
+            due.sort()
+        parked = thread_multiple()
+        delay = _MIN_SLEEP
+        while True:
+            self._read_notes()
+            if test():
+                break
+            waited = time.perf_counter() - start
+            while due and waited >= due[0][0]:
+                _, what = due.pop(0)
+                if what == "announce":
+                    assert exchange is not None
+                    self._tell_peers({"kind": "waiting", "number": exchange})
                 else:
-                    await anyio.lowlevel.checkpoint()
-                continue
-            if now >= next_check:
-                next_check = now + _NOTES_SECONDS
-                self._read_notes()
-                if exchange is not None and self.size > 1:
-                    if not announced and now - start >= announce:
-                        announced = True
-                        self._tell_peers({"kind": "waiting", "number": exchange})
-                    if stall and not warned and now - start >= stall:
-                        warned = True
-                        _logger.warning(self._stall_message(exchange, now - start))
-            await anyio.sleep(delay)
-            delay = min(delay * 2, _MAX_SLEEP)
+                    assert exchange is not None
+                    warned = True
+                    _logger.warning(self._stall_message(exchange, waited))
+            until = due[0][0] - waited if due else None
+            if parked:
+                await self._park(request, until)
+            else:
+                nap = delay if until is None else min(delay, max(until, 0.0))
+                await anyio.sleep(min(nap, _NOTES_SECONDS))
+                delay = min(delay * 2, _MAX_SLEEP)
         if warned:
             _logger.warning(
                 f"Collective resumed: the processes completed {self._waiting_what()} after "
                 f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
             )
+
+    async def _park(self, request: Any, seconds: float | None) -> None:
+        """Block a daemon thread in MPI until ``request`` completes or the bell rings.
+
+        The bell is a receive from any peer, always posted; a peer rings it after each
+        note it sends (see :meth:`_tell_peers`), and a transfer thread rings this
+        process's own when it is done. The thread wakes the loop; this returns then,
+        with the bell posted again if it rang. After ``seconds`` (a timed check is due)
+        it rings its own bell and returns once the thread has; cancelled (a deadline),
+        it rings its own bell and raises at once (the exchange is abandoned).
+        """
+        bell = self._bell
+        woke = anyio.Event()
+        wake = _waker(woke)
+        MPI = self._MPI
+
+        def park() -> None:
+            try:
+                if request is None:
+                    bell.Wait()
+                else:
+                    MPI.Request.Waitany([request, bell])
+            finally:
+                wake()
+
+        threading.Thread(target=park, name="asyncreplica MPI wait", daemon=True).start()
+        try:
+            with anyio.move_on_after(math.inf if seconds is None else seconds):
+                await woke.wait()
+        except BaseException:  # cancelled: release the thread, which tests nothing more
+            with contextlib.suppress(Exception):  # the cancellation is the news
+                self._ring(self.rank)
+            raise
+        if not woke.is_set():  # a timed check is due: release the thread first
+            self._ring(self.rank)
+            with anyio.CancelScope(shield=True):
+                await woke.wait()
+        if bell.Test():  # it rang: listen again
+            self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
 
     def _waiting_what(self) -> str:
         return _exchange_text(self._pending)
@@ -637,6 +604,13 @@ class MPIProcessGroup(ProcessGroup):
         for r in range(self.size):
             if r != self.rank:
                 self._sends.append(self._side.Isend(payload, dest=r, tag=_NOTE_TAG))
+                self._ring(r)
+
+    def _ring(self, rank: int) -> None:
+        """Ring ``rank``'s bell (this process's own: release this process's parked wait)."""
+        if len(self._sends) > 64:
+            self._sends = [r for r in self._sends if not r.Test()]
+        self._sends.append(self._side.Isend(_BELL, dest=rank, tag=_BELL_TAG))
 
     def _read_notes(self) -> None:
         """Receive the peers' notes; raise if one failed after an agreement.
@@ -760,7 +734,7 @@ class MPIProcessGroup(ProcessGroup):
     async def wait_data(self, request: Any) -> None:
         """Wait for a posted data transfer (the caller shields it), watching for failures."""
         if not _spin(request.Test):
-            await self._watch(request.Test)
+            await self._watch(request.Test, request=request)
 
     async def blocking(self, fn: Callable[[], object]) -> None:
         """Run a blocking MPI call in a (daemon) thread; the loop watches for failures.
@@ -778,7 +752,11 @@ class MPIProcessGroup(ProcessGroup):
                 errors.append(exc)
             finally:
                 done.set()
+                # Wake the loop's parked wait (a self-send completes at once).
+                with contextlib.suppress(Exception):
+                    side.Isend(_BELL, dest=rank, tag=_BELL_TAG).Wait()
 
+        side, rank = self._side, self.rank
         threading.Thread(target=target, name="asyncreplica MPI transfer", daemon=True).start()
         await self._watch(done.is_set)
         if errors:
@@ -1260,6 +1238,9 @@ class MPIProcessGroup(ProcessGroup):
                     flush=True,
                 )
         with contextlib.suppress(Exception):  # freeing at exit is best effort
+            self._bell.Cancel()
+            self._bell.Wait()
+        with contextlib.suppress(Exception):
             if self._gather is not None:
                 self._gather.Free()
         for comm in (self._ctl, self._data):
@@ -1305,99 +1286,3 @@ def _light(signature: Signature) -> bool:
             return False
         nbytes += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
     return nbytes <= INLINE_BYTES
-
-
-class TraceMerger:
-    """Gathers every process's trace to rank 0, with clocks aligned at a barrier.
-
-    Created (collectively) when ``strategy.trace(path)`` starts; :meth:`merge` is
-    called (collectively) when it ends. It uses its own duplicate communicator, so it
-    never interleaves with the collectives' agreement.
-    """
-
-    def __init__(self, group: MPIProcessGroup) -> None:
-        self._group = group
-        self._comm = group._ctl.Dup()
-
-    def merge(self, trace: dict[str, Any], origin_ns: int) -> dict[str, Any] | None:
-        """Every process's ``trace`` merged into one (on rank 0; None elsewhere).
-
-        Each process's timestamps are microseconds since its own ``origin_ns``
-        (``perf_counter_ns``); they are shifted so that the instant every process
-        left one barrier coincides. Processes become ``pid`` = rank, replica tracks
-        are renamed with global replica ids, and flow ids are made unique.
-        """
-        import time
-
-        MPI = self._group._MPI
-        comm = self._comm
-        size, rank = comm.Get_size(), comm.Get_rank()
-        comm.Barrier()
-        since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
-        payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
-        sinces = np.empty(size, np.float64) if rank == 0 else None
-        lengths = np.empty(size, np.int64) if rank == 0 else None
-        comm.Gather(since, sinces, root=0)
-        comm.Gather(np.array([payload.size], np.int64), lengths, root=0)
-        if rank != 0:
-            comm.Gatherv(payload, None, root=0)
-            comm.Free()
-            return None
-        assert lengths is not None
-        assert sinces is not None
-        counts = [int(n) for n in lengths]
-        displs = [sum(counts[:r]) for r in range(size)]
-        buf = np.empty(sum(counts), np.uint8)
-        comm.Gatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
-        comm.Free()
-        docs = [
-            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
-        ]
-        events: list[dict[str, Any]] = []
-        for r, doc in enumerate(docs):
-            shift = float(sinces[0] - sinces[r])
-            offset = self._group.offsets[r]
-            for event in doc["traceEvents"]:
-                event["pid"] = r
-                if "ts" in event:
-                    event["ts"] = round(event["ts"] + shift, 3)
-                if "id" in event and isinstance(event["id"], int):
-                    event["id"] = event["id"] * size + r
-                args = event.get("args")
-                if isinstance(args, dict):
-                    for key in ("replica", "dispatched_by"):
-                        if isinstance(args.get(key), int):
-                            args[key] += offset
-                if event.get("ph") == "M" and isinstance(args, dict):
-                    if event.get("name") == "process_name":
-                        args["name"] = f"MPI rank {r}"
-                    elif event.get("name") == "thread_name":
-                        name = str(args.get("name", ""))
-                        if name.startswith("replica "):
-                            index, _, rest = name[len("replica ") :].partition(" ")
-                            if index.isdigit():
-                                args["name"] = f"replica {int(index) + offset}" + (
-                                    f" {rest}" if rest else ""
-                                )
-                events.append(event)
-        # A process that began tracing before rank 0 (or a barrier left a little later
-        # there) has events before rank 0's origin: the whole trace moves so that its
-        # earliest event is at 0 (timestamps are never negative; offsets are kept).
-        start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
-        moved = max(0.0, -float(start))
-        if moved:
-            for event in events:
-                if isinstance(event.get("ts"), int | float):
-                    event["ts"] = round(event["ts"] + moved, 3)
-        merged = dict(docs[0])
-        merged["traceEvents"] = events
-        clock = "microseconds since rank 0's origin"
-        if moved:
-            clock = f"microseconds since {moved:g} us before rank 0's origin"
-        merged["otherData"] = {
-            **docs[0].get("otherData", {}),
-            "clock": f"{clock}; other ranks aligned at an MPI barrier",
-            "processes": [doc.get("otherData", {}) for doc in docs],
-            "mpi_world_size": size,
-        }
-        return merged
