@@ -118,6 +118,13 @@ SCENARIOS = {
         ],
     ),
     "op": ("CollectiveMismatchError", [": reduce op differs.", "all_reduce(MAX)"]),
+    "array_type": (
+        "CollectiveMismatchError",
+        [
+            "Processes disagree about their 1st collective (position 0): array type differs.",
+            "on array_api_strict.Array(float64[3])",
+        ],
+    ),
     "callsite": (
         "CollectiveMismatchError",
         [

@@ -43,6 +43,15 @@ async def shape() -> None:
     await ctx.all_reduce("SUM", np.ones(3 if RANK == 0 else 4))
 
 
+async def array_type() -> None:
+    # Process 1 passes an array_api_strict array, process 0 a numpy array.
+    import array_api_strict as xp
+
+    ctx = ar.get_replica_context()
+    x = np.ones(3) if RANK == 0 else xp.ones(3, dtype=xp.float64)
+    await ctx.all_reduce("SUM", x)
+
+
 async def op() -> None:
     ctx = ar.get_replica_context()
     await ctx.all_reduce("SUM" if RANK == 0 else "MAX", np.ones(3))
@@ -101,6 +110,7 @@ STEPS = {
     "skip": skip,
     "extra": extra,
     "shape": shape,
+    "array_type": array_type,
     "op": op,
     "callsite": callsite,
     "raise": fails,
