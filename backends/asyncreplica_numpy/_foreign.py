@@ -13,6 +13,7 @@ reach this module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -21,7 +22,16 @@ import numpy.typing as npt
 
 from asyncreplica import IndexedSlices
 
-__all__ = ["Library", "from_host", "from_host_shared", "library_of", "to_host"]
+__all__ = [
+    "Library",
+    "aligned_empty",
+    "from_host",
+    "from_host_owned",
+    "from_host_shared",
+    "library_of",
+    "takes_ownership",
+    "to_host",
+]
 
 Array = npt.NDArray[Any]
 
@@ -143,6 +153,10 @@ def to_host(value: object, library: Library) -> Array:
                 f"backend, which holds values on the CPU only: {serve}; or move the value to "
                 "the CPU first"
             )
+        if library.name == "jax.Array":
+            # On the CPU, JAX's own numpy view of the array's buffer: zero-copy, and
+            # cached by JAX on the array (a DLPack export costs ten times more).
+            return np.asarray(value)
         try:
             return np.from_dlpack(value)  # type: ignore[arg-type]
         except (BufferError, TypeError, RuntimeError):
@@ -157,6 +171,8 @@ def from_host(array: object, library: Library) -> object:
     numpy buffer; otherwise a copy through its ``asarray``.
     """
     xp = library.namespace
+    if library.name == "array_api_strict.Array":
+        return _strict_array(array, xp)
     if library.name not in _COPY_OUT:
         convert: Callable[..., object] | None = getattr(xp, "from_dlpack", None)
         if convert is not None:
@@ -170,13 +186,82 @@ def from_host(array: object, library: Library) -> object:
     return xp.asarray(array)
 
 
+# array_api_strict: per numpy dtype, an array made by its public from_dlpack whose
+# dtype and device later results copy (see _strict_array); None where not usable.
+_STRICT_TEMPLATES: dict[np.dtype[Any], Any] = {}
+_STRICT_SLOTS = frozenset(("_array", "_dtype", "_device", "__weakref__"))
+
+
+def _strict_array(array: object, xp: Any) -> object:
+    """``array`` (numpy) as an ``array_api_strict`` array on the same buffer.
+
+    The public ``from_dlpack`` costs ~20 us a call (its constructor checks the dtype
+    against every dtype it knows); a replica's result costs that per collective. The
+    first result of each dtype is made by ``from_dlpack``; later ones are the same
+    object with another buffer: its three slots set on a new instance. Guarded like
+    ``to_host``'s ``_array``: only while the class has exactly those slots and the
+    public result holds the numpy array itself; ``from_dlpack`` otherwise.
+    """
+    if type(array) is not np.ndarray:
+        return xp.from_dlpack(array)
+    template = _STRICT_TEMPLATES.get(array.dtype, False)
+    if template is False:
+        made = xp.from_dlpack(array)
+        kind = type(made)
+        usable = (
+            frozenset(getattr(kind, "__slots__", ())) == _STRICT_SLOTS
+            and getattr(made, "_array", None) is not None
+            and np.shares_memory(made._array, array)
+        )
+        _STRICT_TEMPLATES[array.dtype] = made if usable else None
+        return made
+    if template is None:
+        return xp.from_dlpack(array)
+    made = object.__new__(type(template))
+    made._array = array
+    made._dtype = template._dtype
+    made._device = template._device
+    return made
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> Array:
+    """A new, writable, C-contiguous array whose data is ``_ALIGN``-byte aligned."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    offset = (-raw.ctypes.data) % _ALIGN
+    return raw[offset : offset + nbytes].view(dtype).reshape(shape)
+
+
 def _aligned_copy(array: Array) -> Array:
     """A writable, C-contiguous copy of ``array`` whose data is ``_ALIGN``-byte aligned."""
-    raw = np.empty(array.nbytes + _ALIGN, np.uint8)
-    offset = (-raw.ctypes.data) % _ALIGN
-    copy = raw[offset : offset + array.nbytes].view(array.dtype).reshape(array.shape)
+    copy = aligned_empty(array.shape, array.dtype)
     np.copyto(copy, array)
     return copy
+
+
+def takes_ownership(library: Library) -> bool:
+    """Whether ``library`` should get results as buffers it owns: :func:`from_host_owned`.
+
+    True for immutable libraries that import a writable, aligned host buffer zero-copy
+    (JAX), where handing over a shared read-only buffer would cost a copy.
+    """
+    return library.name in _IMMUTABLE
+
+
+def from_host_owned(array: Array, n: int, library: Library) -> list[object]:
+    """``n`` arrays of ``library`` (immutable: JAX) on ``array``'s buffer, one per replica.
+
+    ``array`` must be a new, writable result that nothing else references: the library
+    imports it zero-copy (DLPack; JAX copies a buffer that is not ``_ALIGN``-aligned)
+    and owns it from then on. The backend never reuses it; it is freed when the last
+    replica's array is. No one can write into it: the library's arrays are immutable
+    and the numpy array is not kept.
+    """
+    try:
+        first = library.namespace.from_dlpack(array)
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        first = library.namespace.asarray(array)
+    return [first, *[_another(first, library) for _ in range(n - 1)]]
 
 
 def from_host_shared(arrays: list[object], library: Library) -> list[object]:
