@@ -516,8 +516,9 @@ def test_a_failed_collective_retains_no_foreign_leaf() -> None:
     assert not alive, f"leaves of arrivals {alive} are still held"
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["constructor", "public"])
 def test_large_jax_result_is_reduced_into_the_buffer_jax_imports(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, direct: bool
 ) -> None:
     # 1 MiB: reduced straight into an aligned buffer that JAX imports zero-copy, so
     # every replica's result is on the buffer the backend wrote, never a pooled one.
@@ -534,6 +535,11 @@ def test_large_jax_result_is_reduced_into_the_buffer_jax_imports(
         return out
 
     monkeypatch.setattr(numpy_backend, "aligned_empty", spy)
+    # Both ways of giving each replica its own array (see _another): the guarded
+    # constructor where this JAX has it, and the public function otherwise.
+    import asyncreplica_numpy._foreign as foreign
+
+    monkeypatch.setattr(foreign, "_JAX_DIRECT", [] if direct else [False])
     backend = NumpyBackend(DEVICES)
     size = (1 << 20) // 4
     xs = [jnp.arange(size, dtype=jnp.float32) + r for r in range(len(DEVICES))]
@@ -547,6 +553,7 @@ def test_large_jax_result_is_reduced_into_the_buffer_jax_imports(
         assert all(type(row[0]) is type(xs[0]) for row in out)
         held.append(out[0][0])
     assert not backend._pool  # the buffers belong to JAX: nothing pooled
+    assert foreign._JAX_DIRECT[0] is direct  # this JAX's constructor passes the guard
     for result in held:  # later steps never wrote into an earlier step's result
         np.testing.assert_array_equal(np.asarray(result), expected)
 
