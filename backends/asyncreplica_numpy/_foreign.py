@@ -2,10 +2,11 @@
 
 A leaf that is not a numpy array, a numpy scalar or a Python number, but implements the
 Python array API standard or DLPack, is a *foreign* leaf. The numpy backend holds it
-as a numpy array (``np.from_dlpack``: zero-copy) and gives each replica its results
-back in its own input's array type (the library's ``from_dlpack``, found through
-``array-api-compat``; a copy through ``asarray`` where the library cannot import a
-read-only numpy buffer).
+as a numpy array (zero-copy: JAX's own numpy view, the numpy array an
+``array_api_strict`` array wraps, ``np.from_dlpack`` otherwise) and gives each replica
+its results back in its own input's array type: ``array_api_strict`` arrays on the
+shared read-only buffer, JAX arrays on a buffer only JAX reaches, and a copy per
+replica for libraries without read-only arrays (PyTorch).
 
 ``array_api_compat`` is imported on the first foreign leaf only: numpy inputs never
 reach this module.
@@ -14,7 +15,6 @@ reach this module.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -58,8 +58,6 @@ class Library(NamedTuple):
 
 # Per type: its Library, or None for a type that is not a foreign array.
 _LIBRARIES: dict[type, Library | None] = {}
-# Array types whose from_dlpack refuses the backend's read-only results: copied out.
-_COPY_OUT: set[str] = set()
 # Immutable array types: replicas may share one buffer that only the library can reach.
 _IMMUTABLE = frozenset(("jax.Array",))
 # JAX imports a host buffer through DLPack without a copy only when it is so aligned.
@@ -180,23 +178,18 @@ def to_host(value: object, library: Library) -> Array:
 def from_host(array: object, library: Library) -> object:
     """``array`` (a numpy array) in ``library``'s array type: a replica's own input's.
 
-    Zero-copy through the library's ``from_dlpack`` where it accepts the (read-only)
-    numpy buffer; otherwise a copy through its ``asarray``.
+    See :func:`from_host_shared`, of which this is the one-replica case.
     """
+    return from_host_shared([array], library)[0]
+
+
+def _own_copy(array: object, library: Library) -> object:
+    """A copy of ``array`` in ``library``'s type, which no other replica's result shares."""
     xp = library.namespace
-    if library.name == "array_api_strict.Array":
-        return _strict_array(array, xp)
-    if library.name not in _COPY_OUT:
-        convert: Callable[..., object] | None = getattr(xp, "from_dlpack", None)
-        if convert is not None:
-            try:
-                return convert(array)
-            except (BufferError, TypeError, RuntimeError, ValueError):
-                # A read-only buffer the library cannot import (JAX, PyTorch): copy it,
-                # and from now on without trying (a failed import costs a third of a copy).
-                pass
-        _COPY_OUT.add(library.name)
-    return xp.asarray(array)
+    try:
+        return xp.asarray(array, copy=True)
+    except TypeError:  # an asarray older than the standard's copy argument
+        return xp.asarray(np.array(array, copy=True))
 
 
 # array_api_strict: per numpy dtype, an array made by its public from_dlpack whose
@@ -270,30 +263,26 @@ def from_host_owned(array: Array, n: int, library: Library) -> list[object]:
     replica's array is. No one can write into it: the library's arrays are immutable
     and the numpy array is not kept.
     """
-    try:
-        first = library.namespace.from_dlpack(array)
-    except (BufferError, TypeError, RuntimeError, ValueError):
-        first = library.namespace.asarray(array)
+    first = _import_owned(array, library)
     return [first, *[_another(first, library) for _ in range(n - 1)]]
 
 
 def from_host_shared(arrays: list[object], library: Library) -> list[object]:
-    """Each replica's numpy result (``arrays[r]``) in ``library``'s array type.
+    """Each replica's numpy result (``arrays[r]``, read-only) in ``library``'s array type.
 
-    Libraries that import the read-only results zero-copy get them so. An immutable
-    library that cannot (JAX) gets one aligned copy of each distinct result buffer,
-    imported zero-copy into one array per replica: the copy is reachable only through
-    those immutable arrays. Other libraries (PyTorch) get a copy per replica, since
-    their arrays can be written.
+    ``array_api_strict`` gets them zero-copy: its arrays wrap the read-only numpy
+    views. An immutable library (JAX), which cannot import a read-only buffer, gets
+    one aligned copy of each distinct result buffer, imported zero-copy into one array
+    per replica: the copy is reachable only through those immutable arrays. Any other
+    library (PyTorch, which has no read-only tensors) gets a copy per replica, so that
+    writing into one replica's result changes no other's.
     """
-    if library.name not in _COPY_OUT:
-        out = [from_host(arrays[0], library)]
-        if library.name not in _COPY_OUT:
-            return out + [from_host(a, library) for a in arrays[1:]]
+    if library.name == "array_api_strict.Array":
+        return [_strict_array(a, library.namespace) for a in arrays]
     if library.name not in _IMMUTABLE:
-        return [library.namespace.asarray(a) for a in arrays]
-    # One import per distinct result buffer (JAX: ~50 us for 1 MiB, more than the
-    # collective); the other replicas sharing it get their own array of that buffer.
+        return [_own_copy(a, library) for a in arrays]
+    # One import per distinct result buffer (JAX: ~30 us, more than a 1 KiB collective);
+    # the other replicas sharing it get their own array of that buffer.
     imported: dict[tuple[int, tuple[int, ...], tuple[int, ...], str], object] = {}
     out = []
     for a in arrays:
@@ -301,16 +290,20 @@ def from_host_shared(arrays: list[object], library: Library) -> list[object]:
         key = (array.ctypes.data, array.shape, array.strides, array.dtype.str)
         first = imported.get(key)
         if first is None:
-            copy = _aligned_copy(array)
-            try:
-                first = library.namespace.from_dlpack(copy)
-            except (BufferError, TypeError, RuntimeError, ValueError):
-                first = library.namespace.asarray(copy)
+            first = _import_owned(_aligned_copy(array), library)
             imported[key] = first
             out.append(first)
         else:
             out.append(_another(first, library))
     return out
+
+
+def _import_owned(array: Array, library: Library) -> object:
+    """``array`` (new, writable, referenced by nothing else) imported into ``library``."""
+    try:
+        return library.namespace.from_dlpack(array)
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        return library.namespace.asarray(array)
 
 
 def _another(array: Any, library: Library) -> object:

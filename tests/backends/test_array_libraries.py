@@ -5,7 +5,9 @@ JAX and array_api_strict are in ``[test]``; PyTorch tests run where torch is ins
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -578,3 +580,49 @@ def test_strict_results_are_full_array_api_strict_arrays() -> None:
             with pytest.raises(ValueError, match="read-only"):
                 result[0] = 1
         assert len({_host(row[0]).ctypes.data for row in out}) == 1
+
+
+def _lax_from_dlpack(x: Any) -> _Lax:
+    array = np.from_dlpack(x)  # read-only where x is
+    # What a library with no read-only arrays does: the same memory, writable.
+    memory = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
+    writable = np.frombuffer(memory, array.dtype).reshape(array.shape)
+    return _Lax(writable)
+
+
+def _lax_asarray(x: Any, copy: bool | None = None) -> _Lax:
+    return _Lax(np.array(x, copy=copy))
+
+
+# A library whose from_dlpack imports a read-only buffer as a writable array.
+_LAX = types.ModuleType("lax")
+_LAX.from_dlpack = _lax_from_dlpack  # type: ignore[attr-defined]
+_LAX.asarray = _lax_asarray  # type: ignore[attr-defined]
+
+
+class _Lax:
+    def __init__(self, array: np.ndarray) -> None:
+        self.data = array
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        return _LAX
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.data.__dlpack_device__()  # type: ignore[no-any-return]
+
+
+def test_a_library_without_read_only_arrays_gets_a_copy_per_replica() -> None:
+    # PyTorch has no read-only tensors: a zero-copy import of the shared result would
+    # let one replica write into every replica's result (docs/concepts.md).
+    backend = NumpyBackend(DEVICES)
+    xs = [_Lax(np.arange(4, dtype=np.float32) + r) for r in range(len(DEVICES))]
+    out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x] for x in xs])
+    results = [row[0].data for row in out]
+    assert all(a.flags.writeable for a in results)
+    assert len({a.ctypes.data for a in results}) == len(DEVICES)
+    results[0][0] = -1.0
+    for a in results[1:]:
+        np.testing.assert_array_equal(a, 3 * np.arange(4, dtype=np.float32) + 3)
