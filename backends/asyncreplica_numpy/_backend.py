@@ -21,7 +21,15 @@ from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._devices import place_like, several_devices
-from ._foreign import Library, from_host_shared, library_of, to_host
+from ._foreign import (
+    Library,
+    aligned_empty,
+    from_host_owned,
+    from_host_shared,
+    library_of,
+    takes_ownership,
+    to_host,
+)
 
 __all__ = ["NumpyBackend", "group_by_size"]
 
@@ -74,28 +82,14 @@ def _as_array(value: object) -> Array:
     return np.asarray(value)
 
 
-# A foreign leaf's numpy view, by the leaf's id: made while describing the leaf and
-# taken by the collective that follows, so that each leaf is converted once.
-_Described = dict[int, tuple[object, Array]]
-
-
-def _held(value: object, library: Library, described: _Described) -> Array:
-    """``value`` (foreign) as a numpy array: the view made while describing it, if any."""
-    entry = described.pop(id(value), None)
-    if entry is not None and entry[0] is value:
-        return entry[1]
-    return to_host(value, library)
-
-
-def _host_values(
-    values: Leaves, described: _Described
-) -> tuple[Leaves, list[Library | None] | None]:
+def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
     """``values`` with foreign leaves (JAX, array_api_strict, ...) as numpy arrays.
 
     Returns ``(values, None)``, unchanged, when no leaf is foreign: replica 0's leaves
     decide, because the ledger checked that every replica's leaf ``j`` has the same
     array type. Otherwise also the library of each leaf (None where not foreign).
-    Views made while describing the leaves (``described``) are reused, then dropped.
+    Nothing is kept from one collective to the next (see :func:`to_host`: JAX and
+    array_api_strict arrays give their numpy view for a few attribute reads).
     """
     first = values[0]
     if list(map(type, first)).count(np.ndarray) == len(first):
@@ -104,13 +98,9 @@ def _host_values(
     if libraries.count(None) == len(libraries):
         return values, None
     host = [
-        [
-            v if lib is None else _held(v, lib, described)
-            for v, lib in zip(row, libraries, strict=True)
-        ]
+        [v if lib is None else to_host(v, lib) for v, lib in zip(row, libraries, strict=True)]
         for row in values
     ]
-    described.clear()  # nothing outlives its collective
     return host, libraries
 
 
@@ -132,16 +122,12 @@ def _restore(
     return out
 
 
-def _host_components(
-    components: Sequence[object], described: _Described
-) -> tuple[list[object], Library | None]:
+def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
     """Components as numpy arrays, and the library of the first one (None if numpy)."""
     libraries = [None if type(c) is np.ndarray else library_of(c) for c in components]
     host = [
-        c if lib is None else _held(c, lib, described)
-        for c, lib in zip(components, libraries, strict=True)
+        c if lib is None else to_host(c, lib) for c, lib in zip(components, libraries, strict=True)
     ]
-    described.clear()
     return host, libraries[0] if libraries else None
 
 
@@ -428,9 +414,6 @@ class NumpyBackend(Backend):
         # Where other replicas' leaves of a batch are joined (reused; see _reduce_batch).
         self._scratch = io.BytesIO()
         self._threads: ThreadPoolExecutor | None = None
-        # Foreign leaves' numpy views made by describe, for the collective that follows
-        # (see _host_values); emptied by that collective.
-        self._described: _Described = {}
         others = [d for d in self.devices if not d.startswith("CPU:")]
         if others:
             raise ValueError(
@@ -492,11 +475,9 @@ class NumpyBackend(Backend):
         return tuple(map(self.describe, values))
 
     def _describe_foreign(self, value: object, library: Library) -> LeafSpec:
+        # Converted again by the collective (cheap, see to_host) rather than kept here:
+        # a collective that fails after its leaves were described must not hold them.
         array = to_host(value, library)
-        described = self._described
-        if len(described) > 4096:  # describes with no collective after them (errors)
-            described.clear()
-        described[id(value)] = (value, array)
         if array.dtype.kind not in _HOLDABLE_KINDS:
             raise TypeError(
                 f"a collective's value must have a boolean or numeric dtype, got a "
@@ -552,13 +533,19 @@ class NumpyBackend(Backend):
         # numpy first: foreign leaves (JAX, ...) are looked for only off the fast paths.
         if m == 1:
             first = first_values[0]
-            if type(first) is np.ndarray or library_of(first) is None:
+            if type(first) is np.ndarray:
                 return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+            library = library_of(first)
+            if library is None:
+                return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
+            if takes_ownership(library) and not isinstance(first, IndexedSlices):
+                owned = await self._reduce_owned(op, [to_host(v[0], library) for v in values])
+                return [[x] for x in from_host_owned(owned, n, library)]
         elif type(first_values[0]) is np.ndarray:
             batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
             if batch is not None:
                 return batch
-        host, libraries = _host_values(values, self._described)
+        host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(
                 await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries, values
@@ -611,6 +598,21 @@ class NumpyBackend(Backend):
         if arrays[0].nbytes >= POOL_BYTES:
             return _shared(await self._combine_large(op, arrays), n)
         return _shared(_combine(op, arrays), n)
+
+    async def _reduce_owned(self, op: ReduceOp, arrays: Sequence[Array]) -> Array:
+        """One leaf combined across replicas into a new, writable buffer, never pooled.
+
+        For libraries that take the result over (JAX, see ``from_host_owned``): a large
+        result is summed as :meth:`_combine_large` sums it, into a ``_ALIGN``-aligned
+        buffer that the library imports zero-copy; a small one is :func:`_combine`'s.
+        """
+        arrays = [self._reducible(a) for a in arrays]
+        first = arrays[0]
+        if first.nbytes >= POOL_BYTES:
+            return await self._combine_large(
+                op, arrays, out=aligned_empty(first.shape, first.dtype)
+            )
+        return _combine(op, arrays)
 
     @staticmethod
     def _reduce_pack(
@@ -693,14 +695,21 @@ class NumpyBackend(Backend):
             pooled.append(buf)
         return buf
 
-    async def _combine_large(self, op: ReduceOp, arrays: Sequence[Array]) -> Array:
-        """:func:`_combine` for large leaves: pooled output, worker threads, blocks."""
+    async def _combine_large(
+        self, op: ReduceOp, arrays: Sequence[Array], out: Array | None = None
+    ) -> Array:
+        """:func:`_combine` for large leaves: pooled output, worker threads, blocks.
+
+        ``out``, when given, is written instead of a pooled buffer (C-contiguous, of
+        the leaves' shape and dtype); unless :func:`_combine` runs, which allocates.
+        """
         first = arrays[0]
         if not all(a.flags.c_contiguous for a in arrays) or (
             op is ReduceOp.MEAN and first.dtype.kind not in "fc"
         ):
             return _combine(op, arrays)
-        out = await self._buffer(first.shape, first.dtype)
+        if out is None:
+            out = await self._buffer(first.shape, first.dtype)
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = out.reshape(-1)
         ufunc = _BINARY[op]
@@ -740,7 +749,6 @@ class NumpyBackend(Backend):
             self._threads.shutdown(wait=False)
             self._threads = None
         self._pool.clear()
-        self._described.clear()
         self._scratch = io.BytesIO()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
@@ -769,7 +777,7 @@ class NumpyBackend(Backend):
         buffer costs its page faults on every call), and when a replica's value has
         :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
-        host, libraries = _host_values(values, self._described)
+        host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(await self.all_gather(host, axis), libraries, values)
         n = len(values)
@@ -799,7 +807,7 @@ class NumpyBackend(Backend):
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
-        host, libraries = _host_values(values, self._described)
+        host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
         n = len(values)
@@ -826,7 +834,7 @@ class NumpyBackend(Backend):
         Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
         once no replica holds a view of it), as all_reduce outputs are.
         """
-        host, libraries = _host_values([values], self._described)
+        host, libraries = _host_values([values])
         if libraries is not None:
             return _restore(
                 await self.broadcast(host[0], num_replicas), libraries, [values] * num_replicas
@@ -850,7 +858,7 @@ class NumpyBackend(Backend):
         The result is in the array type, and on the device, of the first component.
         """
         if type(components[0]) is not np.ndarray:
-            host, library = _host_components(components, self._described)
+            host, library = _host_components(components)
             if library is not None:
                 result = from_host_shared([await self._reduce(op, host, axis)], library)
                 return place_like(result, components[:1])[0]
@@ -888,7 +896,7 @@ class NumpyBackend(Backend):
         The result is in the array type, and on the device, of the first component.
         """
         if type(components[0]) is not np.ndarray:
-            host, library = _host_components(components, self._described)
+            host, library = _host_components(components)
             if library is not None:
                 result = from_host_shared(
                     [np.concatenate([_as_array(c) for c in host], axis=axis)], library

@@ -5,7 +5,9 @@ JAX and array_api_strict are in ``[test]``; PyTorch tests run where torch is ins
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -452,8 +454,12 @@ class _Counted:
 
 @pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing")
 @pytest.mark.parametrize("leaves", [1, 2])
-def test_a_foreign_leaf_is_converted_once_per_collective(leaves: int) -> None:
-    # Described (the runtime checks every replica's leaves), then reduced: one export each.
+def test_a_dlpack_leaf_is_exported_once_by_describe_and_once_by_the_collective(
+    leaves: int,
+) -> None:
+    # Nothing is kept from describe for the collective (a failed collective would keep
+    # it): a library reached through DLPack only is exported twice. JAX and
+    # array_api_strict give their numpy view without an export (see to_host).
     backend = NumpyBackend(DEVICES)
     values = [
         [_Counted(np.arange(4, dtype=np.float32) + r + j) for j in range(leaves)]
@@ -462,15 +468,12 @@ def test_a_foreign_leaf_is_converted_once_per_collective(leaves: int) -> None:
     _Counted.exports = 0
     for row in values:
         backend.describe_leaves(row)
-    out = anyio.run(backend.all_reduce, ReduceOp.SUM, values)
     assert _Counted.exports == len(DEVICES) * leaves
+    out = anyio.run(backend.all_reduce, ReduceOp.SUM, values)
+    assert _Counted.exports == 2 * len(DEVICES) * leaves
     expected = sum(np.arange(4, dtype=np.float32) + r for r in range(len(DEVICES)))
     for j in range(leaves):
         np.testing.assert_array_equal(_host(out[0][j]), expected + len(DEVICES) * j)
-    # Nothing of the collective is kept: the next one converts its leaves afresh.
-    assert not backend._described
-    anyio.run(backend.all_reduce, ReduceOp.SUM, values)
-    assert _Counted.exports == 2 * len(DEVICES) * leaves
 
 
 @pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing")
@@ -482,3 +485,144 @@ def test_strict_leaf_is_held_as_its_own_numpy_array() -> None:
     assert library is not None
     # No DLPack round trip: the numpy array inside (guarded, see to_host).
     assert to_host(x, library) is x._array
+
+
+@pytest.mark.skipif(not _have("array_api_strict"), reason="array_api_strict missing")
+def test_a_failed_collective_retains_no_foreign_leaf() -> None:
+    # Every replica's leaves are described before the ledger finds the mismatch; the
+    # collective never reaches the backend. The backend must keep nothing of them.
+    import gc
+    import weakref
+
+    import array_api_strict as xp
+
+    strategy = ar.MirroredStrategy(DEVICES)
+    refs: list[weakref.ref[Any]] = []
+
+    async def step() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        r = ctx.replica_id_in_sync_group
+        x = xp.asarray(np.zeros(4 + (r == 1), np.float32))  # replica 1: another shape
+        refs.append(weakref.ref(x))
+        await ctx.all_reduce(ReduceOp.SUM, [x])
+
+    async def main() -> None:
+        with pytest.raises(ar.CollectiveMismatchError, match="shape"):
+            await strategy.run(step)
+
+    anyio.run(main)
+    gc.collect()
+    assert len(refs) >= 2  # replicas 0 and 1 met; replica 2 may be cancelled before
+    alive = [r for r, ref in enumerate(refs) if ref() is not None]
+    assert not alive, f"leaves of arrivals {alive} are still held"
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["constructor", "public"])
+def test_large_jax_result_is_reduced_into_the_buffer_jax_imports(
+    monkeypatch: pytest.MonkeyPatch, direct: bool
+) -> None:
+    # 1 MiB: reduced straight into an aligned buffer that JAX imports zero-copy, so
+    # every replica's result is on the buffer the backend wrote, never a pooled one.
+    pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    import asyncreplica_numpy._backend as numpy_backend
+    import jax.numpy as jnp
+
+    made: list[int] = []
+    aligned_empty = numpy_backend.aligned_empty
+
+    def spy(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        out = aligned_empty(shape, dtype)
+        made.append(out.ctypes.data)
+        return out
+
+    monkeypatch.setattr(numpy_backend, "aligned_empty", spy)
+    # Both ways of giving each replica its own array (see _another): the guarded
+    # constructor where this JAX has it, and the public function otherwise.
+    import asyncreplica_numpy._foreign as foreign
+
+    monkeypatch.setattr(foreign, "_JAX_DIRECT", [] if direct else [False])
+    backend = NumpyBackend(DEVICES)
+    size = (1 << 20) // 4
+    xs = [jnp.arange(size, dtype=jnp.float32) + r for r in range(len(DEVICES))]
+    expected = sum(np.arange(size, dtype=np.float32) + r for r in range(len(DEVICES)))
+    held = []
+    for step in range(3):
+        out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x] for x in xs])
+        assert len(made) == step + 1
+        assert {row[0].unsafe_buffer_pointer() for row in out} == {made[-1]}
+        assert len({id(row[0]) for row in out}) == len(DEVICES)  # one array per replica
+        assert all(type(row[0]) is type(xs[0]) for row in out)
+        held.append(out[0][0])
+    assert not backend._pool  # the buffers belong to JAX: nothing pooled
+    assert foreign._JAX_DIRECT[0] is direct  # this JAX's constructor passes the guard
+    for result in held:  # later steps never wrote into an earlier step's result
+        np.testing.assert_array_equal(np.asarray(result), expected)
+
+
+def test_strict_results_are_full_array_api_strict_arrays() -> None:
+    # Results after the first of a dtype are built on its template (see _strict_array):
+    # the same type, dtype and device as from_dlpack's, on the shared read-only buffer.
+    pytest.importorskip("array_api_strict", reason="array_api_strict missing")
+    import array_api_strict as xp
+
+    backend = NumpyBackend(DEVICES)
+    for dtype in (xp.float32, xp.int64, xp.float32):
+        xs = [xp.asarray(np.arange(5) + r, dtype=dtype) for r in range(len(DEVICES))]
+        out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x] for x in xs])
+        reference = xp.from_dlpack(np.arange(5, dtype=np.dtype(str(dtype).split(".")[-1])))
+        for row in out:
+            result = row[0]
+            assert type(result) is type(reference)
+            assert result.dtype == dtype
+            assert result.device == reference.device
+            assert xp.all(result == xp.asarray(3 * np.arange(5) + 3, dtype=dtype))
+            with pytest.raises(ValueError, match="read-only"):
+                result[0] = 1
+        assert len({_host(row[0]).ctypes.data for row in out}) == 1
+
+
+def _lax_from_dlpack(x: Any) -> _Lax:
+    array = np.from_dlpack(x)  # read-only where x is
+    # What a library with no read-only arrays does: the same memory, writable.
+    memory = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
+    writable = np.frombuffer(memory, array.dtype).reshape(array.shape)
+    return _Lax(writable)
+
+
+def _lax_asarray(x: Any, copy: bool | None = None) -> _Lax:
+    return _Lax(np.array(x, copy=copy))
+
+
+# A library whose from_dlpack imports a read-only buffer as a writable array.
+_LAX = types.ModuleType("lax")
+_LAX.from_dlpack = _lax_from_dlpack  # type: ignore[attr-defined]
+_LAX.asarray = _lax_asarray  # type: ignore[attr-defined]
+
+
+class _Lax:
+    def __init__(self, array: np.ndarray) -> None:
+        self.data = array
+
+    def __array_namespace__(self, api_version: str | None = None) -> Any:
+        return _LAX
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.data.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.data.__dlpack_device__()  # type: ignore[no-any-return]
+
+
+def test_a_library_without_read_only_arrays_gets_a_copy_per_replica() -> None:
+    # PyTorch has no read-only tensors: a zero-copy import of the shared result would
+    # let one replica write into every replica's result (docs/concepts.md).
+    backend = NumpyBackend(DEVICES)
+    xs = [_Lax(np.arange(4, dtype=np.float32) + r) for r in range(len(DEVICES))]
+    out = anyio.run(backend.all_reduce, ReduceOp.SUM, [[x] for x in xs])
+    results = [row[0].data for row in out]
+    assert all(a.flags.writeable for a in results)
+    assert len({a.ctypes.data for a in results}) == len(DEVICES)
+    results[0][0] = -1.0
+    for a in results[1:]:
+        np.testing.assert_array_equal(a, 3 * np.arange(4, dtype=np.float32) + 3)
