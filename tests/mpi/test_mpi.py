@@ -582,7 +582,7 @@ FAULT_LINES = {
     ),
     "swap": "Processes disagree about their 2nd collective (position 1): call site differs.",
     "mismatch": (
-        "Processes disagree about their 2nd collective (position 1): value, call site differ."
+        "Processes disagree about their 2nd collective (position 1): shape, call site differ."
     ),
     "raise": "Process {f} failed, so this run cannot complete on any process.",
     "exit": (
