@@ -26,7 +26,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
-from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
+from asyncreplica_numpy._foreign import (
+    Library,
+    from_host_shared,
+    library_of,
+    takes_ownership,
+    to_host,
+)
 
 from asyncreplica import BackendError
 
@@ -92,6 +98,26 @@ def foreign_of(value: object) -> Foreign | None:
 def host_leaf(value: object, foreign: Foreign) -> object:
     """A host foreign leaf as a numpy array (zero-copy); a CUDA one as it is."""
     return value if foreign.on_gpu else to_host(value, foreign.library)
+
+
+def _from_gpu_column(cupy: Any, column: Sequence[Any], library: Library) -> list[object]:
+    """Each replica's CuPy result as an array of ``library`` (see :func:`from_gpu`).
+
+    Replicas on one GPU may get views of one result buffer. An immutable library (JAX)
+    shares it; any other (PyTorch) has writable tensors, so each replica after the
+    first on a buffer gets its own device copy: writing into one replica's result
+    never changes another's.
+    """
+    seen: set[int] = set()
+    out = []
+    for a in column:
+        ptr = int(a.data.ptr)
+        if ptr in seen and not takes_ownership(library):
+            with cupy.cuda.Device(int(a.device.id)):
+                a = a.copy()
+        seen.add(ptr)
+        out.append(from_gpu(cupy, a, library))
+    return out
 
 
 def from_gpu(cupy: Any, array: Any, library: Library) -> object:
@@ -176,7 +202,7 @@ def restore(
         column = [row[j] for row in results]
         wanted = [row[j] for row in inputs]
         if kind.on_gpu:
-            converted = [from_gpu(cupy, a, kind.library) for a in column]
+            converted = _from_gpu_column(cupy, column, kind.library)
             if place_gpu and several_devices(kind.library, host=False):
                 converted = place_like(converted, wanted)
         else:

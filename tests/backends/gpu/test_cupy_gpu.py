@@ -245,8 +245,11 @@ def test_torch_tensors_are_reduced_without_the_host() -> None:
         assert isinstance(back, torch.Tensor)  # the input's type, zero-copy (DLPack)
         assert back.device == torch.device("cuda:0")
         assert back.tolist() == [1.0, 2.0, 3.0, 4.0]
-    # Both replicas' tensors read the one result buffer of their GPU.
-    assert results[0][0].data_ptr() == results[1][0].data_ptr()  # type: ignore[attr-defined]
+    # Torch tensors are writable: the second replica on the GPU gets its own copy of
+    # the result buffer, so writing into one replica's result changes no other's.
+    assert results[0][0].data_ptr() != results[1][0].data_ptr()  # type: ignore[attr-defined]
+    results[0][0].mul_(0)
+    assert results[1][0].tolist() == [1.0, 2.0, 3.0, 4.0]
 
 
 def test_jax_gpu_arrays_come_back_as_jax_arrays() -> None:

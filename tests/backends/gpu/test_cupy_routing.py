@@ -179,7 +179,13 @@ def test_cuda_results_are_imported_zero_copy_on_each_replica(
     for r, row in enumerate(out):
         tensor = row[0]
         assert isinstance(tensor, FakeGpuTensor)
-        assert tensor.inner is results[r][0], "not the backend's own result buffer"
+        if r == 1:
+            # Replica 1 shares replica 0's buffer: a writable tensor library gets a
+            # device copy of its own (see the test below), on the same GPU.
+            assert tensor.inner is not shared
+            assert tensor.inner.data.ptr != shared.data.ptr
+        else:
+            assert tensor.inner is results[r][0], "not the backend's own result buffer"
         assert tensor.device == inputs[r][0].device
         assert tensor.moved_from is None
         assert row[1] == 7  # a leaf that is not foreign stays as the backend made it
@@ -232,3 +238,24 @@ def test_host_results_come_back_once_per_buffer_in_the_input_type(cp: _Cupy, mod
         assert type(row[0]) is type(inputs[0][0])
         host = np.from_dlpack(row[0])
         np.testing.assert_array_equal(host, want, strict=True)
+
+
+def test_replicas_sharing_a_result_buffer_get_their_own_writable_tensor(
+    cp: _Cupy, fakegpu: FakeGpuNamespace
+) -> None:
+    # Two replicas on GPU 0 get views of one result buffer: a library with writable
+    # tensors (not JAX) gets a device copy for the second, so no replica's in-place
+    # write changes another's result.
+    from asyncreplica_cupy._routing import _from_gpu_column
+    from asyncreplica_numpy._foreign import Library
+
+    shared = _Result(np.ones(2, np.float32), 0, 0x1000)
+    other = _Result(np.ones(2, np.float32), 1, 0x2000)
+    library = Library("faketorch.Tensor", fakegpu)
+    out = _from_gpu_column(cp, [shared, shared, other], library)
+    assert shared.copies == 1  # the second replica's
+    assert other.copies == 0
+    assert len(out) == 3
+    immutable = Library("jax.Array", fakegpu)
+    _from_gpu_column(cp, [shared, shared], immutable)
+    assert shared.copies == 1  # JAX arrays are immutable: one buffer is enough
