@@ -179,10 +179,9 @@ def from_host(array: object, library: Library) -> object:
 def _own_copy(array: object, library: Library) -> object:
     """A copy of ``array`` in ``library``'s type, which no other replica's result shares."""
     xp = library.namespace
-    try:
-        return xp.asarray(array, copy=True)
-    except TypeError:  # an asarray older than the standard's copy argument
-        return xp.asarray(np.array(array, copy=True))
+    # The copy is made by numpy (writable) and handed over: asarray of a read-only
+    # buffer warns in PyTorch even with copy=True, and imports a writable one in place.
+    return xp.asarray(np.array(array, copy=True))
 
 
 # array_api_strict: per numpy dtype, an array made by its public from_dlpack whose
