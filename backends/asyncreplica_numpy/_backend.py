@@ -170,6 +170,8 @@ POOL_BYTES = 1 << 20
 BLOCK_BYTES = 256 << 10
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 _POOL_PER_SHAPE = 2
+# The batch path's scratch (two replicas' leaves of a pack) is kept up to this size.
+_SCRATCH_KEEP_BYTES = 32 << 20
 
 
 def _blocked(
@@ -276,6 +278,59 @@ def _batch_layout(
     return dtype, shapes
 
 
+def _combine_packed(
+    op: ReduceOp, parts: Leaves, dtype: np.dtype[Any], scratch: io.BytesIO
+) -> Array | None:
+    """Each replica's leaves of one pack, joined flat and combined in replica order.
+
+    Replica 0's and 1's leaves are written byte for byte into ``scratch`` (one C call
+    each, which refuses a non-contiguous leaf) and combined into a new array, then
+    every other replica's, written over them, is combined into it in place: exactly
+    the operations :func:`_combine` makes for one leaf. The result is a new array
+    that numpy owns, so read-only views of it cannot be made writable (views of a
+    ``bytearray`` could). Integers' MEAN is summed exactly in int64 and rounded once,
+    as :func:`_mean_of_ints` does for 32-bit and smaller integers. Returns None when
+    a replica's leaves do not fill as many bytes as replica 0's.
+    """
+    n = len(parts)
+    exact_mean = op is ReduceOp.MEAN and dtype.kind in "iu"
+    ufunc = np.add if exact_mean else _BINARY[op]
+    scratch.seek(0)
+    scratch.writelines(parts[0])  # type: ignore[arg-type]
+    nbytes = scratch.tell()
+    count = nbytes // dtype.itemsize
+    if n > 1:
+        scratch.writelines(parts[1])  # type: ignore[arg-type]
+        if scratch.tell() != 2 * nbytes:
+            return None
+    total: Array
+    with scratch.getbuffer() as buffer:
+        first = np.frombuffer(buffer, dtype, count)
+        if exact_mean:
+            total = first.astype(np.int64)
+            if n > 1:
+                np.add(total, np.frombuffer(buffer, dtype, count, nbytes), out=total)
+        elif n > 1:
+            total = ufunc(first, np.frombuffer(buffer, dtype, count, nbytes))
+        else:
+            total = first.copy()
+        del first  # releases the buffer, so the scratch can be written again
+    for r in range(2, n):
+        scratch.seek(0)
+        scratch.writelines(parts[r])  # type: ignore[arg-type]
+        if scratch.tell() != nbytes:
+            return None
+        with scratch.getbuffer() as buffer:
+            other = np.frombuffer(buffer, dtype, count)
+            ufunc(total, other, out=total)
+            del other
+    if exact_mean:
+        return np.true_divide(total, n, dtype=np.float64)
+    if op is ReduceOp.MEAN:
+        return _divide(total, n)
+    return total
+
+
 def _reduce_batch(
     op: ReduceOp,
     values: Leaves,
@@ -325,36 +380,20 @@ def _reduce_batch(
         ranges = [(pack[-1], pack[0] + 1) for pack in packs]
     else:
         ranges = [(0, m)]
-    ufunc = _BINARY[op]
-    exact_mean = op is ReduceOp.MEAN and dtype.kind in "iu"
-    if exact_mean and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS):
-        return None  # summed in Python integers: see _mean_of_ints
+    integers = dtype.kind in "iu"
+    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS):
+        return None  # may need Python integers to stay exact: see _mean_of_ints
     out: list[list[object]] = [[None] * m for _ in range(n)]
     for lo, hi in ranges:
         whole = lo == 0 and hi == m
         try:
-            joined = bytearray().join(first if whole else first[lo:hi])  # type: ignore[arg-type]
-            nbytes = len(joined)
-            flat = np.frombuffer(joined, dtype)
-            # Integers' MEAN is summed exactly in int64, as _mean_of_ints does for
-            # 32-bit and smaller integers (the caller checked the replica count).
-            total = flat.astype(np.int64) if exact_mean else flat
-            combine = np.add if exact_mean else ufunc
-            for r in range(1, n):
-                scratch.seek(0)
-                scratch.writelines(values[r] if whole else values[r][lo:hi])  # type: ignore[arg-type]
-                if scratch.tell() != nbytes:
-                    return None
-                with scratch.getbuffer() as buffer:
-                    other = np.frombuffer(buffer, dtype, nbytes // dtype.itemsize)
-                    combine(total, other, out=total)
-                    del other  # releases the buffer, so the scratch can be written again
+            flat = _combine_packed(
+                op, values if whole else [row[lo:hi] for row in values], dtype, scratch
+            )
         except (TypeError, ValueError, BufferError):  # a non-contiguous leaf has no plain buffer
             return None
-        if exact_mean:
-            flat = np.true_divide(total, n, dtype=np.float64)
-        elif op is ReduceOp.MEAN:
-            flat = _divide(flat, n)
+        if flat is None:
+            return None
         flat.flags.writeable = False  # the views inherit it and cannot undo it
         if shape:
             # Leaves of one shape: the rows of one reshaped view, made in C.
@@ -645,13 +684,16 @@ class NumpyBackend(Backend):
         n = len(values)
         first_values = values[0]
         m = len(first_values)
+        layouts = self._take_layouts()
         # numpy first: foreign leaves (JAX, ...) are looked for only off the fast paths.
         if m == 1:
             first = first_values[0]
             if type(first) is np.ndarray or library_of(first) is None:
                 return [[view] for view in await self._reduce_leaf(op, [v[0] for v in values])]
         elif type(first_values[0]) is np.ndarray:
-            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch, self._take_layouts())
+            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch, layouts)
+            if self._scratch.seek(0, io.SEEK_END) > _SCRATCH_KEEP_BYTES:
+                self._scratch = io.BytesIO()  # a large batch's scratch is not kept
             if batch is not None:
                 return batch
         host, libraries = _host_values(values, self._described)
@@ -866,6 +908,7 @@ class NumpyBackend(Backend):
         buffer costs its page faults on every call), and when a replica's value has
         :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(await self.all_gather(host, axis), libraries)
@@ -896,6 +939,7 @@ class NumpyBackend(Backend):
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values, self._described)
         if libraries is not None:
             return _restore(await self.reduce_scatter(op, host, axis), libraries)
@@ -923,6 +967,7 @@ class NumpyBackend(Backend):
         Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
         once no replica holds a view of it), as all_reduce outputs are.
         """
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values([values], self._described)
         if libraries is not None:
             return _restore(await self.broadcast(host[0], num_replicas), libraries)
