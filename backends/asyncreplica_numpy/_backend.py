@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 import anyio.lowlevel
 import anyio.to_thread
@@ -163,6 +163,8 @@ POOL_BYTES = 1 << 20
 BLOCK_BYTES = 256 << 10
 WORKERS = max(1, min(4, os.cpu_count() or 1))
 _POOL_PER_SHAPE = 2
+# The batch path's scratch (two replicas' leaves of a pack) is kept up to this size.
+_SCRATCH_KEEP_BYTES = 32 << 20
 
 
 def _blocked(
@@ -220,92 +222,197 @@ _shape_of = operator.attrgetter("shape")
 _nbytes_of = operator.attrgetter("nbytes")
 
 
-def _reduce_batch(
-    op: ReduceOp, values: Leaves, bytes_per_pack: int, scratch: io.BytesIO
-) -> list[list[object]] | None:
-    """all_reduce of a batch of small contiguous arrays of one native dtype, or None.
+# What describe_leaves found of a batch, by the id of the leaves' list: the list itself
+# (so that the id stays its own while the entry lives), the one dtype of every leaf (all
+# numpy arrays), and the one shape of every leaf (a tuple) or each leaf's (a list).
+_Layout = tuple[Sequence[object], np.dtype[Any], "tuple[int, ...] | list[tuple[int, ...]]"]
 
-    The fast path for the common batch (a list of gradients). Replica 0's leaves of a
-    pack are joined byte for byte into the result buffer (``bytearray().join`` over
-    their buffers: one C call, a third of what ``np.concatenate`` costs for many small
-    arrays); every other replica's leaves are written the same way into ``scratch``
-    (reused from call to call, so no temporary is allocated) and combined into the
-    result in replica order, exactly as :func:`_combine` combines one leaf. Each
-    leaf's result is a read-only view of its slice. Returns None (the caller takes
-    the general path) for anything else: mixed dtypes or types, a non-native byte
-    order, a non-contiguous or large leaf, an empty batch.
+
+def _batch_layout(
+    values: Leaves, layouts: dict[int, _Layout]
+) -> tuple[np.dtype[Any], tuple[int, ...] | list[tuple[int, ...]]] | None:
+    """The dtype and shapes of a batch for :func:`_reduce_batch`, or None.
+
+    Every leaf of every replica must be a numpy array of one dtype (compared exactly:
+    the ledger compared dtype *names*, and ``'>f4'`` and ``'<f4'`` are both float32).
+    What ``describe_leaves`` found of each replica's leaves (``layouts``) answers
+    that without another look at them; a replica it did not see is checked here, in
+    a few C-level sweeps over its leaves.
     """
-    n = len(values)
     first = values[0]
     m = len(first)
     ndarray = np.ndarray
-    if list(map(type, first)).count(ndarray) != m:
-        return None
-    dtypes = list(map(_dtype_of, first))
-    dtype = dtypes[0]
-    if dtypes.count(dtype) != m or dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
-        return None
-    if op is ReduceOp.MEAN and dtype.kind in "iu":
-        return None  # summed in int64 or exactly: see _mean_of_ints
-    sizes = list(map(_nbytes_of, first))
-    if max(sizes) >= POOL_BYTES or not sum(sizes):
-        return None
-    try:
-        for r in range(1, n):
-            # The ledger compared dtype names only ('>f4' and '<f4' are both float32);
-            # numpy scalars pass (native, same size); Python numbers have no dtype.
-            if list(map(_dtype_of, values[r])).count(dtype) != m:
+    shapes: tuple[int, ...] | list[tuple[int, ...]]
+    found = layouts.get(id(first))
+    if found is not None and found[0] is first:
+        dtype, shapes = found[1], found[2]
+    else:
+        if list(map(type, first)).count(ndarray) != m:
+            return None
+        dtypes = list(map(_dtype_of, first))
+        dtype = dtypes[0]
+        if dtypes.count(dtype) != m:
+            return None
+        shapes = list(map(_shape_of, first))
+        if shapes.count(shapes[0]) == m:
+            shapes = shapes[0]
+    for r in range(1, len(values)):
+        row = values[r]
+        if len(row) != m:
+            return None
+        found = layouts.get(id(row))
+        if found is not None and found[0] is row:
+            if found[1] != dtype:
                 return None
-    except AttributeError:
+        elif (
+            list(map(type, row)).count(ndarray) != m or list(map(_dtype_of, row)).count(dtype) != m
+        ):
+            return None
+    return dtype, shapes
+
+
+def _combine_packed(
+    op: ReduceOp, parts: Leaves, dtype: np.dtype[Any], scratch: io.BytesIO
+) -> Array | None:
+    """Each replica's leaves of one pack, joined flat and combined in replica order.
+
+    Replica 0's and 1's leaves are written byte for byte into ``scratch`` (one C call
+    each, which refuses a non-contiguous leaf) and combined into a new array, then
+    every other replica's, written over them, is combined into it in place: exactly
+    the operations :func:`_combine` makes for one leaf. The result is a new array
+    that numpy owns, so read-only views of it cannot be made writable (views of a
+    ``bytearray`` could). Integers' MEAN is summed exactly in int64 and rounded once,
+    as :func:`_mean_of_ints` does for 32-bit and smaller integers. Returns None when
+    a replica's leaves do not fill as many bytes as replica 0's.
+    """
+    n = len(parts)
+    exact_mean = op is ReduceOp.MEAN and dtype.kind in "iu"
+    ufunc = np.add if exact_mean else _BINARY[op]
+    scratch.seek(0)
+    scratch.writelines(parts[0])  # type: ignore[arg-type]
+    nbytes = scratch.tell()
+    count = nbytes // dtype.itemsize
+    if n > 1:
+        scratch.writelines(parts[1])  # type: ignore[arg-type]
+        if scratch.tell() != 2 * nbytes:
+            return None
+    total: Array
+    with scratch.getbuffer() as buffer:
+        first = np.frombuffer(buffer, dtype, count)
+        if exact_mean:
+            total = first.astype(np.int64)
+            if n > 1:
+                np.add(total, np.frombuffer(buffer, dtype, count, nbytes), out=total)
+        elif n > 1:
+            total = ufunc(first, np.frombuffer(buffer, dtype, count, nbytes))
+        else:
+            total = first.copy()
+        del first  # releases the buffer, so the scratch can be written again
+    for r in range(2, n):
+        scratch.seek(0)
+        scratch.writelines(parts[r])  # type: ignore[arg-type]
+        if scratch.tell() != nbytes:
+            return None
+        with scratch.getbuffer() as buffer:
+            other = np.frombuffer(buffer, dtype, count)
+            ufunc(total, other, out=total)
+            del other
+    if exact_mean:
+        return np.true_divide(total, n, dtype=np.float64)
+    if op is ReduceOp.MEAN:
+        return _divide(total, n)
+    return total
+
+
+def _reduce_batch(
+    op: ReduceOp,
+    values: Leaves,
+    bytes_per_pack: int,
+    scratch: io.BytesIO,
+    layouts: dict[int, _Layout],
+) -> list[list[object]] | None:
+    """all_reduce of a batch of small contiguous arrays of one native dtype, or None.
+
+    The fast path for the common batch (a list of gradients), in one pass over the
+    leaves: :func:`_batch_layout` takes their dtype and shapes from what
+    ``describe_leaves`` found (``layouts``), then each replica's leaves of a pack are
+    joined byte for byte into one flat buffer (``join`` over their buffers: one C
+    call, which also refuses a non-contiguous leaf; every other replica's into
+    ``scratch``, reused from call to call) and the buffers are combined in replica
+    order exactly as :func:`_combine` combines one leaf (integers' MEAN exactly, as
+    :func:`_mean_of_ints`). Each replica's results are read-only views of the one
+    result buffer: for leaves of one shape, the rows of one reshaped view, made in C.
+    Returns None (the caller takes the general path) for anything else: mixed dtypes
+    or types, a non-native byte order, a non-contiguous or large leaf, an empty batch.
+    """
+    layout = _batch_layout(values, layouts)
+    if layout is None:
         return None
+    dtype, shapes = layout
+    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+        return None
+    n = len(values)
+    first = values[0]
+    m = len(first)
+    sizes: list[int] | None = None
+    if isinstance(shapes, tuple):
+        shape = shapes
+        leaf_bytes = math.prod(shape) * dtype.itemsize
+        if not leaf_bytes or leaf_bytes >= POOL_BYTES:
+            return None
+    else:
+        shape = None
+        leaf_bytes = 0
+        sizes = list(map(_nbytes_of, first))
+        if max(sizes) >= POOL_BYTES or not sum(sizes):
+            return None
     if bytes_per_pack:
         # As TensorFlow: the last leaves go first into packs (results are the same).
-        packs = group_by_size(range(m - 1, -1, -1), sizes[::-1], bytes_per_pack)
+        every = [leaf_bytes] * m if sizes is None else sizes
+        packs = group_by_size(range(m - 1, -1, -1), every[::-1], bytes_per_pack)
         ranges = [(pack[-1], pack[0] + 1) for pack in packs]
     else:
         ranges = [(0, m)]
-    ufunc = _BINARY[op]
+    integers = dtype.kind in "iu"
+    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS):
+        return None  # may need Python integers to stay exact: see _mean_of_ints
     out: list[list[object]] = [[None] * m for _ in range(n)]
     for lo, hi in ranges:
         whole = lo == 0 and hi == m
-        nbytes = sum(sizes[lo:hi])
-        count = nbytes // dtype.itemsize
         try:
-            part = first if whole else first[lo:hi]
-            flat = np.frombuffer(bytearray().join(part), dtype)  # type: ignore[arg-type]
-            for r in range(1, n):
-                scratch.seek(0)
-                scratch.writelines(values[r] if whole else values[r][lo:hi])  # type: ignore[arg-type]
-                if scratch.tell() != nbytes:
-                    return None
-                with scratch.getbuffer() as buffer:
-                    other = np.frombuffer(buffer, dtype, count)
-                    ufunc(flat, other, out=flat)
-                    del other  # releases the buffer, so the scratch can be written again
+            flat = _combine_packed(
+                op, values if whole else [row[lo:hi] for row in values], dtype, scratch
+            )
         except (TypeError, ValueError, BufferError):  # a non-contiguous leaf has no plain buffer
             return None
-        if op is ReduceOp.MEAN:
-            flat = _divide(flat, n)
-        flat.flags.writeable = False
-        shapes = list(map(_shape_of, first[lo:hi]))
-        shape = shapes[0]
-        if shape and shapes.count(shape) == hi - lo:
+        if flat is None:
+            return None
+        flat.flags.writeable = False  # the views inherit it and cannot undo it
+        if shape:
             # Leaves of one shape: the rows of one reshaped view, made in C.
             rows = flat.reshape((hi - lo, *shape))
+            if whole:
+                return [list(rows) for _ in range(n)]
             for r in range(n):
-                if whole:
-                    out[r] = list(rows)
-                else:
-                    out[r][lo:hi] = list(rows)
+                out[r][lo:hi] = list(rows)
             continue
-        ends = list(itertools.accumulate(size // dtype.itemsize for size in sizes[lo:hi]))
+        counts = (
+            [leaf_bytes // dtype.itemsize] * (hi - lo)
+            if sizes is None
+            else [size // dtype.itemsize for size in sizes[lo:hi]]
+        )
+        ends = list(itertools.accumulate(counts))
         bases = list(map(flat.__getitem__, map(slice, [0, *ends[:-1]], ends)))
-        for k, leaf_shape in enumerate(shapes):
+        if shape is not None:
+            leaf_shapes = [shape] * (hi - lo)
+        else:
+            leaf_shapes = cast(list[tuple[int, ...]], shapes)[lo:hi]
+        for k, leaf_shape in enumerate(leaf_shapes):
             if len(leaf_shape) != 1:
                 bases[k] = bases[k].reshape(leaf_shape)
         out[0][lo:hi] = bases
         for r in range(1, n):
-            out[r][lo:hi] = list(map(ndarray.view, bases))
+            out[r][lo:hi] = list(map(np.ndarray.view, bases))
     return out
 
 
@@ -327,6 +434,8 @@ async def _off_loop(fn: Callable[[], object]) -> None:
 
 # Integers below this magnitude are exact in float64 (and, being below 2**63, in int64).
 _EXACT_IN_FLOAT64 = 1 << 53
+# Fewer replicas than this: a sum of 32-bit integers stays below _EXACT_IN_FLOAT64.
+_EXACT_INT64_REPLICAS = 1 << 20
 
 
 def _magnitude(array: Array) -> int:
@@ -357,7 +466,7 @@ def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) 
     """
     if axis is None:
         count = len(arrays)
-        small = arrays[0].dtype.itemsize <= 4 and count < (1 << 20)
+        small = arrays[0].dtype.itemsize <= 4 and count < _EXACT_INT64_REPLICAS
         bound = 0 if small else sum(map(_magnitude, arrays))
     else:
         count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
@@ -413,6 +522,11 @@ class NumpyBackend(Backend):
         self._pool: dict[tuple[tuple[int, ...], str], list[Array]] = {}
         # Where other replicas' leaves of a batch are joined (reused; see _reduce_batch).
         self._scratch = io.BytesIO()
+        # What describe_leaves found of each replica's batch, for the all_reduce that
+        # follows (see _batch_layout); emptied by every collective.
+        self._layouts: dict[int, _Layout] = {}
+        # Room for every replica's batch of a few collectives in flight at once.
+        self._max_layouts = 4 * len(self.devices) + 16
         self._threads: ThreadPoolExecutor | None = None
         others = [d for d in self.devices if not d.startswith("CPU:")]
         if others:
@@ -465,14 +579,42 @@ class NumpyBackend(Backend):
                 if by_shape is not None:
                     shapes = list(map(_shape_of, values))
                     shape = shapes[0]
+                    specs: tuple[LeafSpec | None, ...]
                     if shapes.count(shape) == m:  # one shape: one lookup
                         spec = by_shape.get(shape)
+                        specs = (spec,) * m
                         if spec is not None:
-                            return (spec,) * m
+                            self._keep_layout(values, dtype, shape)
+                            return specs  # type: ignore[return-value]
                     specs = tuple(map(by_shape.get, shapes))
                     if None not in specs:
+                        self._keep_layout(values, dtype, shapes)
                         return specs  # type: ignore[return-value]
         return tuple(map(self.describe, values))
+
+    def _keep_layout(
+        self,
+        values: Sequence[object],
+        dtype: np.dtype[Any],
+        shapes: tuple[int, ...] | list[tuple[int, ...]],
+    ) -> None:
+        """Keep what describe_leaves found of a batch for the collective that follows.
+
+        Entries hold their leaves' list, so a list's id stays its own while its entry
+        lives; every collective empties the store (see :meth:`_take_layouts`), and
+        describes that no collective follows (a mismatch raised) are bounded.
+        """
+        layouts = self._layouts
+        if len(layouts) >= self._max_layouts:
+            layouts.clear()
+        layouts[id(values)] = (values, dtype, shapes)
+
+    def _take_layouts(self) -> dict[int, _Layout]:
+        """The layouts kept so far, leaving the store empty: nothing outlives a collective."""
+        layouts = self._layouts
+        if layouts:
+            self._layouts = {}
+        return layouts
 
     def _describe_foreign(self, value: object, library: Library) -> LeafSpec:
         # Converted again by the collective (cheap, see to_host) rather than kept here:
@@ -530,6 +672,7 @@ class NumpyBackend(Backend):
         n = len(values)
         first_values = values[0]
         m = len(first_values)
+        layouts = self._take_layouts()
         # numpy first: foreign leaves (JAX, ...) are looked for only off the fast paths.
         if m == 1:
             first = first_values[0]
@@ -542,7 +685,9 @@ class NumpyBackend(Backend):
                 owned = await self._reduce_owned(op, [to_host(v[0], library) for v in values])
                 return [[x] for x in from_host_owned(owned, n, library)]
         elif type(first_values[0]) is np.ndarray:
-            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch)
+            batch = _reduce_batch(op, values, bytes_per_pack, self._scratch, layouts)
+            if self._scratch.seek(0, io.SEEK_END) > _SCRATCH_KEEP_BYTES:
+                self._scratch = io.BytesIO()  # a large batch's scratch is not kept
             if batch is not None:
                 return batch
         host, libraries = _host_values(values)
@@ -750,6 +895,7 @@ class NumpyBackend(Backend):
             self._threads = None
         self._pool.clear()
         self._scratch = io.BytesIO()
+        self._layouts.clear()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
         if op not in (ReduceOp.SUM, ReduceOp.MEAN):
@@ -777,6 +923,7 @@ class NumpyBackend(Backend):
         buffer costs its page faults on every call), and when a replica's value has
         :data:`OFFLOAD_BYTES` or more the copy runs off the event loop.
         """
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(await self.all_gather(host, axis), libraries, values)
@@ -807,6 +954,7 @@ class NumpyBackend(Backend):
 
     async def reduce_scatter(self, op: ReduceOp, values: Leaves, axis: int) -> list[list[object]]:
         """Reduce each leaf, then scatter equal chunks; see :meth:`Backend.reduce_scatter`."""
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values)
         if libraries is not None:
             return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
@@ -834,6 +982,7 @@ class NumpyBackend(Backend):
         Leaves of :data:`POOL_BYTES` and more are copied into a pooled buffer (reused
         once no replica holds a view of it), as all_reduce outputs are.
         """
+        self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values([values])
         if libraries is not None:
             return _restore(
