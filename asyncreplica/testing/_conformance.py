@@ -136,6 +136,8 @@ def _random(
 FOREIGN = {
     "array_api_strict.Array": ("array_api_strict", "array-api-strict"),
     "jax.Array": ("jax.numpy", "jax[cpu]"),
+    # Where installed (its default wheel brings the CUDA libraries: not in [test]).
+    "torch.Tensor": ("torch", "torch"),
 }
 # Collectives the foreign-array tests run (dtypes every library holds without x64 modes).
 FOREIGN_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
@@ -810,6 +812,49 @@ class BackendConformanceTests(abc.ABC):
                 host = _host(got)
                 assert host.dtype == want.dtype, f"{what}: dtype {host.dtype}, not {want.dtype}"
                 np.testing.assert_array_equal(host, want, err_msg=what, strict=True)
+
+    @pytest.mark.parametrize("kind", FOREIGN_COLLECTIVES)
+    @pytest.mark.parametrize("array_type", list(FOREIGN))
+    def test_writing_a_foreign_result_changes_no_other_replica(
+        self, array_type: str, kind: str
+    ) -> None:
+        """A library whose arrays can be written (PyTorch): each replica's result is its own.
+
+        Writing into replica 0's result (``result[...] = 0``, where the library allows
+        it) changes no other replica's result and no input. Read-only and immutable
+        results (``array_api_strict``, JAX) refuse the write, which is as good.
+        """
+        xp = self._foreign(array_type)
+        n = self._n
+        if n < 2:
+            pytest.skip("needs two replicas or more")
+        values = [v + 1 for v in _random(n, "float32", (n, 2))]
+        rows = [[xp.asarray(values[r])] for r in range(n)]
+        inputs = [_host(row[0]).copy() for row in rows]
+        if kind == "all_reduce":
+            call = self.backend.all_reduce(ReduceOp.SUM, rows)
+        elif kind == "all_gather":
+            call = self.backend.all_gather(rows, 0)
+        elif kind == "reduce_scatter":
+            call = self.backend.reduce_scatter(ReduceOp.SUM, rows, 0)
+        else:
+            call = self.backend.broadcast(rows[0], n)
+        results = self._check_layout(self._run(lambda: call), n, 1)
+        before = [_host(row[0]).copy() for row in results]
+        try:
+            results[0][0][...] = 0  # type: ignore[index]
+        except (TypeError, ValueError, RuntimeError, AttributeError):
+            return  # read-only or immutable results: nothing can be written
+        for r in range(1, n):
+            np.testing.assert_array_equal(
+                _host(results[r][0]),
+                before[r],
+                err_msg=f"{kind}: writing replica 0's {array_type} changed replica {r}'s",
+            )
+        for r, row in enumerate(rows):
+            np.testing.assert_array_equal(
+                _host(row[0]), inputs[r], err_msg=f"{kind}: writing a result changed input {r}"
+            )
 
     @pytest.mark.parametrize("array_type", list(FOREIGN))
     def test_foreign_and_numpy_inputs_are_a_mismatch(self, array_type: str) -> None:
