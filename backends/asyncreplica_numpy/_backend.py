@@ -654,7 +654,8 @@ class NumpyBackend(Backend):
         if array.dtype.kind not in _NUMERIC_KINDS:
             raise TypeError(
                 f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
-                "complex values (cast booleans first, e.g. x.astype(np.int32))"
+                "complex values (cast booleans first: x.astype(np.int32) in numpy, "
+                "xp.astype(x, xp.int32) in other array API libraries, x.int() in PyTorch)"
             )
         return array
 
