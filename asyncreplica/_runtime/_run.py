@@ -1038,6 +1038,11 @@ class Run:
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
+            import trio
+
+            # Not _tasks.current_task, which asks asyncio first: on trio that raises
+            # (and catches) a RuntimeError at every waiting replica's arrival.
+            self._current_task = trio.lowlevel.current_task
             _tasks.install_trio_watch(self.task_done)
         stall = self.stall_warning_seconds
         if self.tracer is not None:
