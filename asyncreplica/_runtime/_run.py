@@ -363,7 +363,14 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
             run = self._run
             if run._fast and not self.timeout:
                 # The common case: arrive now; a waiter awaits its future directly.
-                self._unregister()
+                # (_unregister, inline: this runs once per replica and collective.)
+                self.awaited = True
+                issued = run.issued
+                replica = self.replica
+                if issued[replica] is self:
+                    issued[replica] = None
+                else:
+                    run.unawaited[replica].pop(id(self), None)
                 self._coro = _SPENT
                 return run._arrive_fast(self)
         return self._started().__await__()  # type: ignore[no-any-return]
