@@ -109,11 +109,13 @@ def test_a_waiting_replica_keeps_no_collective_alive(monkeypatch: pytest.MonkeyP
 
     n = 16
     alive: list[int] = []
+    runs: list[object] = []
     original = nb.NumpyBackend.all_reduce
 
     async def counting(self: nb.NumpyBackend, *args: Any, **kwargs: Any) -> Any:
         # Every replica has arrived: only the dispatching replica's collective runs.
-        alive.append(sum(type(o) is Collective for o in gc.get_objects()))
+        (run,) = set(runs)
+        alive.append(sum(type(o) is Collective and o._run is run for o in gc.get_objects()))
         return await original(self, *args, **kwargs)
 
     monkeypatch.setattr(nb.NumpyBackend, "all_reduce", counting)
@@ -121,6 +123,7 @@ def test_a_waiting_replica_keeps_no_collective_alive(monkeypatch: pytest.MonkeyP
     async def step(x: np.ndarray) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
+        runs.append(ctx._run)
         for _ in range(3):
             await ctx.all_reduce(ar.ReduceOp.SUM, x)
 
