@@ -5,7 +5,11 @@ repeats each) is the cost of ``R`` rounds without starting the run's tasks, divi
 ``R`` and the number of replicas. The same measurement as ``asyncreplica bench``'s
 scale rows, with the time the cyclic garbage collector took in ours (per generation).
 
-Run: ``python benchmarks/bench_scale.py [--replicas 8 4096] [--repeat 5]``.
+Ours runs on each loop asked for (asyncio, uvloop, trio); the futures rendezvous on
+asyncio. The gc figures are ours on the first loop.
+
+Run: ``python benchmarks/bench_scale.py [--replicas 8 4096] [--repeat 5]
+[--loops asyncio uvloop trio]``.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ class _GcTimer:
             self.count[info["generation"]] += 1
 
 
-def _ours(strategy: ar.MirroredStrategy, value: ar.PerReplica[Any], rounds: int) -> float:
+def _ours(
+    strategy: ar.MirroredStrategy, value: ar.PerReplica[Any], rounds: int, loop: str
+) -> float:
     async def step(x: np.ndarray) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
@@ -50,13 +56,24 @@ def _ours(strategy: ar.MirroredStrategy, value: ar.PerReplica[Any], rounds: int)
         await strategy.run(step, args=(value,))
         return time.perf_counter() - start
 
-    return asyncio.run(go())
+    if loop == "asyncio":
+        return asyncio.run(go())
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(go())  # type: ignore[no-any-return]
+    import trio
+
+    return trio.run(go)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 4096])
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--loops", nargs="+", default=["asyncio"], choices=["asyncio", "uvloop", "trio"]
+    )
     parser.add_argument("--budget", type=int, default=40_000, help="replica-rounds per sample")
     parser.add_argument(
         "--no-gc", action="store_true", help="with the cyclic garbage collector off (diagnosis)"
@@ -64,7 +81,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.no_gc:
         gc.disable()
-    costs: dict[int, tuple[float, float]] = {}
+    costs: dict[int, dict[str, float]] = {}
     for n in args.replicas:
         rounds = max(4, args.budget // n)
         inputs = [np.full(2, float(i + 1), np.float32) for i in range(n)]
@@ -76,32 +93,37 @@ def main() -> None:
             for r in (rounds, 2 * rounds):
                 futures = asyncio.run(_futures_rendezvous(inputs, r))
                 times.setdefault(("futures", r), []).append(futures)
-                if r == 2 * rounds:
-                    gc.callbacks.append(timer)
-                try:
-                    times.setdefault(("ours", r), []).append(_ours(strategy, value, r))
-                finally:
-                    if timer in gc.callbacks:
-                        gc.callbacks.remove(timer)
-        cost = {
+                for loop in args.loops:
+                    if r == 2 * rounds and loop == args.loops[0]:
+                        gc.callbacks.append(timer)
+                    try:
+                        times.setdefault((loop, r), []).append(_ours(strategy, value, r, loop))
+                    finally:
+                        if timer in gc.callbacks:
+                            gc.callbacks.remove(timer)
+        costs[n] = {
             system: max(min(times[(system, 2 * rounds)]) - min(times[(system, rounds)]), 1e-9)
             / rounds
             / n
             * 1e6
-            for system in ("ours", "futures")
+            for system in ("futures", *args.loops)
         }
-        costs[n] = (cost["ours"], cost["futures"])
+        cost = costs[n]
         per = args.repeat * 2 * rounds * n  # replica-collectives under the gc timer
         gc_us = [t / per * 1e6 for t in timer.seconds]
+        ours = ", ".join(f"{loop} {cost[loop]:6.2f}" for loop in args.loops)
         print(
-            f"{n:>6} replicas x {rounds:>5} rounds: ours {cost['ours']:6.2f} us/replica, "
+            f"{n:>6} replicas x {rounds:>5} rounds: ours ({ours}) us/replica, "
             f"futures {cost['futures']:5.2f} us/replica; in ours, gc per replica-collective: "
             f"{sum(gc_us):5.2f} us (gen0/1/2: {gc_us[0]:.2f}/{gc_us[1]:.2f}/{gc_us[2]:.2f} us, "
             f"runs {timer.count[0]}/{timer.count[1]}/{timer.count[2]})",
             flush=True,
         )
     first, last = min(costs), max(costs)
-    print(f"ratio {last} vs {first}: {costs[last][0] / costs[first][0]:.2f}x")
+    for system in (*args.loops, "futures"):
+        print(
+            f"ratio {last} vs {first}, {system}: {costs[last][system] / costs[first][system]:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import pytest
 from asyncreplica._bench import _main as bench_main
 from asyncreplica._bench import main
 from asyncreplica._bench._baselines import _difference, _median_us
+from asyncreplica._bench._cases import Plan
 from asyncreplica._bench._model import Row
 from asyncreplica._bench._plot import _plot, chart
 from asyncreplica._bench._report import _targets_table
@@ -314,3 +315,44 @@ def test_check_exits_0_when_every_target_is_met(
     rows = json.loads(out.read_text())["rows"]
     futures = [r for r in rows if r["system"] == "futures" and r["nbytes"] == 64 << 20]
     assert futures[0]["median_us"] is None
+
+
+def test_the_scale_target_holds_on_each_loop() -> None:
+    # Issue 17: per-replica cost flat "on asyncio, uvloop and trio": one figure per loop.
+    scale = [
+        Row("scale (per replica)", n, 8, loop, "asyncreplica", us, "futures", 1.0)
+        for loop, (at8, at4096) in {
+            "asyncio": (2.0, 2.2),
+            "uvloop": (2.0, 2.6),
+            "trio": (4.0, 4.4),
+        }.items()
+        for n, us in ((8, at8), (4096, at4096))
+    ]
+    targets = {t.figure: t for t in _targets(scale)}
+    assert targets["per-replica cost, 4096 vs 8 replicas"].value == pytest.approx(1.1)
+    assert targets["per-replica cost, 4096 vs 8 replicas"].met
+    assert targets["per-replica cost, 4096 vs 8 replicas, uvloop"].value == pytest.approx(1.3)
+    assert not targets["per-replica cost, 4096 vs 8 replicas, uvloop"].met
+    assert targets["per-replica cost, 4096 vs 8 replicas, trio"].met
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_both_modes_measure_the_scale_target_at_its_replica_counts(
+    monkeypatch: pytest.MonkeyPatch, quick: bool
+) -> None:
+    # The target is "4096 vs 8": a quick run measures those counts too (in fewer
+    # rounds), on every loop installed, so its figure is the target's, not a stand-in.
+    plans: list[Plan] = []
+    _canned(monkeypatch, _rows())
+
+    def scale(plan: Plan, progress: object) -> list[Row]:
+        plans.append(plan)
+        return []
+
+    monkeypatch.setattr(bench_main, "_measure_scale", scale)
+    assert main(["--quiet", *(["--quick"] if quick else [])]) == 0
+    (plan,) = plans
+    assert min(plan.many_replicas) == 8
+    assert max(plan.many_replicas) == 4096
+    assert plan.loops == bench_main._loops()
+    assert plan.scale_budget // 4096 >= 4

@@ -49,6 +49,7 @@ class Plan:
     batch_rounds: int = 10
     memory_collectives: int = 100_000
     idle_replicas: int = 10_000
+    scale_budget: int = 40_000  # replica-rounds per scale sample (at least 4 rounds)
 
 
 def _step(kind: str, rounds: int) -> Callable[[Any], Coroutine[Any, Any, None]]:
@@ -175,16 +176,18 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
 
 
 def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
-    """Per-replica cost of a small all_reduce, run start-up excluded.
+    """Per-replica cost of a small all_reduce, run start-up excluded, on every loop.
 
     Each system runs ``R`` and ``2 R`` rounds; the difference of the two (best of the
-    repeats each) is the cost of ``R`` rounds without starting the run's tasks.
+    repeats each) is the cost of ``R`` rounds without starting the run's tasks. Ours
+    runs on each loop of the plan (the target holds on each); the futures rendezvous,
+    the reference, on asyncio. The systems are interleaved, so drift hits all alike.
     """
     rows: list[Row] = []
     nbytes = 8
     for n in plan.many_replicas:
         inputs = _inputs(n, nbytes)
-        rounds = max(4, 40_000 // n)
+        rounds = max(4, plan.scale_budget // n)
         progress(f"scale: all_reduce {nbytes} B x {n} replicas ({rounds} and {2 * rounds} rounds)")
         strategy = ar.MirroredStrategy(_devices(n))
         per_replica = ar.PerReplica(inputs)
@@ -193,28 +196,30 @@ def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             for r in (rounds, 2 * rounds):
                 futures = asyncio.run(_futures_rendezvous(inputs, r))
                 times.setdefault(("futures", r), []).append(futures)
-                ours = _run_ours("asyncio", strategy, _step("all_reduce", r), per_replica)
-                times.setdefault(("ours", r), []).append(ours)
+                for loop in plan.loops:
+                    ours = _run_ours(loop, strategy, _step("all_reduce", r), per_replica)
+                    times.setdefault((loop, r), []).append(ours)
         cost = {
             system: _difference(min(times[(system, 2 * rounds)]), min(times[(system, rounds)]))
             / rounds
             / n
             * 1e6
-            for system in ("ours", "futures")
+            for system in ("futures", *plan.loops)
         }
-        rows.append(
-            Row(
-                "scale (per replica)",
-                n,
-                nbytes,
-                "asyncio",
-                "asyncreplica",
-                cost["ours"],
-                "futures, per replica",
-                cost["futures"],
-                times[("ours", rounds)],
+        for loop in plan.loops:
+            rows.append(
+                Row(
+                    "scale (per replica)",
+                    n,
+                    nbytes,
+                    loop,
+                    "asyncreplica",
+                    cost[loop],
+                    "futures, per replica",
+                    cost["futures"],
+                    times[(loop, rounds)],
+                )
             )
-        )
     return rows
 
 

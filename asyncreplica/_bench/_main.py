@@ -104,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = Plan(
             [8, 1 << 20],
             [8],
-            [8, 256],
+            [8, 4096],  # what the target is about, in fewer rounds
             _loops(),
             args.repeat or 3,
             8 << 20,
             batch_rounds=5,
             memory_collectives=10_000,
             idle_replicas=1000,
+            scale_budget=16_384,
         )
     else:
         plan = Plan(

@@ -97,9 +97,8 @@ class _Slot:
         fast = self.fast
         for waiter in fast:
             if not waiter.done():  # a cancelled one is left alone
-                call = waiter._ar_call
-                result = results[call.replica]
-                tree = call.treedef
+                result = results[waiter._ar_replica]
+                tree = waiter._ar_tree
                 waiter.set_result(result[0] if tree is None else _rebuild(tree, result))
         fast.clear()  # no slot <-> waiter cycle outlives the collective
         waiters = self.waiters
@@ -150,11 +149,18 @@ class _Waiter(asyncio.Future):  # type: ignore[type-arg]
     when its ``_fut_waiter`` is one of the run's pending waiters, so parking costs no
     bookkeeping. Cancelling the waiter (the replica's task was cancelled) tells the
     run, before the task resumes, that the replica abandoned the collective.
+
+    It holds what waking it needs (its replica and result structure) itself, not the
+    :class:`Collective`, which is freed as soon as the replica has arrived: waking
+    thousands of replicas touches one object each, not two (with many replicas each
+    object touched is a likely cache miss: docs/performance.md, "scale").
     """
 
-    __slots__ = ("_ar_call", "_ar_key", "_ar_slot")
+    __slots__ = ("_ar_key", "_ar_replica", "_ar_run", "_ar_slot", "_ar_tree")
 
-    _ar_call: Collective  # its run, replica and result structure
+    _ar_run: Run
+    _ar_replica: int
+    _ar_tree: Any  # the collective's treedef (None: one leaf)
     _ar_key: Key
     _ar_slot: _Slot
 
@@ -163,7 +169,7 @@ class _Waiter(asyncio.Future):  # type: ignore[type-arg]
         if not self.done():
             # Scheduled before the task's own wake-up (which super().cancel schedules).
             self.get_loop().call_soon(
-                self._ar_call._run._abandoned, self._ar_call.replica, self._ar_key, self._ar_slot
+                self._ar_run._abandoned, self._ar_replica, self._ar_key, self._ar_slot
             )
         return super().cancel(msg)
 
@@ -299,7 +305,6 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
 
     __slots__ = (
         "_coro",
-        "_pending",
         "_run",
         "_signature",
         "awaited",
@@ -332,9 +337,24 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
         self.treedef = treedef
         self._coro: Any = None
         self.awaited = False
-        # Registered until awaited, so that the replica's end can report it.
-        pending = self._pending = run.unawaited[replica]
-        pending[id(self)] = self
+        # Registered until awaited, so that the replica's end can report it: the
+        # newest in the replica's slot of ``run.issued`` (one list for the run, read in
+        # replica order: no dict per replica touched per collective), any older one
+        # still unawaited in ``run.unawaited``.
+        issued = run.issued
+        older = issued[replica]
+        if older is not None:
+            run.unawaited[replica][id(older)] = older
+        issued[replica] = self
+
+    def _unregister(self) -> None:
+        """Awaited: no longer reported at the replica's end."""
+        self.awaited = True
+        issued = self._run.issued
+        if issued[self.replica] is self:
+            issued[self.replica] = None
+        else:
+            self._run.unawaited[self.replica].pop(id(self), None)
 
     @property
     def signature(self) -> Signature:
@@ -344,8 +364,7 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
     def _started(self) -> Any:
         coro = self._coro
         if coro is None:
-            self.awaited = True
-            self._pending.pop(id(self), None)
+            self._unregister()
             coro = self._coro = self._run.collective(self)
         return coro
 
@@ -354,8 +373,14 @@ class Collective(collections.abc.Coroutine[Any, Any, Any]):
             run = self._run
             if run._fast and not self.timeout:
                 # The common case: arrive now; a waiter awaits its future directly.
+                # (_unregister, inline: this runs once per replica and collective.)
                 self.awaited = True
-                self._pending.pop(id(self), None)
+                issued = run.issued
+                replica = self.replica
+                if issued[replica] is self:
+                    issued[replica] = None
+                else:
+                    run.unawaited[replica].pop(id(self), None)
                 self._coro = _SPENT
                 return run._arrive_fast(self)
         return self._started().__await__()  # type: ignore[no-any-return]
@@ -464,6 +489,9 @@ class Run:
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
+        # Collectives issued and not awaited yet (see Collective): each replica's
+        # newest, and any older ones by id.
+        self.issued: list[Collective | None] = [None] * self.num_replicas
         self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
         self._slots: dict[Key, _Slot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the run starts
@@ -578,7 +606,9 @@ class Run:
         if ledger.all_waiting():
             self._check_deadlock(replica, current=self._current_task())
         waiter = _Waiter(loop=self._loop)
-        waiter._ar_call = call
+        waiter._ar_run = self
+        waiter._ar_replica = replica
+        waiter._ar_tree = call.treedef
         waiter._ar_key = key
         waiter._ar_slot = slot
         slot.fast.append(waiter)
@@ -912,7 +942,7 @@ class Run:
         if slot is not None:
             return not slot.done
         waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
-        return type(waiter) is _Waiter and waiter._ar_call._run is self and not waiter.done()
+        return type(waiter) is _Waiter and waiter._ar_run is self and not waiter.done()
 
     def task_done(self, task: object) -> None:
         """A task of some replica ended: replicas may now be deadlocked."""
@@ -925,11 +955,20 @@ class Run:
 
     # -- replicas ---------------------------------------------------------------------
 
-    def _check_awaited(self, replica: int) -> None:
+    def _unawaited(self, replica: int) -> list[Collective]:
+        """The collectives ``replica`` issued and has not awaited, oldest first."""
         pending = list(self.unawaited[replica].values())
+        newest = self.issued[replica]
+        if newest is not None:
+            pending.append(newest)
+        return pending
+
+    def _check_awaited(self, replica: int) -> None:
+        pending = self._unawaited(replica)
         for c in pending:
             c.close()
         self.unawaited[replica].clear()
+        self.issued[replica] = None
         if pending:
             sites = "\n".join(f"  * {c.describe()}" for c in pending)
             raise CollectiveError(
@@ -989,7 +1028,7 @@ class Run:
             self._fail(replica, exc)
             return
         finally:
-            for c in self.unawaited[replica].values():
+            for c in self._unawaited(replica):
                 c.close()
         self._results[replica] = result
         try:
@@ -1032,6 +1071,11 @@ class Run:
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
+            import trio
+
+            # Not _tasks.current_task, which asks asyncio first: on trio that raises
+            # (and catches) a RuntimeError at every waiting replica's arrival.
+            self._current_task = trio.lowlevel.current_task
             _tasks.install_trio_watch(self.task_done, _on_trio_task_spawned)
         stall = self.stall_warning_seconds
         if self.tracer is not None:

@@ -99,3 +99,35 @@ def test_history_in_reports_is_the_last_16_collectives_in_order() -> None:
             assert row.history == tuple((s, signatures[s]) for s in range(first, i + 1))
             assert row.signature is signature
             assert row.position == i + 1
+
+
+def test_a_waiting_replica_keeps_no_collective_alive(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On the fast path a waiting replica is its task, its coroutines and one waiter:
+    # the collective it issued is freed once it has arrived (with thousands of
+    # replicas, every object that waits is one more cache miss per round to wake).
+    from asyncreplica._runtime._run import Collective
+
+    n = 16
+    alive: list[int] = []
+    runs: list[object] = []
+    original = nb.NumpyBackend.all_reduce
+
+    async def counting(self: nb.NumpyBackend, *args: Any, **kwargs: Any) -> Any:
+        # Every replica has arrived: only the dispatching replica's collective runs.
+        (run,) = set(runs)
+        alive.append(sum(type(o) is Collective and o._run is run for o in gc.get_objects()))
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(nb.NumpyBackend, "all_reduce", counting)
+
+    async def step(x: np.ndarray) -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        runs.append(ctx._run)
+        for _ in range(3):
+            await ctx.all_reduce(ar.ReduceOp.SUM, x)
+
+    strategy = ar.MirroredStrategy(_devices(n))
+    values = ar.PerReplica([np.ones(2, np.float32) for _ in range(n)])
+    asyncio.run(strategy.run(step, args=(values,)))
+    assert alive == [1, 1, 1]

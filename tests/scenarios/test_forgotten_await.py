@@ -190,3 +190,30 @@ async def test_awaited_collective_is_not_reported() -> None:
     with anyio.fail_after(HANG_GUARD):
         result = await s.run(step)
     assert s.experimental_local_results(result) == (2.0, 2.0)
+
+
+async def test_of_several_pending_the_unawaited_are_reported_in_the_order_issued() -> None:
+    # The newest pending collective is registered apart from the older ones (a flat
+    # list slot per replica): the report still lists every unawaited one, oldest first.
+    s = strategy(1)
+
+    async def step() -> None:
+        ctx = context()
+        first = ctx.all_reduce("sum", 1.0)  # @fa-first
+        second = ctx.all_reduce("sum", 2.0)  # @fa-second
+        third = ctx.all_reduce("sum", 3.0)  # @fa-third
+        fourth = ctx.all_reduce("sum", 4.0)  # @fa-fourth
+        await fourth
+        await second
+        fifth = ctx.all_reduce("sum", 5.0)  # @fa-fifth
+        del first, third, fifth
+
+    with anyio.fail_after(HANG_GUARD), pytest.raises(ar.CollectiveError) as info:
+        await s.run(step)
+    message = str(info.value)
+    assert "created 3 collectives that it never awaited" in message
+    sites = [f"test_forgotten_await.py:{line_of(m)}" for m in ("fa-first", "fa-third", "fa-fifth")]
+    found = [message.index(site) for site in sites]
+    assert found == sorted(found), message
+    for awaited in ("fa-second", "fa-fourth"):
+        assert f"test_forgotten_await.py:{line_of(awaited)}" not in message
