@@ -93,8 +93,8 @@ class MypycBuildHook(BuildHookInterface):
         return modules
 
     def dependencies(self) -> list[str]:
-        """The packages compiling needs (none when compilation is disabled)."""
-        if _disabled():
+        """The packages compiling needs (none when compilation is disabled or impossible)."""
+        if _disabled() or _missing_toolchain() is not None:
             return []
         return [*BUILD_REQUIRES, *self.metadata.core.dependencies]
 

@@ -178,6 +178,7 @@ def _build_wheel(tmp_path: pathlib.Path, **env: str) -> tuple[zipfile.ZipFile, s
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # pip makes a build environment (hatchling only: nothing to compile)
 @pytest.mark.skipif(NO_EXTENSIONS, reason="builds a wheel: once per CI run is enough")
 @pytest.mark.parametrize(
     ("env", "status", "notice"),
