@@ -81,6 +81,15 @@ def _extension_files(directory: pathlib.Path, modules: list[str]) -> list[pathli
     return found
 
 
+def _previous_modules(root: pathlib.Path) -> list[str]:
+    """The modules the last build in this tree compiled, from its record."""
+    try:
+        modules = json.loads(root.joinpath(BUILD_INFO).read_text()).get("modules", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [m for m in modules if isinstance(m, str)] if isinstance(modules, list) else []
+
+
 class MypycBuildHook(BuildHookInterface):
     """Compile the hot-path modules with mypyc when possible; never fail the build for it."""
 
@@ -106,8 +115,9 @@ class MypycBuildHook(BuildHookInterface):
         modules = self._modules()
         editable = version == "editable"
         if editable:
-            # Stale extension modules from an earlier build would shadow the edited sources.
-            for stale in _extension_files(root, modules):
+            # Extension modules from an earlier build (of these modules, or of those it was
+            # asked for then) would shadow the sources.
+            for stale in _extension_files(root, sorted({*modules, *_previous_modules(root)})):
                 stale.unlink()
         self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="asyncreplica-build-"))
         out = root if editable else self._tmp / "lib"

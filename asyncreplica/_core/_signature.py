@@ -153,8 +153,7 @@ class Signature(NamedTuple):
     op: ReduceOp | None = None
     axis: int | None = None
     source: int | None = None
-    # ``object | None``, not ``object``: mypyc's NamedTuple cannot evaluate a bare ``object``.
-    merge_fn: object | None = None
+    merge_fn: object = None
     merge_fn_name: str | None = None
     name: str | None = None
     structure: TreeDef = None

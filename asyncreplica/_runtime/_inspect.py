@@ -100,7 +100,10 @@ def call_path() -> tuple[CallSite, ...]:
     that await each other are chained through ``f_back`` while they run, so the step
     function's frame is on this chain. Event-loop frames are skipped.
     """
-    first = sys._getframe(1)
+    # The innermost Python frame: this function's own when interpreted, its caller's when
+    # compiled (compiled functions have no frame); either way the walk skips the runtime's
+    # frames until the first user frame, so both start at the same place.
+    first = sys._getframe(0)
     frame: FrameType | None = first
     get_kind = _kinds.get
     key: list[int] = []
