@@ -18,9 +18,9 @@ import asyncio
 import sys
 
 import numpy as np
+from bench_checks import bare, ours  # type: ignore[import-not-found]
 
 import asyncreplica as ar
-from bench_checks import bare, ours  # type: ignore[import-not-found]
 
 
 def main() -> None:
