@@ -8,7 +8,7 @@ the one source of truth: they run interpreted when nothing was compiled, and whe
 The build never fails for want of a compiler. Compilation is skipped, with a one-line notice on
 stderr, when ``ASYNCREPLICA_NO_EXTENSIONS=1`` is set at build time, when no C compiler or no
 Python headers are found, or when mypyc or the compiler fails. What happened is recorded in
-``asyncreplica/_build_info.json`` (status, reason, modules, a hash of each compiled source), which
+``asyncreplica/_build_info.json`` (status, reason, modules, a checksum of each compiled source), which
 ``asyncreplica doctor`` and the test suite read.
 
 A regular wheel gets the extension modules from a temporary folder (the wheel is then tagged for
@@ -19,7 +19,6 @@ tree (ignored by git), because the package is imported from there.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -30,6 +29,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+import zlib
 from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
@@ -67,8 +67,10 @@ def _missing_toolchain() -> str | None:
     return None
 
 
-def _sha256(path: pathlib.Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def _digest(path: pathlib.Path) -> str:
+    """What tells an edited source from the compiled one (as ``asyncreplica._compiled``)."""
+    data = path.read_bytes()
+    return f"{zlib.crc32(data):08x}-{len(data)}"
 
 
 def _extension_files(directory: pathlib.Path, modules: list[str]) -> list[pathlib.Path]:
@@ -130,7 +132,7 @@ class MypycBuildHook(BuildHookInterface):
             info.update(self._compile(root, modules, out, editable))
         if info["status"] == "compiled":
             info["sources"] = {
-                m: _sha256(root.joinpath(*m.split(".")).with_suffix(".py")) for m in modules
+                m: _digest(root.joinpath(*m.split(".")).with_suffix(".py")) for m in modules
             }
             _notice(
                 f"compiled {len(modules)} modules with mypyc "

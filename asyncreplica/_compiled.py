@@ -18,7 +18,6 @@ submodule. This module imports only the standard library.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -26,6 +25,7 @@ import json
 import os
 import pathlib
 import sys
+import zlib
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -103,12 +103,18 @@ def _source(module: str) -> pathlib.Path:
     return _HERE.parent.joinpath(*module.split(".")).with_suffix(".py")
 
 
+def _digest(path: pathlib.Path) -> str:
+    """CRC-32 and size of a source (zlib: no OpenSSL to load at import, as hashlib would)."""
+    data = path.read_bytes()
+    return f"{zlib.crc32(data):08x}-{len(data)}"
+
+
 def _stale(sources: dict[str, str]) -> str | None:
     """The first compiled module whose source changed since the build, as a path."""
     for module, digest in sources.items():
         path = _source(module)
         try:
-            current_digest = hashlib.sha256(path.read_bytes()).hexdigest()
+            current_digest = _digest(path)
         except OSError:
             continue
         if current_digest != digest:

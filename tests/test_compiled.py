@@ -8,7 +8,6 @@ without noticing.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import json
 import os
@@ -111,8 +110,8 @@ def test_an_edited_source_runs_interpreted(
     ledger = ROOT / "asyncreplica/_core/_ledger.py"
     match = ROOT / "asyncreplica/_core/_match.py"
     sources = {
-        "asyncreplica._core._match": hashlib.sha256(match.read_bytes()).hexdigest(),
-        "asyncreplica._core._ledger": "0" * 64,  # not what the file holds now
+        "asyncreplica._core._match": _compiled._digest(match),
+        "asyncreplica._core._ledger": "00000000-1",  # not what the file holds now
     }
     info = {"status": "compiled", "reason": "", "modules": list(sources), "sources": sources}
     decision = _decide_with(monkeypatch, tmp_path, info)
@@ -122,7 +121,7 @@ def test_an_edited_source_runs_interpreted(
         "reinstall (pip install -e .) to compile it again"
     )
     assert ledger.is_file()
-    sources["asyncreplica._core._ledger"] = hashlib.sha256(ledger.read_bytes()).hexdigest()
+    sources["asyncreplica._core._ledger"] = _compiled._digest(ledger)
     assert _decide_with(monkeypatch, tmp_path, info).compiled
 
 
