@@ -31,7 +31,7 @@ import inspect
 import linecache
 import sys
 from itertools import islice
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType
 from typing import Any
 
 from .._core._signature import CallSite
@@ -100,10 +100,10 @@ def call_path() -> tuple[CallSite, ...]:
     that await each other are chained through ``f_back`` while they run, so the step
     function's frame is on this chain. Event-loop frames are skipped.
     """
-    # The innermost Python frame: this function's own when interpreted, its caller's when
-    # compiled (compiled functions have no frame); either way the walk skips the runtime's
-    # frames until the first user frame, so both start at the same place.
-    first = sys._getframe(0)
+    # The caller's frame. Compiled (mypyc), this function has no frame of its own, so the
+    # caller's is the innermost one; interpreted, it is one up. (Starting at this
+    # function's own frame would make it reference itself: a cycle per collective.)
+    first = sys._getframe(_CALLER_DEPTH)
     frame: FrameType | None = first
     get_kind = _kinds.get
     key: list[int] = []
@@ -134,6 +134,11 @@ def call_path() -> tuple[CallSite, ...]:
     if path is None:
         path = _resolve(at, first)
     return path
+
+
+# 1 when this module runs interpreted, 0 when compiled: then call_path is not a Python
+# function and has no frame (see call_path).
+_CALLER_DEPTH = 1 if isinstance(call_path, FunctionType) else 0
 
 
 def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
