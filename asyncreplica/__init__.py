@@ -20,6 +20,9 @@ in a traceback, not the private module that defines it), as trio's classes do.
 
 from __future__ import annotations
 
+# First: decides whether the hot path runs compiled or from the .py sources, before any
+# of those modules is imported (ASYNCREPLICA_NO_EXTENSIONS=1 picks the sources).
+from . import _compiled  # noqa: F401
 from ._core._signature import ReduceOp as ReduceOp
 from ._exceptions import AsyncReplicaError as AsyncReplicaError
 from ._exceptions import BackendError as BackendError

@@ -127,6 +127,11 @@ class Diagnosis:
             ``None`` when that fails (see ``default_devices_error``).
         default_devices_error: Why the default devices could not be determined, if so.
         mpi: The state of MPI support.
+        hot_path: Which implementation of the collective's hot path runs: ``"compiled
+            (mypyc): N modules"`` or ``"interpreted: <why>"`` (see ``ASYNCREPLICA_NO_EXTENSIONS``
+            in the installation docs).
+        compiled_modules: The modules running as mypyc extension modules (empty when
+            interpreted).
     """
 
     version: str
@@ -139,6 +144,8 @@ class Diagnosis:
     default_devices: tuple[str, ...] | None
     default_devices_error: str | None
     mpi: MpiInfo
+    hot_path: str = ""
+    compiled_modules: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -284,6 +291,7 @@ def diagnose() -> Diagnosis:
     Returns:
         The facts; failures are recorded in them as text, never raised.
     """
+    from . import _compiled
     from ._registry import available_backends
 
     entries = _entry_points()
@@ -300,6 +308,8 @@ def diagnose() -> Diagnosis:
         default_devices=devices,
         default_devices_error=devices_error,
         mpi=_mpi(),
+        hot_path=_compiled.current().describe(),
+        compiled_modules=_compiled.compiled_modules(),
     )
 
 
@@ -317,6 +327,7 @@ def render_text(diagnosis: Diagnosis) -> str:
         f"asyncreplica {d.version}",
         f"python: {d.python} ({d.implementation}) at {d.executable}",
         f"platform: {d.platform}",
+        f"hot path: {d.hot_path}",
         "event loops:",
     ]
     for loop in d.loops:

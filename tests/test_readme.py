@@ -54,3 +54,8 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert len(commands) == 2
     assert commands[0] == "python3 -m pip install . && asyncreplica demo"
     assert commands[1] in (ROOT / ".ci/run").read_text()
+    # the whole suite on both implementations of the hot path: compiled, then interpreted
+    assert commands[1] == (
+        'python3 -m pip install -e ".[test]" && python3 -m pytest'
+        " && ASYNCREPLICA_NO_EXTENSIONS=1 python3 -m pytest"
+    )

@@ -39,7 +39,7 @@ import linecache
 import sys
 import weakref
 from itertools import islice
-from types import CodeType, FrameType
+from types import CodeType, FrameType, FunctionType
 from typing import Any
 
 from .._core._signature import CallSite
@@ -120,7 +120,10 @@ def call_path() -> tuple[CallSite, ...]:
     the replica started, the path goes on with the call path of the line that started
     the task (:func:`record_spawn`).
     """
-    path = _path_from(sys._getframe(1))
+    # The caller's frame. Compiled (mypyc), this function has no frame of its own, so the
+    # caller's is the innermost one; interpreted, it is one up. (Starting at this
+    # function's own frame would make it reference itself: a cycle per collective.)
+    path = _path_from(sys._getframe(_CALLER_DEPTH))
     if _spawned:
         path = _with_spawn(path)
     return path
@@ -134,7 +137,7 @@ def record_spawn(task: object) -> None:
     loop's frames above the creating line are skipped. A task started with no user
     frame on the stack (by the runtime itself) gets no entry.
     """
-    path = _path_from(sys._getframe(1))
+    path = _path_from(sys._getframe(_CALLER_DEPTH))  # the caller's frame, as call_path's
     if _spawned:
         path = _with_spawn(path)
     if path:
@@ -209,6 +212,11 @@ def _path_from(first: FrameType) -> tuple[CallSite, ...]:
     if path is None:
         path = _resolve(at, first)
     return path
+
+
+# 1 when this module runs interpreted, 0 when compiled: then call_path is not a Python
+# function and has no frame (see call_path).
+_CALLER_DEPTH = 1 if isinstance(call_path, FunctionType) else 0
 
 
 def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:

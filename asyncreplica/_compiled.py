@@ -1,0 +1,189 @@
+"""Which implementation of the hot path runs: mypyc-compiled extension modules or the sources.
+
+``pip install`` compiles a few modules on the collective's path with mypyc when it can
+(``hatch_build.py``) and records what it did in ``_build_info.json`` next to this file. The
+``.py`` sources stay installed and are the one source of truth; they run instead of the
+extension modules when:
+
+* ``ASYNCREPLICA_NO_EXTENSIONS=1`` is set at run time, or
+* a compiled module's source changed since the build (an edited editable install), so the
+  extension module would run old code.
+
+Extension modules shadow ``.py`` files in the same folder, so running the sources takes a
+meta-path finder that loads exactly those module names with :class:`SourceFileLoader`.
+:func:`select` installs it; ``asyncreplica/__init__.py`` calls it before importing any other
+submodule. This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import pathlib
+import sys
+import zlib
+from collections.abc import Sequence
+from types import ModuleType
+
+__all__ = [
+    "ENV_VAR",
+    "Implementation",
+    "compiled_modules",
+    "current",
+    "select",
+]
+
+ENV_VAR = "ASYNCREPLICA_NO_EXTENSIONS"
+"""Set to ``1`` (at build time or at run time) for the interpreted modules."""
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_BUILD_INFO = _HERE / "_build_info.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """What the installation holds and what this process runs.
+
+    Attributes:
+        compiled: Whether the compiled modules run in this process.
+        modules: The modules the build compiled (or was asked to), dotted names.
+        build_status: ``"compiled"``, ``"disabled"`` (``ASYNCREPLICA_NO_EXTENSIONS=1`` at build
+            time), ``"unavailable"`` (no C compiler or no Python headers), ``"failed"``, or
+            ``"unknown"`` (no build record: not installed by pip).
+        reason: Why the interpreted modules run; empty when the compiled ones do.
+    """
+
+    compiled: bool
+    modules: tuple[str, ...]
+    build_status: str
+    reason: str
+
+    def describe(self) -> str:
+        """One line: ``compiled (mypyc): 6 modules`` or ``interpreted: <reason>``."""
+        if self.compiled:
+            return f"compiled (mypyc): {len(self.modules)} modules"
+        return f"interpreted: {self.reason}"
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Finds the ``.py`` source of the named modules, never their extension modules."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = frozenset(names)
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in self.names or path is None:
+            return None
+        loaders = [(importlib.machinery.SourceFileLoader, importlib.machinery.SOURCE_SUFFIXES)]
+        for entry in path:
+            spec = importlib.machinery.FileFinder(entry, *loaders).find_spec(fullname, target)
+            if spec is not None:
+                return spec
+        return None
+
+
+def _read_build_info() -> dict[str, object]:
+    try:
+        info = json.loads(_BUILD_INFO.read_text())
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _source(module: str) -> pathlib.Path:
+    return _HERE.parent.joinpath(*module.split(".")).with_suffix(".py")
+
+
+def _digest(path: pathlib.Path) -> str:
+    """CRC-32 and size of a source (zlib: no OpenSSL to load at import, as hashlib would)."""
+    data = path.read_bytes()
+    return f"{zlib.crc32(data):08x}-{len(data)}"
+
+
+def _stale(sources: dict[str, str]) -> str | None:
+    """The first compiled module whose source changed since the build, as a path."""
+    for module, digest in sources.items():
+        path = _source(module)
+        try:
+            current_digest = _digest(path)
+        except OSError:
+            continue
+        if current_digest != digest:
+            return f"{path.parent.name}/{path.name}"
+    return None
+
+
+def _decide() -> Implementation:
+    info = _read_build_info()
+    raw_modules = info.get("modules", [])
+    modules = (
+        tuple(m for m in raw_modules if isinstance(m, str)) if isinstance(raw_modules, list) else ()
+    )
+    status = str(info.get("status", "unknown"))
+    if status == "unknown":
+        reason = "no build record (_build_info.json): not installed with pip"
+        return Implementation(False, modules, status, reason)
+    if status != "compiled":
+        reason = f"not compiled at install ({status}: {info.get('reason', '')})"
+        return Implementation(False, modules, status, reason)
+    if os.environ.get(ENV_VAR, "").strip() not in ("", "0"):
+        return Implementation(False, modules, status, f"{ENV_VAR}=1 at run time")
+    raw_sources = info.get("sources", {})
+    sources = raw_sources if isinstance(raw_sources, dict) else {}
+    changed = _stale({str(k): str(v) for k, v in sources.items()})
+    if changed is not None:
+        reason = (
+            f"{changed} changed since it was compiled; "
+            "reinstall (pip install -e .) to compile it again"
+        )
+        return Implementation(False, modules, status, reason)
+    return Implementation(True, modules, status, "")
+
+
+_CURRENT: Implementation | None = None
+
+
+def select() -> Implementation:
+    """Decide once per process which modules run; route imports to the sources if interpreted.
+
+    Must run before any of the compiled modules is imported (``asyncreplica/__init__.py``
+    calls it first). Later calls return the first decision.
+    """
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = _decide()
+        if not _CURRENT.compiled and _CURRENT.modules:
+            sys.meta_path.insert(0, _SourceFinder(_CURRENT.modules))
+    return _CURRENT
+
+
+def current() -> Implementation:
+    """The decision :func:`select` made for this process."""
+    return select()
+
+
+def compiled_modules() -> tuple[str, ...]:
+    """The hot-path modules that are actually running as extension modules in this process.
+
+    Imports each module the build compiled and looks at where it came from, so a test can
+    check what runs rather than what was intended.
+    """
+    compiled: list[str] = []
+    for name in current().modules:
+        module = importlib.import_module(name)
+        spec = module.__spec__
+        if spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader):
+            compiled.append(name)
+    return tuple(compiled)
+
+
+select()

@@ -1,0 +1,201 @@
+"""Hatchling build hook: compile the collective's hot path with mypyc, or install pure Python.
+
+The modules listed in ``[tool.hatch.build.targets.wheel.hooks.custom] modules`` (pyproject.toml)
+are compiled with mypyc into extension modules placed next to their ``.py`` sources, which stay
+the one source of truth: they run interpreted when nothing was compiled, and when
+``ASYNCREPLICA_NO_EXTENSIONS=1`` is set at run time (see ``asyncreplica/_compiled.py``).
+
+The build never fails for want of a compiler. Compilation is skipped, with a one-line notice on
+stderr, when ``ASYNCREPLICA_NO_EXTENSIONS=1`` is set at build time, when no C compiler or no
+Python headers are found, or when mypyc or the compiler fails. What happened is recorded in
+``asyncreplica/_build_info.json`` (status, reason, modules, a checksum of each compiled source), which
+``asyncreplica doctor`` and the test suite read.
+
+A regular wheel gets the extension modules from a temporary folder (the wheel is then tagged for
+this platform); an editable install (``pip install -e .``) builds them in place, in the source
+tree (ignored by git), because the package is imported from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+import zlib
+from typing import Any
+
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+ENV_VAR = "ASYNCREPLICA_NO_EXTENSIONS"
+"""Set to ``1`` at build time to install pure Python (at run time: to run it)."""
+
+BUILD_INFO = "asyncreplica/_build_info.json"
+"""Where the build's record goes, relative to the project root (or the wheel's root)."""
+
+GROUP = "asyncreplica._mypyc"
+"""mypyc's group name: the shared library is ``asyncreplica/_mypyc__mypyc.*.so``."""
+
+BUILD_REQUIRES = ["mypy>=1.11", "setuptools>=65"]
+"""What compiling needs besides the runtime dependencies (mypyc type-checks against them)."""
+
+
+def _disabled() -> bool:
+    return os.environ.get(ENV_VAR, "").strip() not in ("", "0")
+
+
+def _notice(message: str) -> None:
+    print(f"asyncreplica: {message}", file=sys.stderr, flush=True)  # noqa: T201
+
+
+def _missing_toolchain() -> str | None:
+    """Why no extension module can be built here, or ``None`` when a compiler and headers exist."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    words = shlex.split(cc)
+    if not words or shutil.which(words[0]) is None:
+        return f"no C compiler ({words[0] if words else 'CC'!r} not found)"
+    include = sysconfig.get_paths().get("include", "")
+    if not pathlib.Path(include, "Python.h").is_file():
+        return f"no Python headers (Python.h not in {include})"
+    return None
+
+
+def _digest(path: pathlib.Path) -> str:
+    """What tells an edited source from the compiled one (as ``asyncreplica._compiled``)."""
+    data = path.read_bytes()
+    return f"{zlib.crc32(data):08x}-{len(data)}"
+
+
+def _extension_files(directory: pathlib.Path, modules: list[str]) -> list[pathlib.Path]:
+    """The extension files under ``directory`` for ``modules`` and the mypyc group library."""
+    found: list[pathlib.Path] = []
+    for name in [*modules, f"{GROUP}__mypyc"]:
+        parent = directory.joinpath(*name.split(".")[:-1])
+        found.extend(parent.glob(name.rsplit(".", 1)[-1] + ".*.so"))
+        found.extend(parent.glob(name.rsplit(".", 1)[-1] + ".*.pyd"))
+    return found
+
+
+def _previous_modules(root: pathlib.Path) -> list[str]:
+    """The modules the last build in this tree compiled, from its record."""
+    try:
+        modules = json.loads(root.joinpath(BUILD_INFO).read_text()).get("modules", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [m for m in modules if isinstance(m, str)] if isinstance(modules, list) else []
+
+
+class MypycBuildHook(BuildHookInterface):
+    """Compile the hot-path modules with mypyc when possible; never fail the build for it."""
+
+    PLUGIN_NAME = "custom"
+
+    def _modules(self) -> list[str]:
+        modules = self.config.get("modules", [])
+        if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+            raise TypeError("the custom build hook's `modules` must be a list of module names")
+        return modules
+
+    def dependencies(self) -> list[str]:
+        """The packages compiling needs (none when compilation is disabled or impossible)."""
+        if _disabled() or _missing_toolchain() is not None:
+            return []
+        return [*BUILD_REQUIRES, *self.metadata.core.dependencies]
+
+    def initialize(self, version: str, build_data: dict[str, Any]) -> None:
+        """Compile (or explain why not) and hand the files to the wheel."""
+        if self.target_name != "wheel":
+            return
+        root = pathlib.Path(self.root)
+        modules = self._modules()
+        editable = version == "editable"
+        if editable:
+            # Extension modules from an earlier build (of these modules, or of those it was
+            # asked for then) would shadow the sources.
+            for stale in _extension_files(root, sorted({*modules, *_previous_modules(root)})):
+                stale.unlink()
+        self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="asyncreplica-build-"))
+        out = root if editable else self._tmp / "lib"
+        info: dict[str, Any] = {"status": "", "reason": "", "modules": modules, "sources": {}}
+        if _disabled():
+            info.update(status="disabled", reason=f"{ENV_VAR}=1 at build time")
+        elif (missing := _missing_toolchain()) is not None:
+            info.update(status="unavailable", reason=missing)
+        else:
+            info.update(self._compile(root, modules, out, editable))
+        if info["status"] == "compiled":
+            info["sources"] = {
+                m: _digest(root.joinpath(*m.split(".")).with_suffix(".py")) for m in modules
+            }
+            _notice(
+                f"compiled {len(modules)} modules with mypyc "
+                f"({'in place' if editable else 'into the wheel'}) in {info.pop('seconds')} s"
+            )
+            if not editable:
+                for path in _extension_files(out, modules):
+                    build_data["force_include"][str(path)] = path.relative_to(out).as_posix()
+                build_data["pure_python"] = False
+                build_data["infer_tag"] = True
+        else:
+            info.pop("seconds", None)
+            _notice(
+                f"installing pure Python, not compiled ({info['status']}: {info['reason']}); "
+                "it runs the same, slower"
+            )
+        record = json.dumps(info, indent=1, sort_keys=True) + "\n"
+        if editable:
+            root.joinpath(BUILD_INFO).write_text(record)
+        else:
+            path = self._tmp / "_build_info.json"
+            path.write_text(record)
+            build_data["force_include"][str(path)] = BUILD_INFO
+
+    def _compile(
+        self, root: pathlib.Path, modules: list[str], out: pathlib.Path, inplace: bool
+    ) -> dict[str, Any]:
+        """Run mypyc and the C compiler; the record's status, reason and duration."""
+        started = time.monotonic()
+        log = io.StringIO()
+        previous = pathlib.Path.cwd()
+        try:
+            os.chdir(root)  # mypyc reads [tool.mypy] from pyproject.toml here
+            with contextlib.redirect_stdout(log):
+                from mypyc.build import mypycify
+                from setuptools import Distribution
+
+                paths = [str(pathlib.Path(*m.split(".")).with_suffix(".py")) for m in modules]
+                # Optional packages (trio, uvloop, ...) are not in the build environment:
+                # their types do not matter to the compiled modules, and `mypy` in the test
+                # suite checks the code strictly with them installed.
+                paths += ["--ignore-missing-imports", "--no-warn-unused-ignores"]
+                extensions = mypycify(
+                    paths, group_name=GROUP, target_dir=str(self._tmp / "c"), opt_level="3"
+                )
+                distribution = Distribution({"name": "asyncreplica", "ext_modules": extensions})
+                command: Any = distribution.get_command_obj("build_ext")
+                command.build_lib = str(out)
+                command.build_temp = str(self._tmp / "obj")
+                command.inplace = inplace
+                command.parallel = os.cpu_count() or 1
+                distribution.run_command("build_ext")
+        except (Exception, SystemExit) as error:  # the install must go on without extensions
+            lines = [line for line in log.getvalue().splitlines() if line.strip()]
+            errors = [line for line in lines if ": error:" in line]
+            detail = (errors or lines or [f"{type(error).__name__}: {error}"])[0]
+            return {"status": "failed", "reason": f"mypyc build failed: {detail}"}
+        finally:
+            os.chdir(previous)
+        return {"status": "compiled", "reason": "", "seconds": round(time.monotonic() - started)}
+
+    def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
+        """Remove the temporary build folder once the wheel is written."""
+        tmp = getattr(self, "_tmp", None)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
