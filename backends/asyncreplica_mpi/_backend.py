@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
+from asyncreplica_numpy._devices import place_like, restore_host, unserved_device_error
 from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
 from asyncreplica import IndexedSlices
@@ -255,7 +255,7 @@ class MPIBackend(Backend):
         host, libraries = _host_rows(values)
         if libraries is not None:
             results = await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack)
-            return _restore(results, libraries, values)
+            return restore_host(results, libraries, values)
         if op is ReduceOp.MEAN and values and any(_integer(leaf) for leaf in values[0]):
             return await self._exact_mean(values, bytes_per_pack)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
@@ -347,7 +347,7 @@ class MPIBackend(Backend):
         _no_sparse(values, "all_gather")
         host, libraries = _host_rows(values)
         if libraries is not None:
-            return _restore(await self.all_gather(host, axis), libraries, values)
+            return restore_host(await self.all_gather(host, axis), libraries, values)
         local = await self.inner.all_gather(values, axis)
         with self.group.committed():
             await self.group.settle()
@@ -360,7 +360,7 @@ class MPIBackend(Backend):
         """All-reduce, then give global replica ``g`` the ``g``-th chunk along ``axis``."""
         host, libraries = _host_rows(values)
         if libraries is not None:
-            return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
+            return restore_host(await self.reduce_scatter(op, host, axis), libraries, values)
         reduced = await self.all_reduce(op, values)
         total = self.group.num_replicas
         first = self.group.offset
@@ -385,7 +385,7 @@ class MPIBackend(Backend):
         host, libraries = _host_rows([values])
         if libraries is not None:
             results = await self.broadcast(host[0], num_replicas)
-            return _restore(results, libraries, [values] * num_replicas)
+            return restore_host(results, libraries, [values] * num_replicas)
         signature = self.group.current
         if signature is None or signature.source is None or self.group.size == 1:
             return await self.inner.broadcast(values, num_replicas)
@@ -511,23 +511,6 @@ def _on_host(value: object, library: Library) -> None:
     kind = int(method()[0])
     if kind not in _HOST_DLPACK:
         raise unserved_device_error(value, library.name, kind, "mpi")
-
-
-def _restore(
-    results: list[list[object]],
-    libraries: list[Library | None],
-    inputs: Sequence[Sequence[object]],
-) -> list[list[object]]:
-    """Each replica's results in the array type and on the device of its input."""
-    out = [list(row) for row in results]
-    for j, library in enumerate(libraries):
-        if library is not None:
-            converted = from_host_shared([row[j] for row in results], library)
-            if several_devices(library, host=True):
-                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
-            for row, value in zip(out, converted, strict=True):
-                row[j] = value
-    return out
 
 
 def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:

@@ -20,7 +20,7 @@ import numpy.typing as npt
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from ._devices import place_like, several_devices
+from ._devices import place_like, restore_host
 from ._foreign import (
     Library,
     aligned_empty,
@@ -102,24 +102,6 @@ def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
         for row in values
     ]
     return host, libraries
-
-
-def _restore(
-    results: list[list[object]], libraries: list[Library | None], inputs: Leaves
-) -> list[list[object]]:
-    """Each replica's results in the array type and on the device of its input.
-
-    ``inputs[r]`` are replica ``r``'s original leaves (see :func:`_host_values`).
-    """
-    out = [list(row) for row in results]
-    for j, library in enumerate(libraries):
-        if library is not None:
-            converted = from_host_shared([row[j] for row in results], library)
-            if several_devices(library, host=True):
-                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
-            for row, value in zip(out, converted, strict=True):
-                row[j] = value
-    return out
 
 
 def _host_components(components: Sequence[object]) -> tuple[list[object], Library | None]:
@@ -693,7 +675,7 @@ class NumpyBackend(Backend):
                 return batch
         host, libraries = _host_values(values)
         if libraries is not None:
-            return _restore(
+            return restore_host(
                 await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack), libraries, values
             )
         out: list[list[object]] = [[None] * m for _ in range(n)]
@@ -927,7 +909,7 @@ class NumpyBackend(Backend):
         self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values)
         if libraries is not None:
-            return _restore(await self.all_gather(host, axis), libraries, values)
+            return restore_host(await self.all_gather(host, axis), libraries, values)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -958,7 +940,7 @@ class NumpyBackend(Backend):
         self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values(values)
         if libraries is not None:
-            return _restore(await self.reduce_scatter(op, host, axis), libraries, values)
+            return restore_host(await self.reduce_scatter(op, host, axis), libraries, values)
         n = len(values)
         out: list[list[object]] = [[] for _ in range(n)]
         for j in range(len(values[0])):
@@ -986,7 +968,7 @@ class NumpyBackend(Backend):
         self._take_layouts()  # for all_reduce only: nothing outlives a collective
         host, libraries = _host_values([values])
         if libraries is not None:
-            return _restore(
+            return restore_host(
                 await self.broadcast(host[0], num_replicas), libraries, [values] * num_replicas
             )
         copies = []

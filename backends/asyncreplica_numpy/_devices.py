@@ -15,9 +15,15 @@ from collections.abc import Sequence
 
 from asyncreplica import BackendError
 
-from ._foreign import Library
+from ._foreign import Library, from_host_shared
 
-__all__ = ["DLPACK_DEVICE_NAMES", "place_like", "several_devices", "unserved_device_error"]
+__all__ = [
+    "DLPACK_DEVICE_NAMES",
+    "place_like",
+    "restore_host",
+    "several_devices",
+    "unserved_device_error",
+]
 
 #: DLPack's device types (``dlpack.h``, ``DLDeviceType``) by number.
 DLPACK_DEVICE_NAMES = {
@@ -175,4 +181,26 @@ def place_like(
         if out is results:
             out = list(results)
         out[r] = compat.to_device(results[r], want)
+    return out
+
+
+def restore_host(
+    results: list[list[object]],
+    libraries: Sequence[Library | None],
+    inputs: Sequence[Sequence[object]],
+) -> list[list[object]]:
+    """Each replica's host results in the array type and on the device of its input.
+
+    ``results[r][j]`` is replica ``r``'s numpy result of leaf ``j``; ``libraries[j]``
+    the leaf's :class:`Library` (None: it stays numpy); ``inputs[r]`` replica ``r``'s
+    original leaves. Shared by the numpy and MPI backends.
+    """
+    out = [list(row) for row in results]
+    for j, library in enumerate(libraries):
+        if library is not None:
+            converted = from_host_shared([row[j] for row in results], library)
+            if several_devices(library, host=True):
+                converted = place_like(converted, [row[j] for row in inputs], one_device=True)
+            for row, value in zip(out, converted, strict=True):
+                row[j] = value
     return out
