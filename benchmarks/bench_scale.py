@@ -24,6 +24,7 @@ import numpy as np
 
 import asyncreplica as ar
 from asyncreplica._bench import _futures_rendezvous
+from asyncreplica._bench._cases import _run_ours, _step
 
 
 class _GcTimer:
@@ -45,26 +46,8 @@ class _GcTimer:
 def _ours(
     strategy: ar.MirroredStrategy, value: ar.PerReplica[Any], rounds: int, loop: str
 ) -> float:
-    async def step(x: np.ndarray) -> None:
-        ctx = ar.get_replica_context()
-        assert ctx is not None
-        for _ in range(rounds):
-            await ctx.all_reduce(ar.ReduceOp.SUM, x)
-
-    async def go() -> float:
-        start = time.perf_counter()
-        await strategy.run(step, args=(value,))
-        return time.perf_counter() - start
-
-    if loop == "asyncio":
-        return asyncio.run(go())
-    if loop == "uvloop":
-        import uvloop
-
-        return uvloop.run(go())  # type: ignore[no-any-return]
-    import trio
-
-    return trio.run(go)
+    """Seconds of a run of ``rounds`` small all_reduces (the bench's own case)."""
+    return _run_ours(loop, strategy, _step("all_reduce", rounds), value)
 
 
 def main() -> None:
