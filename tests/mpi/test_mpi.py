@@ -366,6 +366,12 @@ def test_large_results_have_mpis_bits_stay_read_only_and_move_without_threads(
     _every_rank_finishes(n, "large.py", tmp_path)
 
 
+def test_large_results_on_trio(tmp_path: Path) -> None:
+    rc, _, output = launch(2, "large.py", "trio", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "rank=1 done" in output
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: Path) -> None:
     # Big-endian inputs (a different byte order on each process) and 0-d values give

@@ -1,6 +1,6 @@
 """Large all_reduces, which MPI reduces (run under mpiexec).
 
-Usage: ``mpiexec -n P python large.py``. Process ``r`` runs ``r + 1`` replicas with
+Usage: ``mpiexec -n P python large.py [asyncio|trio]``. Process ``r`` runs ``r + 1`` replicas with
 random float inputs. For each way a large value travels (one leaf reduced in place in
 the local result's buffer, below and above 2 MiB; leaves of two dtypes from a batch,
 reduced into another buffer; MEAN), every replica's result must:
@@ -18,6 +18,7 @@ Prints ``rank=R ok NAME`` per check and ``rank=R done``.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import anyio
@@ -110,4 +111,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    anyio.run(main, backend=sys.argv[1] if len(sys.argv) > 1 else "asyncio")
