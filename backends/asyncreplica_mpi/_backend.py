@@ -204,12 +204,13 @@ class MPIBackend(Backend):
         """Wait for a posted transfer by testing it: the tests are what move the data.
 
         MPICH progresses a message only inside MPI calls. A blocking call in a worker
-        thread, with the loop watching it, left two threads of each process competing
-        for a core while the data moved (about twice the transfer's time with two
-        processes on two cores). Here the loop's own thread tests the request back to
-        back, giving the core away between tests (``sched_yield``: a peer may share
-        it), for up to ``_TURN_SECONDS`` per turn of the loop, then lets the loop run
-        other coroutines. It reads the peers' notes every ``_NOTES_SECONDS``, so a peer
+        thread, with the loop watching it (spinning, then parked in MPI in a second
+        thread), left two threads of each process competing for a core while the data
+        moved (1.5-1.6x the transfer's time on a loaded 2-core machine, where testing
+        from one thread took 1.0-1.1x). Here the loop's own thread tests the request
+        back to back, giving the core away between tests (``sched_yield``: a peer may
+        share it), for up to ``_TURN_SECONDS`` per turn of the loop, then lets the
+        loop run other coroutines. It reads the peers' notes every ``_NOTES_SECONDS``, so a peer
         that failed after the agreement is reported at once (a transfer never
         completes then), and after ``_DRIVE_SECONDS`` hands over to the group's wait,
         which parks. The caller shields the wait: the request must complete.
