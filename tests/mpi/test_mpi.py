@@ -356,6 +356,23 @@ def test_small_all_reduces_travel_with_their_agreement_intact(n: int, tmp_path: 
 
 
 @pytest.mark.parametrize("n", [2, 3])
+def test_large_results_have_mpis_bits_stay_read_only_and_move_without_threads(
+    n: int, tmp_path: Path
+) -> None:
+    # Large values are reduced by MPI, in place in the local result's buffer where it
+    # can be: the bits of MPI's own Allreduce of the local sums, results read-only for
+    # good (no view made writable again) and never overwritten by later collectives,
+    # and no thread started to move the data.
+    _every_rank_finishes(n, "large.py", tmp_path)
+
+
+def test_large_results_on_trio(tmp_path: Path) -> None:
+    rc, _, output = launch(2, "large.py", "trio", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "rank=1 done" in output
+
+
+@pytest.mark.parametrize("n", [2, 3])
 def test_values_equal_one_process_whatever_byte_order_or_rank(n: int, tmp_path: Path) -> None:
     # Big-endian inputs (a different byte order on each process) and 0-d values give
     # the values and shapes a one-process MirroredStrategy gives, on every path:
