@@ -877,7 +877,7 @@ class MPIProcessGroup(ProcessGroup):
     ) -> list[dict[str, Any]] | None:
         """The rest of an exchange that :meth:`_agreed_at_once` did not finish.
 
-        Its timeout counts from here (a few microseconds after it was posted).
+        Its timeout counts from here (at most 20 µs after it was posted).
         """
         pending = self._pending
         deadline = None if self.timeout is None else anyio.current_time() + self.timeout
