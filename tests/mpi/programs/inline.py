@@ -3,6 +3,7 @@
 Usage: ``mpiexec -n P python inline.py``. Process ``r`` runs ``r + 1`` replicas. The
 processes reuse one buffer for every exchange: results must not alias it, leaves of
 mixed dtypes at odd offsets must come back intact, and a scalar's MEAN stays an array.
+Partial results of up to 2 KiB make no data transfer of their own; larger ones do.
 Prints ``rank=R ok NAME`` per check and ``rank=R done``.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import anyio
 import numpy as np
+from asyncreplica_mpi._backend import MPIBackend
 from mpi4py import MPI
 
 import asyncreplica as ar
@@ -18,6 +20,20 @@ RANK = MPI.COMM_WORLD.Get_rank()
 SIZE = MPI.COMM_WORLD.Get_size()
 TOTAL = sum(r + 1 for r in range(SIZE))
 IDS = range(TOTAL)
+KIB = 256  # float32: 1 KiB, travels with its agreement
+OVER = 513  # float32: 2052 bytes, one past the inline size: a transfer of its own
+
+# The data transfers after an agreement (MPI collectives on the data communicator).
+moves: list[str] = []
+_move = MPIBackend._move
+
+
+async def _counted(self: MPIBackend, nbytes: int, name: str, *args: object, **kw: object) -> None:
+    moves.append(name)
+    await _move(self, nbytes, name, *args, **kw)
+
+
+MPIBackend._move = _counted  # type: ignore[method-assign]
 
 
 def check(name: str, got: object, want: object) -> None:
@@ -52,6 +68,9 @@ async def step() -> dict[str, object]:
     out["imean"] = await ctx.all_reduce("MEAN", np.int64(g))
     out["prod"] = await ctx.all_reduce("PROD", np.full(3, 2, np.int32))
     out["empty"] = await ctx.all_reduce("SUM", [])
+    out["kib"] = await ctx.all_reduce("SUM", np.full(KIB, g, np.float32))
+    out["moves"] = list(moves)
+    out["over"] = await ctx.all_reduce("SUM", np.full(OVER, g, np.float32))
     return out
 
 
@@ -71,8 +90,12 @@ async def main() -> None:
         check("imean", out["imean"], np.float64(sum(IDS) / TOTAL))
         check("prod", out["prod"], np.full(3, 2**TOTAL, np.int32))
         assert out["empty"] == []
+        check("kib", out["kib"], np.full(KIB, sum(IDS), np.float32))
+        check("over", out["over"], np.full(OVER, sum(IDS), np.float32))
+        assert out["moves"] == [], out["moves"]  # everything up to 1 KiB travelled inline
         with np.testing.assert_raises(ValueError):
             np.asarray(out["mean"]).flags.writeable = True
+    assert moves == ["Allgather"], moves  # the 2052 bytes moved after their agreement
     print(f"rank={RANK} done", flush=True)
 
 
