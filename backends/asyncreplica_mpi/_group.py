@@ -64,7 +64,6 @@ from ._trace import TraceMerger
 
 __all__ = [
     "INLINE_BYTES",
-    "THREAD_WAIT_BYTES",
     "MPIProcessGroup",
     "thread_multiple",
 ]
@@ -135,15 +134,6 @@ def _install_hooks() -> None:
 def _goodbye_all() -> None:
     for group in sorted(_groups, key=lambda g: -g._serial):
         group.goodbye()
-
-
-#: Requests moving at least this many bytes are waited for in a worker thread (mpi4py
-#: releases the GIL meanwhile; MPI runs with MPI_THREAD_MULTIPLE): posting and testing a
-#: large non-blocking collective does its copying on the calling thread, which would
-#: block the loop for milliseconds. Below it, polling from the loop is as fast or faster
-#: (the hand-over to a thread costs about 100 µs) and blocks it for a few hundred µs at
-#: most, as the local backend's reductions do below its own offload size (4 MiB).
-THREAD_WAIT_BYTES = 2 << 20
 
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
@@ -742,32 +732,6 @@ class MPIProcessGroup(ProcessGroup):
         """Wait for a posted data transfer (the caller shields it), watching for failures."""
         if not _spin(request.Test):
             await self._watch(request.Test, request=request)
-
-    async def blocking(self, fn: Callable[[], object]) -> None:
-        """Run a blocking MPI call in a (daemon) thread; the loop watches for failures.
-
-        A daemon thread, so that a transfer that can never complete (a peer failed)
-        does not keep the interpreter from exiting.
-        """
-        done = threading.Event()
-        errors: list[BaseException] = []
-
-        def target() -> None:
-            try:
-                fn()
-            except BaseException as exc:  # handed to the loop
-                errors.append(exc)
-            finally:
-                done.set()
-                # Wake the loop's parked wait (a self-send completes at once).
-                with contextlib.suppress(Exception):
-                    side.Isend(_BELL, dest=rank, tag=_BELL_TAG).Wait()
-
-        side, rank = self._side, self.rank
-        threading.Thread(target=target, name="asyncreplica MPI transfer", daemon=True).start()
-        await self._watch(done.is_set)
-        if errors:
-            raise errors[0]
 
     async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
         try:
