@@ -10,13 +10,16 @@ counts; the difference of the totals over the difference of the rounds is one ro
         python benchmarks/callgrind_batch.py $r; done
     # instructions per round = (Ir(30) - Ir(10)) / 20   (Ir: callgrind_annotate's total)
 
-``ASYNCREPLICA_NO_EXTENSIONS=1`` measures the pure-Python pass (and interpreted hot path).
+``--python-pass`` runs the pure-Python pass over the batch with the rest as built;
+``ASYNCREPLICA_NO_EXTENSIONS=1`` the pure-Python pass and the interpreted hot path; ``--one``
+one all_reduce of a single 1000 KiB array instead (the figure the target is stated against).
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -35,14 +38,19 @@ def main() -> None:
         _batch_floor(leaves, rounds)
         return
     strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(REPLICAS)])
+    if "--python-pass" in sys.argv:
+        strategy.backend._cpass = None  # type: ignore[attr-defined]
+    values: Any = ar.PerReplica(leaves)
+    if "--one" in sys.argv:
+        values = ar.PerReplica([np.full(LEAF * LEAVES, r, np.float32) for r in range(REPLICAS)])
 
-    async def step(xs: list[np.ndarray]) -> None:
+    async def step(xs: Any) -> None:
         ctx = ar.get_replica_context()
         assert ctx is not None
         for _ in range(rounds):
             await ctx.all_reduce("sum", xs)
 
-    asyncio.run(strategy.run(step, args=(ar.PerReplica(leaves),)))
+    asyncio.run(strategy.run(step, args=(values,)))
 
 
 if __name__ == "__main__":
