@@ -295,31 +295,55 @@ cpass_views(PyObject *self, PyObject *args)
     PyArray_Descr *dtype = PyArray_DESCR(flat);
     npy_intp itemsize = PyArray_ITEMSIZE(flat);
     Py_ssize_t count = hi - lo;
-    /* Each leaf's dimensions and byte offset, read once for all replicas. */
-    npy_intp *dims = PyMem_Malloc(sizeof(npy_intp) * (size_t)(count ? count : 1) * NPY_MAXDIMS);
-    npy_intp *offsets = PyMem_Malloc(sizeof(npy_intp) * (size_t)(count ? count : 1));
-    int *ndims = PyMem_Malloc(sizeof(int) * (size_t)(count ? count : 1));
-    PyObject *result = NULL;
-    if (dims == NULL || offsets == NULL || ndims == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    npy_intp offset = 0;
+    /* Each leaf's dimensions (from `starts[k]` in `dims`) and byte offset, read once for all
+     * replicas. */
+    Py_ssize_t total_nd = 0;
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *shape = uniform ? shapes : PyList_GET_ITEM(shapes, lo + k);
         if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > NPY_MAXDIMS) {
             PyErr_SetString(PyExc_ValueError, "views(): a shape must be a tuple of ints");
-            goto done;
+            return NULL;
         }
+        total_nd += uniform ? 0 : PyTuple_GET_SIZE(shape);
+    }
+    if (uniform) {
+        total_nd = PyTuple_GET_SIZE(shapes);
+    }
+    npy_intp *dims = PyMem_Malloc(sizeof(npy_intp) * (size_t)(total_nd ? total_nd : 1));
+    npy_intp *offsets = PyMem_Malloc(sizeof(npy_intp) * (size_t)(count ? count : 1));
+    Py_ssize_t *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count ? count : 1));
+    int *ndims = PyMem_Malloc(sizeof(int) * (size_t)(count ? count : 1));
+    PyObject *result = NULL;
+    if (dims == NULL || offsets == NULL || starts == NULL || ndims == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    npy_intp offset = 0;
+    Py_ssize_t next = 0;
+    for (Py_ssize_t k = 0; k < count; k++) {
+        PyObject *shape = uniform ? shapes : PyList_GET_ITEM(shapes, lo + k);
         int nd = (int)PyTuple_GET_SIZE(shape);
+        if (uniform && k > 0) {
+            starts[k] = 0;  /* the one shape, read for leaf 0 */
+        }
+        else {
+            starts[k] = next;
+            for (int d = 0; d < nd; d++) {
+                npy_intp dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+                if (dim == -1 && PyErr_Occurred()) {
+                    goto done;
+                }
+                if (dim < 0) {
+                    PyErr_SetString(PyExc_ValueError, "views(): a negative dimension");
+                    goto done;
+                }
+                dims[next + d] = dim;
+            }
+            next += nd;
+        }
         npy_intp size = 1;
         for (int d = 0; d < nd; d++) {
-            npy_intp dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
-            if (dim == -1 && PyErr_Occurred()) {
-                goto done;
-            }
-            dims[k * NPY_MAXDIMS + d] = dim;
-            size *= dim;
+            size *= dims[starts[k] + d];
         }
         ndims[k] = nd;
         offsets[k] = offset;
@@ -344,7 +368,7 @@ cpass_views(PyObject *self, PyObject *args)
         for (Py_ssize_t k = 0; k < count; k++) {
             Py_INCREF(dtype); /* stolen by the call */
             PyObject *view = PyArray_NewFromDescr(
-                &PyArray_Type, dtype, ndims[k], dims + k * NPY_MAXDIMS, NULL,
+                &PyArray_Type, dtype, ndims[k], dims + starts[k], NULL,
                 data + offsets[k], NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
             if (view == NULL) {
                 Py_CLEAR(result);
@@ -361,6 +385,7 @@ cpass_views(PyObject *self, PyObject *args)
 done:
     PyMem_Free(dims);
     PyMem_Free(offsets);
+    PyMem_Free(starts);
     PyMem_Free(ndims);
     return result;
 }
