@@ -264,25 +264,24 @@ class MypycBuildHook(BuildHookInterface):
                     module,
                     [str(root / source)],
                     include_dirs=[numpy.get_include()],
-                    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
                 )
                 distribution = Distribution({"name": "asyncreplica", "ext_modules": [extension]})
                 command: Any = distribution.get_command_obj("build_ext")
                 command.build_lib = str(lib)
                 command.build_temp = str(self._tmp / "c-obj")
                 distribution.run_command("build_ext")
+            (built,) = [
+                path
+                for path in lib.joinpath(*module.split(".")[:-1]).iterdir()
+                if path.name.startswith(module.rsplit(".", 1)[-1] + ".")
+            ]
+            if editable:
+                shutil.copy2(built, _package_dir(root, module) / built.name)
         except (Exception, SystemExit) as error:  # the install must go on without it
             lines = [line for line in log.getvalue().splitlines() if "error" in line.lower()]
             detail = lines[0].strip() if lines else f"{type(error).__name__}: {error}"
             return {"status": "failed", "reason": f"C compiler failed: {detail}"}
-        (built,) = [
-            path
-            for path in lib.joinpath(*module.split(".")[:-1]).iterdir()
-            if path.name.startswith(module.rsplit(".", 1)[-1] + ".")
-        ]
-        if editable:
-            shutil.copy2(built, _package_dir(root, module) / built.name)
-        else:
+        if not editable:
             build_data["force_include"][str(built)] = built.relative_to(lib).as_posix()
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
