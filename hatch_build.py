@@ -11,6 +11,14 @@ Python headers are found, or when mypyc or the compiler fails. What happened is 
 ``asyncreplica/_build_info.json`` (status, reason, modules, a checksum of each compiled source), which
 ``asyncreplica doctor`` and the test suite read.
 
+A second step compiles one hand-written C extension, the numpy backend's single pass over a
+batched all_reduce (``backends/asyncreplica_numpy/_cpass.c``, :data:`C_EXTENSIONS`), against
+numpy's C API: numpy is a runtime dependency, so it is in the build environment whenever a
+compiler is (see :meth:`MypycBuildHook.dependencies`). It follows the same rules, independently
+of mypyc: it never fails the install (no compiler, no numpy at build time, a compiler error: the
+pure-Python pass runs), ``ASYNCREPLICA_NO_EXTENSIONS=1`` skips it, and the record's
+``c_extensions`` entry says what happened to it.
+
 A regular wheel gets the extension modules from a temporary folder (the wheel is then tagged for
 this platform); an editable install (``pip install -e .``) builds them in place, in the source
 tree (ignored by git), because the package is imported from there.
@@ -42,6 +50,9 @@ BUILD_INFO = "asyncreplica/_build_info.json"
 
 GROUP = "asyncreplica._mypyc"
 """mypyc's group name: the shared library is ``asyncreplica/_mypyc__mypyc.*.so``."""
+
+C_EXTENSIONS = {"asyncreplica_numpy._cpass": "backends/asyncreplica_numpy/_cpass.c"}
+"""Hand-written C extension modules (numpy's C API) and their sources, relative to the root."""
 
 BUILD_REQUIRES = ["mypy>=1.11", "setuptools>=65"]
 """What compiling needs besides the runtime dependencies (mypyc type-checks against them)."""
@@ -81,6 +92,11 @@ def _extension_files(directory: pathlib.Path, modules: list[str]) -> list[pathli
         found.extend(parent.glob(name.rsplit(".", 1)[-1] + ".*.so"))
         found.extend(parent.glob(name.rsplit(".", 1)[-1] + ".*.pyd"))
     return found
+
+
+def _package_dir(root: pathlib.Path, module: str) -> pathlib.Path:
+    """Where an editable install imports ``module``'s package from (the C source's folder)."""
+    return root.joinpath(C_EXTENSIONS[module]).parent
 
 
 def _previous_modules(root: pathlib.Path) -> list[str]:
@@ -130,6 +146,7 @@ class MypycBuildHook(BuildHookInterface):
             info.update(status="unavailable", reason=missing)
         else:
             info.update(self._compile(root, modules, out, editable))
+        info["c_extensions"] = self._compile_c(root, editable, build_data)
         if info["status"] == "compiled":
             info["sources"] = {
                 m: _digest(root.joinpath(*m.split(".")).with_suffix(".py")) for m in modules
@@ -173,8 +190,13 @@ class MypycBuildHook(BuildHookInterface):
                 paths = [str(pathlib.Path(*m.split(".")).with_suffix(".py")) for m in modules]
                 # Optional packages (trio, uvloop, ...) are not in the build environment:
                 # their types do not matter to the compiled modules, and `mypy` in the test
-                # suite checks the code strictly with them installed.
-                paths += ["--ignore-missing-imports", "--no-warn-unused-ignores"]
+                # suite checks the code strictly with them installed. Missing, they are Any,
+                # so a class of theirs subclassed (trio.abc.Instrument) is a subclass of Any.
+                paths += [
+                    "--ignore-missing-imports",
+                    "--no-warn-unused-ignores",
+                    "--allow-subclassing-any",
+                ]
                 extensions = mypycify(
                     paths, group_name=GROUP, target_dir=str(self._tmp / "c"), opt_level="3"
                 )
@@ -193,6 +215,82 @@ class MypycBuildHook(BuildHookInterface):
         finally:
             os.chdir(previous)
         return {"status": "compiled", "reason": "", "seconds": round(time.monotonic() - started)}
+
+    def _compile_c(
+        self, root: pathlib.Path, editable: bool, build_data: dict[str, Any]
+    ) -> dict[str, dict[str, str]]:
+        """Build :data:`C_EXTENSIONS` (never failing); each one's status, reason and source digest."""
+        if editable:
+            for module in C_EXTENSIONS:  # an old build would shadow a failed or skipped one
+                folder = _package_dir(root, module)
+                stem = module.rsplit(".", 1)[-1]
+                for stale in [*folder.glob(f"{stem}.*.so"), *folder.glob(f"{stem}.*.pyd")]:
+                    stale.unlink()
+        records: dict[str, dict[str, str]] = {}
+        for module, source in C_EXTENSIONS.items():
+            record = {"status": "", "reason": "", "source": ""}
+            if _disabled():
+                record.update(status="disabled", reason=f"{ENV_VAR}=1 at build time")
+            elif (missing := _missing_toolchain()) is not None:
+                record.update(status="unavailable", reason=missing)
+            else:
+                record.update(self._build_c(root, module, source, editable, build_data))
+            if record["status"] == "compiled":
+                record["source"] = _digest(root / source)
+                _notice(f"compiled {module} (C, numpy's C API)")
+            else:
+                _notice(
+                    f"{module} not compiled ({record['status']}: {record['reason']}); "
+                    "its pure-Python counterpart runs"
+                )
+            records[module] = record
+        return records
+
+    def _build_c(
+        self,
+        root: pathlib.Path,
+        module: str,
+        source: str,
+        editable: bool,
+        build_data: dict[str, Any],
+    ) -> dict[str, str]:
+        """Compile one C extension module; its record's status and reason."""
+        log = io.StringIO()
+        lib = self._tmp / "c-lib"
+        try:
+            import numpy
+        except ImportError as error:
+            return {"status": "unavailable", "reason": f"numpy is not importable: {error}"}
+        try:
+            with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+                from setuptools import Distribution, Extension
+
+                extension = Extension(
+                    module,
+                    [str(root / source)],
+                    include_dirs=[numpy.get_include()],
+                )
+                distribution = Distribution({"name": "asyncreplica", "ext_modules": [extension]})
+                command: Any = distribution.get_command_obj("build_ext")
+                command.build_lib = str(lib)
+                command.build_temp = str(self._tmp / "c-obj")
+                distribution.run_command("build_ext")
+            (built,) = [
+                path
+                for path in lib.joinpath(*module.split(".")[:-1]).iterdir()
+                if path.name.startswith(module.rsplit(".", 1)[-1] + ".")
+            ]
+            if editable:
+                shutil.copy2(built, _package_dir(root, module) / built.name)
+        except (Exception, SystemExit) as error:  # the install must go on without it
+            lines = [line for line in log.getvalue().splitlines() if "error" in line.lower()]
+            detail = lines[0].strip() if lines else f"{type(error).__name__}: {error}"
+            return {"status": "failed", "reason": f"C compiler failed: {detail}"}
+        if not editable:
+            build_data["force_include"][str(built)] = built.relative_to(lib).as_posix()
+            build_data["pure_python"] = False
+            build_data["infer_tag"] = True
+        return {"status": "compiled", "reason": ""}
 
     def finalize(self, version: str, build_data: dict[str, Any], artifact_path: str) -> None:
         """Remove the temporary build folder once the wheel is written."""

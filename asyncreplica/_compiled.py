@@ -13,6 +13,11 @@ Extension modules shadow ``.py`` files in the same folder, so running the source
 meta-path finder that loads exactly those module names with :class:`SourceFileLoader`.
 :func:`select` installs it; ``asyncreplica/__init__.py`` calls it before importing any other
 submodule. This module imports only the standard library.
+
+The build also compiles hand-written C extension modules (``c_extensions`` in the record: the
+numpy backend's single pass over a batch). They have no ``.py`` twin to route imports to: the
+module that uses one asks :func:`c_extension_reason` whether to import it, and runs its
+pure-Python counterpart otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from types import ModuleType
 __all__ = [
     "ENV_VAR",
     "Implementation",
+    "c_extension_reason",
     "compiled_modules",
     "current",
     "select",
@@ -147,6 +153,41 @@ def _decide() -> Implementation:
         )
         return Implementation(False, modules, status, reason)
     return Implementation(True, modules, status, "")
+
+
+def c_extension_reason(module: str, source: pathlib.Path) -> str | None:
+    """Why the C extension ``module`` must not run, or None when it may be imported.
+
+    Args:
+        module: The extension's dotted name, as in the build record's ``c_extensions``.
+        source: Its C source next to it; when present and changed since the build (an edited
+            editable install), the extension would run old code, so it does not run.
+
+    Returns:
+        None, or the reason in a few words (for ``asyncreplica doctor``).
+    """
+    info = _read_build_info()
+    if not info:
+        return "no build record (_build_info.json): not installed with pip"
+    if os.environ.get(ENV_VAR, "").strip() not in ("", "0"):
+        return f"{ENV_VAR}=1 at run time"
+    records = info.get("c_extensions", {})
+    record = records.get(module) if isinstance(records, dict) else None
+    if not isinstance(record, dict):
+        return "not built at install (the build did not know it)"
+    status = str(record.get("status", "unknown"))
+    if status != "compiled":
+        return f"not compiled at install ({status}: {record.get('reason', '')})"
+    try:
+        changed = _digest(source) != record.get("source")
+    except OSError:
+        changed = False  # a wheel may ship without the C source
+    if changed:
+        return (
+            f"{source.parent.name}/{source.name} changed since it was compiled; "
+            "reinstall (pip install -e .) to compile it again"
+        )
+    return None
 
 
 _CURRENT: Implementation | None = None

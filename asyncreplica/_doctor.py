@@ -132,6 +132,8 @@ class Diagnosis:
             in the installation docs).
         compiled_modules: The modules running as mypyc extension modules (empty when
             interpreted).
+        batch_pass: Which single pass over a batched all_reduce the numpy backend runs:
+            ``"compiled (C): asyncreplica_numpy._cpass"`` or ``"interpreted: <why>"``.
     """
 
     version: str
@@ -146,6 +148,7 @@ class Diagnosis:
     mpi: MpiInfo
     hot_path: str = ""
     compiled_modules: tuple[str, ...] = ()
+    batch_pass: str = ""
 
     @property
     def ok(self) -> bool:
@@ -285,6 +288,15 @@ def _mpi() -> MpiInfo:
     )
 
 
+def _batch_pass() -> str:
+    """The numpy backend's answer to which pass over a batch runs, or why it cannot say."""
+    try:
+        from asyncreplica_numpy._backend import batch_pass
+    except Exception as error:  # the numpy backend itself is reported under backends
+        return f"unknown: the numpy backend does not import ({_describe(error)})"
+    return batch_pass()
+
+
 def diagnose() -> Diagnosis:
     """Collect what this installation can run.
 
@@ -310,6 +322,7 @@ def diagnose() -> Diagnosis:
         mpi=_mpi(),
         hot_path=_compiled.current().describe(),
         compiled_modules=_compiled.compiled_modules(),
+        batch_pass=_batch_pass(),
     )
 
 
@@ -328,6 +341,7 @@ def render_text(diagnosis: Diagnosis) -> str:
         f"python: {d.python} ({d.implementation}) at {d.executable}",
         f"platform: {d.platform}",
         f"hot path: {d.hot_path}",
+        f"batch pass: {d.batch_pass}",
         "event loops:",
     ]
     for loop in d.loops:

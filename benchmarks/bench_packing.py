@@ -2,7 +2,11 @@
 
 Compares, per round (best of repeats, asyncio, every check on):
 
-* ``batched``: one ``all_reduce`` of a list of 1000 float32 arrays of 1 KiB (packed);
+* ``batched``: one ``all_reduce`` of a list of 1000 float32 arrays of 1 KiB (packed), with
+  the pass over the batch that runs (``asyncreplica doctor``'s ``batch pass``: the compiled C
+  pass when the build made it);
+* ``batched, Python``: the same with the pure-Python pass (only when the C pass runs, so that
+  both are measured interleaved, in one process);
 * ``one 1000 KiB``: one ``all_reduce`` of a single 1000 KiB array (the target: <= 5x);
 * ``1000 separate``: 1000 ``all_reduce`` calls of 1 KiB each (the target: >= 10x slower);
 * ``numpy floor``: the least per-leaf work with no rendezvous and no checks (join, sum,
@@ -10,7 +14,8 @@ Compares, per round (best of repeats, asyncio, every check on):
 
 Ratios are given against ``one 1000 KiB``, the figure the target is stated in.
 
-Run: ``python benchmarks/bench_packing.py [--replicas 4] [--rounds 20] [--repeat 5]``.
+Run: ``python benchmarks/bench_packing.py [--replicas 4] [--rounds 20] [--repeat 5]
+[--no-separate]``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+from asyncreplica_numpy import NumpyBackend
+from asyncreplica_numpy._backend import batch_pass
 
 import asyncreplica as ar
 from asyncreplica._bench._baselines import _batch_floor
@@ -30,10 +37,23 @@ LEAVES = 1000
 LEAF = 256  # float32 elements: 1 KiB
 
 
-def _time(strategy: ar.MirroredStrategy, step: Callable[[Any], Awaitable[None]], x: Any) -> float:
-    start = time.perf_counter()
-    asyncio.run(strategy.run(step, args=(x,)))
-    return time.perf_counter() - start
+def _time(
+    strategy: ar.MirroredStrategy,
+    step: Callable[[Any], Awaitable[None]],
+    x: Any,
+    python_pass: bool = False,
+) -> float:
+    backend = strategy.backend
+    assert isinstance(backend, NumpyBackend)
+    native = backend._cpass
+    if python_pass:
+        backend._cpass = None
+    try:
+        start = time.perf_counter()
+        asyncio.run(strategy.run(step, args=(x,)))
+        return time.perf_counter() - start
+    finally:
+        backend._cpass = native
 
 
 def main() -> None:
@@ -42,6 +62,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--bytes-per-pack", type=int, default=0)
+    parser.add_argument("--no-separate", action="store_true", help="skip the slow 1000-call row")
     args = parser.parse_args()
     rounds = args.rounds
     strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(args.replicas)])
@@ -73,24 +94,30 @@ def main() -> None:
                 await ctx.all_reduce("sum", leaf)
 
     systems = {
-        "batched": (batched, leaves),
-        "one 1000 KiB": (one, whole),
-        "1000 separate": (separate, leaves),
+        "batched": (batched, leaves, False),
+        "batched, Python": (batched, leaves, True),
+        "one 1000 KiB": (one, whole, False),
+        "1000 separate": (separate, leaves, False),
     }
+    if not batch_pass().startswith("compiled"):
+        del systems["batched, Python"]  # "batched" is it
+    if args.no_separate:
+        del systems["1000 separate"]
     times: dict[str, list[float]] = {k: [] for k in [*systems, "numpy floor"]}
     for _ in range(args.repeat):  # interleaved
-        for name, (step, x) in systems.items():
-            times[name].append(_time(strategy, step, x))
+        for name, (step, x, python_pass) in systems.items():
+            times[name].append(_time(strategy, step, x, python_pass))
         times["numpy floor"].append(_batch_floor([list(v) for v in leaves.values], rounds))
     best = {k: min(v) / rounds * 1e3 for k, v in times.items()}
     print(
         f"batched all_reduce, {LEAVES} x 1 KiB float32, {args.replicas} replicas, asyncio, "
         f"bytes_per_pack={args.bytes_per_pack}, {rounds} rounds x {args.repeat}"
     )
+    print(f"batch pass: {batch_pass()}")
     one = best["one 1000 KiB"]
-    print(f"{'system':<16}{'ms/round':>10}{'vs one 1000 KiB':>17}")
+    print(f"{'system':<18}{'ms/round':>10}{'vs one 1000 KiB':>17}")
     for name, ms in best.items():
-        print(f"{name:<16}{ms:>10.3f}{ms / one:>16.2f}x")
+        print(f"{name:<18}{ms:>10.3f}{ms / one:>16.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,17 +7,18 @@ import itertools
 import math
 import operator
 import os
+import pathlib
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
-from asyncreplica import IndexedSlices
+from asyncreplica import IndexedSlices, _compiled
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._devices import place_like, restore_host
@@ -31,7 +32,7 @@ from ._foreign import (
     to_host,
 )
 
-__all__ = ["NumpyBackend", "group_by_size"]
+__all__ = ["NumpyBackend", "batch_pass", "group_by_size"]
 
 Leaves = Sequence[Sequence[object]]
 Array = npt.NDArray[Any]
@@ -398,6 +399,181 @@ def _reduce_batch(
     return out
 
 
+class _Pass(Protocol):
+    """The C single pass over a batch (``_cpass.c``, where each function is documented)."""
+
+    def describe(
+        self, values: object, by_dtype: dict[np.dtype[Any], dict[tuple[int, ...], LeafSpec]], /
+    ) -> tuple[tuple[LeafSpec, ...], np.dtype[Any], tuple[int, ...] | list[tuple[int, ...]]] | None:
+        """Specs, dtype and shapes of one replica's plain leaves, or None."""
+
+    def pack(
+        self,
+        row: object,
+        lo: int,
+        hi: int,
+        dtype: np.dtype[Any],
+        shapes: tuple[int, ...] | list[tuple[int, ...]],
+        out: Array,
+        /,
+    ) -> int:
+        """Copy row[lo:hi] (checked) to the start of ``out``; bytes written, or -1."""
+
+    def views(
+        self,
+        flat: Array,
+        n: int,
+        shapes: tuple[int, ...] | list[tuple[int, ...]],
+        lo: int,
+        hi: int,
+        /,
+    ) -> list[list[Array]]:
+        """Each replica's read-only views of leaves lo..hi-1 of ``flat``."""
+
+
+def _load_pass() -> tuple[_Pass | None, str]:
+    """The C single pass (``_cpass``) when it was compiled and may run, else None and why."""
+    reason = _compiled.c_extension_reason(
+        "asyncreplica_numpy._cpass", pathlib.Path(__file__).with_name("_cpass.c")
+    )
+    if reason is not None:
+        return None, reason
+    try:
+        from . import _cpass
+    except ImportError as error:  # e.g. built against another numpy's C API
+        return None, f"cannot import asyncreplica_numpy._cpass: {error}"
+    return _cpass, ""
+
+
+_CPASS, _CPASS_REASON = _load_pass()
+
+
+def batch_pass() -> str:
+    """Which single pass over a batched all_reduce runs, in one line (``asyncreplica doctor``).
+
+    Returns:
+        ``"compiled (C): asyncreplica_numpy._cpass"`` or ``"interpreted: <why>"``.
+    """
+    if _CPASS is not None:
+        return "compiled (C): asyncreplica_numpy._cpass"
+    return f"interpreted: {_CPASS_REASON}"
+
+
+def _combine_c(
+    cpass: _Pass,
+    op: ReduceOp,
+    values: Leaves,
+    lo: int,
+    hi: int,
+    dtype: np.dtype[Any],
+    shapes: tuple[int, ...] | list[tuple[int, ...]],
+    nbytes: int,
+    scratch: Array,
+) -> Array | None:
+    """:func:`_combine_packed` with the C pack: leaves lo..hi-1 of every replica, combined.
+
+    Replica 0's leaves are copied straight into the result (a new array that numpy owns),
+    every other replica's into ``scratch`` (bytes, at least ``nbytes``), which is then
+    combined into it in replica order: element by element the operations
+    :func:`_combine` makes for one leaf, so the bits are the same. Returns None when a
+    replica's leaf is not exactly a C-contiguous numpy array of ``dtype`` and its shape.
+    """
+    n = len(values)
+    count = nbytes // dtype.itemsize
+    other = scratch[:nbytes].view(dtype)
+    pack = cpass.pack
+    if op is ReduceOp.MEAN and dtype.kind in "iu":
+        # Summed exactly in int64 and rounded once, as _mean_of_ints does for these.
+        if pack(values[0], lo, hi, dtype, shapes, other) != nbytes:
+            return None
+        total = other.astype(np.int64)
+        for r in range(1, n):
+            if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
+                return None
+            np.add(total, other, out=total)
+        return np.true_divide(total, n, dtype=np.float64)
+    total = np.empty(count, dtype)
+    if pack(values[0], lo, hi, dtype, shapes, total) != nbytes:
+        return None
+    ufunc = _BINARY[op]
+    for r in range(1, n):
+        if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
+            return None
+        ufunc(total, other, out=total)
+    if op is ReduceOp.MEAN:
+        return _divide(total, n)
+    return total
+
+
+def _reduce_batch_c(
+    cpass: _Pass,
+    op: ReduceOp,
+    values: Leaves,
+    bytes_per_pack: int,
+    scratch: list[Array],
+    layouts: dict[int, _Layout],
+) -> list[list[object]] | None:
+    """:func:`_reduce_batch` in one C-level pass per replica: the same results, or None.
+
+    Replica 0's dtype and shapes come from what ``describe_leaves`` found (or from a
+    look at its leaves); every replica's leaves are then checked (exact type, dtype,
+    shape, C-contiguity) and copied in one C loop (:func:`_combine_c`), and each
+    replica's read-only views are made in another. Returns None, for the general path,
+    exactly where :func:`_reduce_batch` does, and also for a replica whose leaves do
+    not all match replica 0's (the general path then gives the same results).
+    """
+    layout = _batch_layout(values[:1], layouts)
+    if layout is None:
+        return None
+    dtype, shapes = layout
+    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+        return None
+    n = len(values)
+    first = values[0]
+    m = len(first)
+    for r in range(1, n):
+        if len(values[r]) != m:
+            return None
+    sizes: list[int]
+    if isinstance(shapes, tuple):
+        leaf_bytes = math.prod(shapes) * dtype.itemsize
+        if not leaf_bytes or leaf_bytes >= POOL_BYTES:
+            return None
+        sizes = [leaf_bytes] * m
+    else:
+        sizes = list(map(_nbytes_of, first))
+        if max(sizes) >= POOL_BYTES or not sum(sizes):
+            return None
+    if bytes_per_pack:
+        # As TensorFlow: the last leaves go first into packs (results are the same).
+        packs = group_by_size(range(m - 1, -1, -1), sizes[::-1], bytes_per_pack)
+        ranges = [(pack[-1], pack[0] + 1) for pack in packs]
+    else:
+        ranges = [(0, m)]
+    if (
+        op is ReduceOp.MEAN
+        and dtype.kind in "iu"
+        and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS)
+    ):
+        return None  # may need Python integers to stay exact: see _mean_of_ints
+    largest = max(sum(sizes[lo:hi]) for lo, hi in ranges)
+    if scratch[0].nbytes < largest:
+        scratch[0] = np.empty(largest, np.uint8)
+    out: list[list[object]] = [[None] * m for _ in range(n)]
+    for lo, hi in ranges:
+        nbytes = sum(sizes[lo:hi]) if len(ranges) > 1 else sum(sizes)
+        flat = _combine_c(cpass, op, values, lo, hi, dtype, shapes, nbytes, scratch[0])
+        if flat is None:
+            return None
+        flat.flags.writeable = False  # the views inherit it and cannot undo it
+        views = cpass.views(flat, n, shapes, lo, hi)
+        if lo == 0 and hi == m:
+            return cast(list[list[object]], views)
+        for r in range(n):
+            out[r][lo:hi] = views[r]
+    return out
+
+
 async def _off_loop(fn: Callable[[], object]) -> None:
     """Run ``fn()`` in a worker thread, which keeps no reference to it afterwards.
 
@@ -504,6 +680,9 @@ class NumpyBackend(Backend):
         self._pool: dict[tuple[tuple[int, ...], str], list[Array]] = {}
         # Where other replicas' leaves of a batch are joined (reused; see _reduce_batch).
         self._scratch = io.BytesIO()
+        # The C single pass over a batch, when compiled (see batch_pass), and its scratch.
+        self._cpass: _Pass | None = _CPASS
+        self._cscratch: list[Array] = [np.empty(0, np.uint8)]
         # What describe_leaves found of each replica's batch, for the all_reduce that
         # follows (see _batch_layout); emptied by every collective.
         self._layouts: dict[int, _Layout] = {}
@@ -550,8 +729,16 @@ class NumpyBackend(Backend):
 
         The runtime calls this (when a backend has it) to describe a collective's
         leaves; a batch of arrays of one dtype whose shapes were seen before costs a
-        few C-level passes instead of one Python call per leaf.
+        few C-level passes instead of one Python call per leaf (one, compiled: see
+        :func:`batch_pass`).
         """
+        cpass = self._cpass
+        if cpass is not None:
+            found = cpass.describe(values, _specs_by_dtype)
+            if found is None:
+                return tuple(map(self.describe, values))
+            self._keep_layout(values, found[1], found[2])
+            return found[0]
         m = len(values)
         if m and list(map(type, values)).count(np.ndarray) == m:
             dtypes = list(map(_dtype_of, values))
@@ -667,6 +854,14 @@ class NumpyBackend(Backend):
             if takes_ownership(library) and not isinstance(first, IndexedSlices):
                 owned = await self._reduce_owned(op, [to_host(v[0], library) for v in values])
                 return [[x] for x in from_host_owned(owned, n, library)]
+        elif type(first_values[0]) is np.ndarray and self._cpass is not None:
+            batch = _reduce_batch_c(
+                self._cpass, op, values, bytes_per_pack, self._cscratch, layouts
+            )
+            if self._cscratch[0].nbytes > _SCRATCH_KEEP_BYTES:
+                self._cscratch[0] = np.empty(0, np.uint8)  # a large batch's scratch is not kept
+            if batch is not None:
+                return batch
         elif type(first_values[0]) is np.ndarray:
             batch = _reduce_batch(op, values, bytes_per_pack, self._scratch, layouts)
             if self._scratch.seek(0, io.SEEK_END) > _SCRATCH_KEEP_BYTES:
@@ -878,6 +1073,7 @@ class NumpyBackend(Backend):
             self._threads = None
         self._pool.clear()
         self._scratch = io.BytesIO()
+        self._cscratch[0] = np.empty(0, np.uint8)
         self._layouts.clear()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
