@@ -7,13 +7,15 @@ or trio's ``wait_task_rescheduled``). Run it twice under cachegrind with the cac
 simulation and different round counts; the difference of the totals over the
 difference of the replica-rounds is the cost of one replica-round, start-up excluded::
 
-    for r in 4 8; do valgrind --tool=cachegrind --cache-sim=yes \\
+    for r in 2 4; do valgrind --tool=cachegrind --cache-sim=yes --LL=2097152,16,64 \\
         --cachegrind-out-file=/tmp/cg.$r python benchmarks/callgrind_scale.py trio 4096 $r
     done
-    # per replica-round = (total(8) - total(4)) / (4 * 4096), for "I refs" and "LL misses"
+    # per replica-round = (total(4) - total(2)) / (2 * 4096), for "I refs" and "LL misses"
 
 ``--summary`` runs the pairs itself and prints one line per (loop, system, replicas):
-``python benchmarks/callgrind_scale.py --summary [--loops ...] [--replicas 8 64 4096]``.
+``python benchmarks/callgrind_scale.py --summary [--loops ...] [--replicas 8 64 4096]
+[--systems ours bare] [--jobs 2]``. The cache simulated is this machine's L1 and a 2 MiB
+last level (``--ll`` bytes).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ import re
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-# The caches simulated: this machine's L1 and its 32 MiB L3 as the last level (valgrind
-# reads a 256 MiB direct-mapped L3 from the virtual CPU, which is not the hardware).
-_CACHES = ["--I1=32768,8,64", "--D1=32768,8,64", "--LL=33554432,16,64"]
+# The caches simulated: this machine's L1, and a 2 MiB last level (its two 1 MiB L2
+# caches; what does not fit there is fetched from L3 or memory). valgrind reads a 256 MiB
+# direct-mapped L3 from the virtual CPU, which is not the hardware. ``--ll`` sets another.
+_L1 = ["--I1=32768,8,64", "--D1=32768,8,64"]
+_LL = 2 << 20
 
 # The script each measured run executes (a variant may wrap this one).
 _SCRIPT = __file__
@@ -50,7 +55,7 @@ def _run(loop: str, replicas: int, rounds: int, bare: bool) -> None:
     _run_ours(loop, strategy, _step("all_reduce", rounds), ar.PerReplica(inputs))
 
 
-def _totals(args: list[str]) -> tuple[int, int, int]:
+def _totals(args: list[str], ll: int = _LL) -> tuple[int, int, int]:
     """Instructions, D1 misses and LL misses (instructions and data) of one run."""
     with tempfile.NamedTemporaryFile(suffix=".cg") as out:
         done = subprocess.run(
@@ -58,7 +63,8 @@ def _totals(args: list[str]) -> tuple[int, int, int]:
                 "valgrind",
                 "--tool=cachegrind",
                 "--cache-sim=yes",
-                *_CACHES,
+                *_L1,
+                f"--LL={ll},16,64",
                 f"--cachegrind-out-file={out.name}",
                 sys.executable,
                 _SCRIPT,
@@ -79,22 +85,27 @@ def _totals(args: list[str]) -> tuple[int, int, int]:
     return total(r"I\s+refs"), total(r"D1\s+misses"), total(r"LL misses")
 
 
-def _summary(loops: list[str], replicas: list[int], systems: list[str]) -> None:
+def _summary(loops: list[str], replicas: list[int], systems: list[str], ll: int, jobs: int) -> None:
+    print(f"last level: {ll >> 10} KiB", flush=True)
     print(
-        f"{'loop':<8}{'system':<8}{'N':>6}{'instr':>10}{'D1 miss':>10}{'LL miss':>10}  per replica-round"
+        f"{'loop':<8}{'system':<8}{'N':>6}{'instr':>10}{'D1 miss':>10}{'LL miss':>10}"
+        "  per replica-round",
+        flush=True,
     )
-    for loop in loops:
-        for system in systems:
-            for n in replicas:
-                rounds = max(2, _BUDGET // n)
-                extra = ["--bare"] if system == "bare" else []
-                short = _totals([loop, str(n), str(rounds), *extra])
-                long = _totals([loop, str(n), str(2 * rounds), *extra])
-                per = [(b - a) / (rounds * n) for a, b in zip(short, long, strict=True)]
-                print(
-                    f"{loop:<8}{system:<8}{n:>6}{per[0]:>10,.0f}{per[1]:>10.1f}{per[2]:>10.1f}",
-                    flush=True,
-                )
+    cases = [(loop, system, n) for loop in loops for system in systems for n in replicas]
+
+    def measure(case: tuple[str, str, int]) -> str:
+        loop, system, n = case
+        rounds = max(2, _BUDGET // n)
+        extra = ["--bare"] if system == "bare" else []
+        short = _totals([loop, str(n), str(rounds), *extra], ll)
+        long = _totals([loop, str(n), str(2 * rounds), *extra], ll)
+        per = [(b - a) / (rounds * n) for a, b in zip(short, long, strict=True)]
+        return f"{loop:<8}{system:<8}{n:>6}{per[0]:>10,.0f}{per[1]:>10.1f}{per[2]:>10.1f}"
+
+    with ThreadPoolExecutor(jobs) as pool:
+        for line in pool.map(measure, cases):
+            print(line, flush=True)
 
 
 def main() -> None:
@@ -104,10 +115,12 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 64, 4096])
     parser.add_argument("--systems", nargs="+", default=["ours", "bare"])
     parser.add_argument("--bare", action="store_true")
+    parser.add_argument("--ll", type=int, default=_LL, help="last-level cache bytes")
+    parser.add_argument("--jobs", type=int, default=1, help="runs under cachegrind at once")
     parser.add_argument("args", nargs="*", help="LOOP REPLICAS ROUNDS (one run)")
     ns = parser.parse_args()
     if ns.summary:
-        _summary(ns.loops, ns.replicas, ns.systems)
+        _summary(ns.loops, ns.replicas, ns.systems, ns.ll, ns.jobs)
         return
     loop, replicas, rounds = ns.args
     _run(loop, int(replicas), int(rounds), ns.bare)
