@@ -5,8 +5,9 @@ repeats each) is the cost of ``R`` rounds without starting the run's tasks, divi
 ``R`` and the number of replicas. The same measurement as ``asyncreplica bench``'s
 scale rows, with the time the cyclic garbage collector took in ours (per generation).
 
-Ours runs on each loop asked for (asyncio, uvloop, trio); the futures rendezvous on
-asyncio. The gc figures are ours on the first loop.
+Ours runs on each loop asked for (asyncio, uvloop, trio), and so does the bare rendezvous
+on that loop's own primitives (asyncio futures; on trio ``wait_task_rescheduled``): each
+loop's reference. The gc figures are ours on the first loop.
 
 Run: ``python benchmarks/bench_scale.py [--replicas 8 4096] [--repeat 5]
 [--loops asyncio uvloop trio]``.
@@ -15,7 +16,6 @@ Run: ``python benchmarks/bench_scale.py [--replicas 8 4096] [--repeat 5]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import time
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 import asyncreplica as ar
-from asyncreplica._bench import _futures_rendezvous
+from asyncreplica._bench._baselines import _rendezvous
 from asyncreplica._bench._cases import _run_ours, _step
 
 
@@ -74,9 +74,9 @@ def main() -> None:
         timer = _GcTimer()
         for _ in range(args.repeat):
             for r in (rounds, 2 * rounds):
-                futures = asyncio.run(_futures_rendezvous(inputs, r))
-                times.setdefault(("futures", r), []).append(futures)
                 for loop in args.loops:
+                    bare = _rendezvous(loop, inputs, r)
+                    times.setdefault((f"bare {loop}", r), []).append(bare)
                     if r == 2 * rounds and loop == args.loops[0]:
                         gc.callbacks.append(timer)
                     try:
@@ -89,21 +89,22 @@ def main() -> None:
             / rounds
             / n
             * 1e6
-            for system in ("futures", *args.loops)
+            for system in (*args.loops, *(f"bare {loop}" for loop in args.loops))
         }
         cost = costs[n]
         per = args.repeat * 2 * rounds * n  # replica-collectives under the gc timer
         gc_us = [t / per * 1e6 for t in timer.seconds]
         ours = ", ".join(f"{loop} {cost[loop]:6.2f}" for loop in args.loops)
+        bare = ", ".join(f"{loop} {cost[f'bare {loop}']:5.2f}" for loop in args.loops)
         print(
             f"{n:>6} replicas x {rounds:>5} rounds: ours ({ours}) us/replica, "
-            f"futures {cost['futures']:5.2f} us/replica; in ours, gc per replica-collective: "
+            f"bare ({bare}) us/replica; in ours, gc per replica-collective: "
             f"{sum(gc_us):5.2f} us (gen0/1/2: {gc_us[0]:.2f}/{gc_us[1]:.2f}/{gc_us[2]:.2f} us, "
             f"runs {timer.count[0]}/{timer.count[1]}/{timer.count[2]})",
             flush=True,
         )
     first, last = min(costs), max(costs)
-    for system in (*args.loops, "futures"):
+    for system in (*args.loops, *(f"bare {loop}" for loop in args.loops)):
         print(
             f"ratio {last} vs {first}, {system}: {costs[last][system] / costs[first][system]:.2f}x"
         )

@@ -12,12 +12,14 @@ import math
 import pathlib
 import sys
 
+import numpy as np
 import pytest
 
+from asyncreplica._bench import _cases as bench_cases
 from asyncreplica._bench import _main as bench_main
 from asyncreplica._bench import main
-from asyncreplica._bench._baselines import _difference, _median_us
-from asyncreplica._bench._cases import Plan
+from asyncreplica._bench._baselines import _difference, _median_us, _rendezvous
+from asyncreplica._bench._cases import SCALE_REFERENCE, Plan
 from asyncreplica._bench._model import Row
 from asyncreplica._bench._plot import _plot, chart
 from asyncreplica._bench._report import _targets_table
@@ -40,6 +42,9 @@ def test_quick_bench_writes_a_table_and_json(
     assert ("all_reduce", "futures") in systems
     assert ("all_gather", "asyncreplica") in systems
     assert ("scale (per replica)", "asyncreplica") in systems
+    for r in rows:  # each loop's scale figure against the bare rendezvous on that loop
+        if r["case"] == "scale (per replica)":
+            assert r["baseline"] == f"{SCALE_REFERENCE[r['loop']]}, per replica"
     assert ("tracing on", "asyncreplica + trace") in systems
     for name in ("numpy", "jax", "array_api_strict"):  # issue 18: by input array type
         assert ("all_reduce array type", name) in systems
@@ -334,6 +339,72 @@ def test_the_scale_target_holds_on_each_loop() -> None:
     assert targets["per-replica cost, 4096 vs 8 replicas, uvloop"].value == pytest.approx(1.3)
     assert not targets["per-replica cost, 4096 vs 8 replicas, uvloop"].met
     assert targets["per-replica cost, 4096 vs 8 replicas, trio"].met
+
+
+def test_each_loops_scale_target_is_read_against_the_bare_rendezvous_on_that_loop() -> None:
+    # The reference is the minimal rendezvous's own growth on the same loop: futures on
+    # asyncio and uvloop, trio's own parking on trio; not asyncio's futures for every loop.
+    bare = {"asyncio": (1.0, 1.3), "uvloop": (0.5, 0.6), "trio": (2.0, 5.0)}
+    scale = [
+        Row(
+            "scale (per replica)",
+            n,
+            8,
+            loop,
+            "asyncreplica",
+            3.0,
+            f"{SCALE_REFERENCE[loop]}, per replica",
+            us,
+        )
+        for loop, costs in bare.items()
+        for n, us in zip((8, 4096), costs, strict=True)
+    ]
+    targets = {t.figure: t for t in _targets(scale)}
+    expected = {
+        "per-replica cost, 4096 vs 8 replicas": (1.3, "futures"),
+        "per-replica cost, 4096 vs 8 replicas, uvloop": (1.2, "futures"),
+        "per-replica cost, 4096 vs 8 replicas, trio": (2.5, "trio rendezvous"),
+    }
+    for figure, (reference, system) in expected.items():
+        assert targets[figure].reference == pytest.approx(reference), figure
+        assert targets[figure].reference_system == system, figure
+    line = next(x for x in _targets_table(list(targets.values())).splitlines() if "trio" in x)
+    assert line.endswith("2.50 x trio rendezvous")
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop", "trio"])
+def test_the_bare_rendezvous_runs_on_each_loop(loop: str) -> None:
+    pytest.importorskip(loop)
+    inputs = [np.full(2, float(i + 1), np.float32) for i in range(5)]
+    assert _rendezvous(loop, inputs, 3) > 0
+    with pytest.raises(ValueError, match="unknown loop"):
+        _rendezvous("tornado", inputs, 1)
+
+
+def test_the_scale_rows_carry_each_loops_own_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    # _measure_scale times the bare rendezvous on every loop it times ours on, and each
+    # loop's row carries that loop's reference as its baseline.
+    calls: list[tuple[str, str, int]] = []
+
+    def bare(loop: str, inputs: list[object], rounds: int) -> float:
+        calls.append(("bare", loop, rounds))
+        return {"asyncio": 1.0, "trio": 3.0}[loop] * rounds
+
+    def ours(loop: str, strategy: object, step: object, value: object) -> float:
+        calls.append(("ours", loop, 0))
+        return 10.0 * len(calls)
+
+    monkeypatch.setattr(bench_cases, "_rendezvous", bare)
+    monkeypatch.setattr(bench_cases, "_run_ours", ours)
+    plan = Plan([8], [8], [8], ["asyncio", "trio"], 1, 1 << 20, scale_budget=64)
+    rows = bench_cases._measure_scale(plan, lambda _: None)
+    assert {("bare", loop, r) for loop in ("asyncio", "trio") for r in (8, 16)} <= set(calls)
+    by_loop = {r.loop: r for r in rows}
+    assert by_loop["asyncio"].baseline == "futures, per replica"
+    assert by_loop["trio"].baseline == "trio rendezvous, per replica"
+    # 8 more rounds of 8 replicas: 8 s (asyncio) and 24 s (trio) -> 1/8 and 3/8 s per replica.
+    assert by_loop["asyncio"].baseline_us == pytest.approx(1e6 / 8)
+    assert by_loop["trio"].baseline_us == pytest.approx(3e6 / 8)
 
 
 @pytest.mark.parametrize("quick", [True, False])

@@ -68,6 +68,76 @@ async def _futures_rendezvous(
     return time.perf_counter() - start
 
 
+async def _trio_rendezvous(inputs: list[Array], rounds: int) -> float:
+    """:func:`_futures_rendezvous` on trio's own primitives (run it in ``trio.run``).
+
+    A waiter parks its task with ``wait_task_rescheduled`` (what ``trio.Event`` and
+    every trio primitive park on, without the parking lot); the last arrival computes
+    the sum and reschedules each waiter with it.
+    """
+    import outcome
+    import trio
+
+    n = len(inputs)
+    arrived = [0]
+    waiters: list[trio.lowlevel.Task] = []
+    current_task = trio.lowlevel.current_task
+    reschedule = trio.lowlevel.reschedule
+    park = trio.lowlevel.wait_task_rescheduled
+    value = outcome.Value
+
+    def abort(_: object) -> trio.lowlevel.Abort:
+        # Cancelled (the run is being torn down): no round completes any more, and
+        # every waiter leaves by its own cancellation.
+        waiters.clear()
+        arrived[0] = -(1 << 62)
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def all_reduce() -> Array:
+        arrived[0] += 1
+        if arrived[0] == n:
+            out = np.add(inputs[0], inputs[1]) if n > 1 else inputs[0].copy()
+            for a in inputs[2:]:
+                np.add(out, a, out=out)
+            for task in waiters:
+                reschedule(task, value(out))
+            arrived[0] = 0
+            waiters.clear()
+            return out
+        waiters.append(current_task())
+        result: Array = await park(abort)
+        return result
+
+    async def replica() -> None:
+        for _ in range(rounds):
+            await all_reduce()
+
+    start = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for _ in range(n):
+            nursery.start_soon(replica)
+    return time.perf_counter() - start
+
+
+def _rendezvous(loop: str, inputs: list[Array], rounds: int) -> float:
+    """Seconds of ``rounds`` rounds of the bare rendezvous on ``loop``'s own primitives.
+
+    asyncio and uvloop run :func:`_futures_rendezvous`; trio runs
+    :func:`_trio_rendezvous`. Every replica gets the sum of ``inputs``.
+    """
+    if loop == "asyncio":
+        return asyncio.run(_futures_rendezvous(inputs, rounds))
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(_futures_rendezvous(inputs, rounds))
+    if loop == "trio":
+        import trio
+
+        return trio.run(_trio_rendezvous, inputs, rounds)
+    raise ValueError(f"unknown loop {loop!r}")
+
+
 def _blocked_sum(
     inputs: list[Array], out: Array | None = None, lo: int = 0, hi: int | None = None
 ) -> Callable[[], Array]:

@@ -25,10 +25,10 @@ from ._baselines import (
     _devices,
     _difference,
     _futures,
-    _futures_rendezvous,
     _inputs,
     _median_us,
     _numpy_floor,
+    _rendezvous,
     _steady,
     _timed,
 )
@@ -175,13 +175,25 @@ def _measure_all_reduce(plan: Plan, progress: Callable[[str], None]) -> list[Row
     return rows
 
 
+# The bare rendezvous each loop's scale figure is read against (its per-replica cost is
+# the row's baseline): futures on asyncio and uvloop, trio's own parking on trio.
+SCALE_REFERENCE = {
+    "asyncio": "futures",
+    "uvloop": "futures",
+    "trio": "trio rendezvous",
+}
+
+
 def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
     """Per-replica cost of a small all_reduce, run start-up excluded, on every loop.
 
     Each system runs ``R`` and ``2 R`` rounds; the difference of the two (best of the
     repeats each) is the cost of ``R`` rounds without starting the run's tasks. Ours
-    runs on each loop of the plan (the target holds on each); the futures rendezvous,
-    the reference, on asyncio. The systems are interleaved, so drift hits all alike.
+    runs on each loop of the plan (the target holds on each), and so does the bare
+    rendezvous on that loop's own primitives (:func:`_rendezvous`: asyncio futures, or
+    trio's ``wait_task_rescheduled``), each loop's reference: its growth is what the
+    minimal implementation does on that loop. The systems are interleaved, so drift
+    hits all alike.
     """
     rows: list[Row] = []
     nbytes = 8
@@ -194,9 +206,9 @@ def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
         times: dict[tuple[str, int], list[float]] = {}
         for _ in range(plan.repeat):
             for r in (rounds, 2 * rounds):
-                futures = asyncio.run(_futures_rendezvous(inputs, r))
-                times.setdefault(("futures", r), []).append(futures)
                 for loop in plan.loops:
+                    bare = _rendezvous(loop, inputs, r)
+                    times.setdefault((f"bare {loop}", r), []).append(bare)
                     ours = _run_ours(loop, strategy, _step("all_reduce", r), per_replica)
                     times.setdefault((loop, r), []).append(ours)
         cost = {
@@ -204,7 +216,7 @@ def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
             / rounds
             / n
             * 1e6
-            for system in ("futures", *plan.loops)
+            for system in {system for system, _ in times}
         }
         for loop in plan.loops:
             rows.append(
@@ -215,8 +227,8 @@ def _measure_scale(plan: Plan, progress: Callable[[str], None]) -> list[Row]:
                     loop,
                     "asyncreplica",
                     cost[loop],
-                    "futures, per replica",
-                    cost["futures"],
+                    f"{SCALE_REFERENCE[loop]}, per replica",
+                    cost[f"bare {loop}"],
                     times[(loop, rounds)],
                 )
             )

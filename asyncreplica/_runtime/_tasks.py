@@ -45,17 +45,27 @@ def _internal(filename: str) -> bool:
     )
 
 
-def current_task() -> object:
-    """Return the running task object (an asyncio task or a trio task)."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        task = None
-    if task is not None:
-        return task
-    import trio
+_trio_current_task: Callable[[], object] | None = None
 
-    return trio.lowlevel.current_task()
+
+def current_task() -> object:
+    """Return the running task object (an asyncio task or a trio task).
+
+    Asks asyncio only when an asyncio loop runs in this thread: on trio, asking
+    ``asyncio.current_task()`` raises (and catching that cost several times what
+    finding the task does, once per collective of a helper task with a start path).
+    """
+    global _trio_current_task
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        task = asyncio.current_task(loop)
+        if task is not None:
+            return task
+    if _trio_current_task is None:
+        import trio
+
+        _trio_current_task = trio.lowlevel.current_task
+    return _trio_current_task()
 
 
 def _coro(task: object) -> Any:
