@@ -15,6 +15,8 @@ from .._exceptions import ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
+from ._issue import all_reduce as _issue_all_reduce
+from ._issue import flatten_value as _flatten
 from ._mode import MODE, Mode, current_mode
 from ._run import Collective
 from ._values import component
@@ -32,15 +34,6 @@ __all__ = [
 ]
 
 
-# Types seen to be leaves: a value of one of these skips flattening (a cache, not a rule).
-_LEAF_TYPES: set[type] = set()
-
-
-# Treedefs of flat lists and tuples of leaves, by (container type, length): the same
-# object for the same structure, so replicas' structures compare by identity.
-_FLAT_TREEDEFS: dict[tuple[type, int], TreeDef] = {}
-
-
 def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
     """Each leaf's path in a nest, in flattening order: ``value['a'][1]``."""
     if treedef is None:
@@ -52,34 +45,6 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
         labels = keys[0]
     for label, child in zip(labels, children, strict=False):
         yield from _leaf_paths(child, f"{prefix}[{label!r}]")
-
-
-def _flatten(value: object) -> tuple[list[object], TreeDef]:
-    kind = type(value)
-    if kind in _LEAF_TYPES:
-        return [value], None
-    if (kind is list or kind is tuple) and _LEAF_TYPES.issuperset(map(type, value)):  # type: ignore[call-overload]
-        # A flat batch of known leaf types (the common batched case): no recursion.
-        size = len(value)  # type: ignore[arg-type]
-        treedef = _FLAT_TREEDEFS.get((kind, size))
-        if treedef is None:
-            if len(_FLAT_TREEDEFS) > 1024:
-                _FLAT_TREEDEFS.clear()
-            treedef = _FLAT_TREEDEFS[(kind, size)] = flatten(value)[1]
-        return list(value), treedef  # type: ignore[call-overload]
-    leaves, treedef = flatten(value)
-    if treedef is None:
-        _LEAF_TYPES.add(kind)
-    elif len(_LEAF_TYPES) < 256:
-        _LEAF_TYPES.update(map(type, leaves))
-    return leaves, treedef
-
-
-_new_signature = tuple.__new__
-
-# Signatures of single-leaf all_reduces, by (id(leaf spec), id(call path)); see all_reduce.
-_SIGNATURES: dict[tuple[int, int], Signature] = {}
-_MAX_SIGNATURES = 4096
 
 
 # Dispatch functions: called once per collective, by the last replica to arrive, with
@@ -376,74 +341,17 @@ class ReplicaContext:
             CollectiveTimeoutError: ``timeout_seconds`` passed with replicas missing.
             ReplicaContextError: Called outside this replica.
         """
-        run = self._run
-        mode = MODE.get()
-        if mode is None or mode.replica is not self or run is None or run.closed:
-            run = self._require_current("all_reduce")
-        op = reduce_op if type(reduce_op) is ReduceOp else ReduceOp.parse(reduce_op)
-        if options is None:
-            defaults = self._strategy._communication_options
-            timeout = defaults.timeout_seconds
-            bytes_per_pack = defaults.bytes_per_pack
-        else:
-            merged = self._merged(options)
-            timeout = merged.timeout_seconds
-            bytes_per_pack = merged.bytes_per_pack
-        if type(value) in _LEAF_TYPES:
-            # One leaf (the common case): the signature is interned by the leaf's spec
-            # and call path (both interned themselves), so every replica at this call
-            # shares one signature object: the ledger compares them by identity, and
-            # no new signature is kept alive per collective.
-            leaves: list[object] = [value]
-            treedef: TreeDef = None
-            try:
-                spec = run.describe(value)
-            except TypeError as exc:
-                raise self._leaf_error(exc, leaves, None) from exc
-            if name is not None:
-                self._check_name(name)
-            path = call_path()
-            cache_key = (id(spec), id(path))
-            signature = _SIGNATURES.get(cache_key)
-            if signature is None or signature[1] is not op or signature[6] != name:
-                signature = Signature(
-                    CollectiveKind.ALL_REDUCE, op, name=name, leaves=(spec,), call_path=path
-                )
-                if len(_SIGNATURES) >= _MAX_SIGNATURES:
-                    _SIGNATURES.clear()
-                # The signature holds spec and path: their ids stay theirs while cached.
-                _SIGNATURES[cache_key] = signature
-        else:
-            leaves, treedef = _flatten(value)
-            specs = self._describe(leaves, treedef)
-            if name is not None:
-                self._check_name(name)
-            # A plain tuple build: the named tuple's keyword constructor costs more
-            # than everything else the checks do on this path.
-            signature = _new_signature(
-                Signature,
-                (
-                    CollectiveKind.ALL_REDUCE,
-                    op,
-                    None,
-                    None,
-                    None,
-                    None,
-                    name,
-                    treedef,
-                    specs,
-                    call_path(),
-                ),
-            )
-        return Collective(
-            run,
+        # The body is compiled (see _issue): this method keeps the docstring.
+        return _issue_all_reduce(
+            self,
+            self._run,
+            self._strategy,
             self._replica_id,
-            signature,
-            leaves,
+            reduce_op,
+            value,
+            options,
+            name,
             _dispatch_all_reduce,
-            bytes_per_pack,
-            timeout,
-            treedef,
         )
 
     def all_gather(

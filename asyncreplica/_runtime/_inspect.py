@@ -40,7 +40,7 @@ import sys
 import weakref
 from itertools import islice
 from types import CodeType, FrameType, FunctionType
-from typing import Any
+from typing import Any, Final
 
 from .._core._signature import CallSite
 from ._tasks import current_task
@@ -49,33 +49,40 @@ __all__ = ["LOOP_PACKAGES", "call_path", "forget_spawn", "record_spawn"]
 
 # The packages whose frames are an event loop's own (by module identity).
 LOOP_PACKAGES = frozenset({"asyncio", "trio", "anyio", "uvloop", "sniffio", "outcome"})
-_RUNTIME = __name__.rpartition(".")[0]  # "asyncreplica._runtime"
-_RUNTIME_PREFIX = _RUNTIME + "."
+_RUNTIME: Final = __name__.rpartition(".")[0]  # "asyncreplica._runtime"
+_RUNTIME_PREFIX: Final = _RUNTIME + "."
 
 # A code's kind: bit 0 says a coroutine's (or async generator's) frame; the rest says
 # whose frame it is (the user's, an event loop's own: skipped, the runtime's: a stop).
-_USER, _USER_ASYNC, _SKIP, _SKIP_ASYNC, _STOP = 0, 1, 2, 3, 4
-_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+# (Final: compiled, they are constants, and the caches below static references, not
+# look-ups in the module's namespace on every use.)
+_USER: Final = 0
+_USER_ASYNC: Final = 1
+_SKIP: Final = 2
+_SKIP_ASYNC: Final = 3
+_STOP: Final = 4
+_CO_ASYNC: Final = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 # Each code object's kind, by id(code): looking up an int costs far less than hashing a
 # code object (which hashes its bytecode and constants on every lookup). _codes holds
 # every code object seen, so that its id stays its own.
-_kinds: dict[int, int] = {}
-_codes: dict[int, CodeType] = {}
+_kinds: Final[dict[int, int]] = {}
+_codes: Final[dict[int, CodeType]] = {}
 # Interned call paths keyed by the flat chain ``(id(code), f_lasti, ...)``: a frame's
 # instruction offset costs nothing to read, while its line number is looked up in the
 # code's line table on every access. Every code in a key is held by _codes.
-_paths_at: dict[tuple[int, ...], tuple[CallSite, ...]] = {}
+_paths_at: Final[dict[tuple[int, ...], tuple[CallSite, ...]]] = {}
 # The same paths by value: chains of offsets that resolve to the same places share one
 # tuple, so comparing two replicas' paths is usually an identity check.
-_paths: dict[tuple[CallSite, ...], tuple[CallSite, ...]] = {}
+_paths: Final[dict[tuple[CallSite, ...], tuple[CallSite, ...]]] = {}
 # Each frame's place, by (id(code), f_lasti).
-_sites: dict[tuple[int, int], CallSite] = {}
+_sites: Final[dict[tuple[int, int], CallSite]] = {}
 # The caches are cleared past this many paths, or this many frames in all (a deep
 # recursion that issues collectives at many depths must not grow them without bound).
+# (Not Final: read on the slow path only, and tests lower them.)
 _MAX_PATHS = 100_000
 _MAX_FRAMES = 2_000_000
-_cached_frames = [0]  # the frames of every path in _paths_at
+_cached_frames: Final = [0]  # the frames of every path in _paths_at
 
 
 def _is_module(name: str, namespace: dict[str, Any]) -> bool:
@@ -101,13 +108,15 @@ def _kind(frame: FrameType) -> int:
     return kind
 
 
+_getframe: Final = sys._getframe
+
 # The call path of the line that started each live helper task, by id(task), beside
 # a weak reference to the task (an entry is dropped when its task ends, forget_spawn,
 # or is freed; the reference tells a task from a later one that reuses the id).
-_spawned: dict[int, tuple[weakref.ref[Any], tuple[CallSite, ...]]] = {}
+_spawned: Final[dict[int, tuple[weakref.ref[Any], tuple[CallSite, ...]]]] = {}
 # A task's own path followed by its spawn path, interned: keyed by the ids of both
 # (each entry holds both, so the ids stay theirs) and cleared with the other caches.
-_joined: dict[tuple[int, int], tuple[Any, Any, tuple[CallSite, ...]]] = {}
+_joined: Final[dict[tuple[int, int], tuple[Any, Any, tuple[CallSite, ...]]]] = {}
 
 
 def call_path() -> tuple[CallSite, ...]:
@@ -123,7 +132,7 @@ def call_path() -> tuple[CallSite, ...]:
     # The caller's frame. Compiled (mypyc), this function has no frame of its own, so the
     # caller's is the innermost one; interpreted, it is one up. (Starting at this
     # function's own frame would make it reference itself: a cycle per collective.)
-    path = _path_from(sys._getframe(_CALLER_DEPTH))
+    path = _path_from(_getframe(_CALLER_DEPTH))
     if _spawned:
         path = _with_spawn(path)
     return path
@@ -183,23 +192,25 @@ def _with_spawn(path: tuple[CallSite, ...]) -> tuple[CallSite, ...]:
 def _path_from(first: FrameType) -> tuple[CallSite, ...]:
     """The interned call path of the user frames from ``first`` down (see call_path)."""
     frame: FrameType | None = first
-    get_kind = _kinds.get
+    # Direct calls on the typed containers (no bound-method locals): compiled, they are
+    # native dict and list operations.
+    kinds = _kinds
     key: list[int] = []
-    push = key.append
     inner_async = 0
     while frame is not None:
         code = frame.f_code
-        kind = get_kind(id(code))
+        code_id = id(code)
+        kind = kinds.get(code_id)
         if kind is None:
             kind = _kind(frame)
         if kind == _USER_ASYNC:
-            push(id(code))
-            push(frame.f_lasti)
+            key.append(code_id)
+            key.append(frame.f_lasti)
         elif kind == _USER:
             if inner_async and key:
                 break  # a scheduler (or a driver) that resumed the coroutines above
-            push(id(code))
-            push(frame.f_lasti)
+            key.append(code_id)
+            key.append(frame.f_lasti)
         elif kind == _STOP:
             if key:
                 break  # the replica driver, below the user's frames
@@ -216,7 +227,7 @@ def _path_from(first: FrameType) -> tuple[CallSite, ...]:
 
 # 1 when this module runs interpreted, 0 when compiled: then call_path is not a Python
 # function and has no frame (see call_path).
-_CALLER_DEPTH = 1 if isinstance(call_path, FunctionType) else 0
+_CALLER_DEPTH: Final = 1 if isinstance(call_path, FunctionType) else 0
 
 
 def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:

@@ -1,0 +1,149 @@
+"""Issuing an all_reduce: the body of ``ReplicaContext.all_reduce``, compiled.
+
+``ReplicaContext.all_reduce`` (public, documented: it stays interpreted, since mypyc drops
+docstrings) passes its fields here. This module is on the compiled hot path (see
+pyproject.toml): every replica runs it once per collective. It checks that the call is
+made inside the replica, parses the op and options, flattens and describes the value,
+captures the call path and builds (or finds, for one leaf) the collective's signature,
+then issues the :class:`~._run.Collective`. Every check and message is the context's:
+what fails calls back into the context to raise it.
+
+It also holds the caches that building relies on: the types seen to be leaves, the
+treedefs of flat batches and the interned signatures of one-leaf all_reduces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._nest import TreeDef, flatten
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
+from ._inspect import call_path
+from ._mode import MODE
+from ._run import Collective
+
+if TYPE_CHECKING:
+    from .._options import CommunicationOptions
+    from ._context import ReplicaContext
+    from ._run import Run
+    from ._strategy import Strategy
+
+__all__ = ["all_reduce", "flatten_value"]
+
+# Types seen to be leaves: a value of one of these skips flattening (a cache, not a rule).
+_LEAF_TYPES: Final[set[type]] = set()
+
+# Treedefs of flat lists and tuples of leaves, by (container type, length): the same
+# object for the same structure, so replicas' structures compare by identity.
+_FLAT_TREEDEFS: Final[dict[tuple[type, int], TreeDef]] = {}
+
+# Signatures of single-leaf all_reduces, by id(leaf spec) ^ id(call path) (an int hashes
+# for free; a tuple of two does not). Two pairs may share a key: an entry is used only
+# when its spec and path are the very objects (see all_reduce).
+_SIGNATURES: Final[dict[int, Signature]] = {}
+_MAX_SIGNATURES: Final = 4096
+
+_ALL_REDUCE: Final = CollectiveKind.ALL_REDUCE
+_new_signature: Final = tuple.__new__
+# Imported names bound once (compiled, a Final name is a static, not a look-up in the
+# module's namespace on every call).
+_MODE: Final = MODE
+_ReduceOp: Final = ReduceOp
+_Collective: Final = Collective
+
+
+def flatten_value(value: object) -> tuple[list[object], TreeDef]:
+    """``flatten(value)``, with known leaf types and flat batches of them found at once."""
+    kind = type(value)
+    if kind in _LEAF_TYPES:
+        return [value], None
+    if kind is list or kind is tuple:
+        items: Sequence[object] = value  # type: ignore[assignment]
+        if _LEAF_TYPES.issuperset(map(type, items)):
+            # A flat batch of known leaf types (the common batched case): no recursion.
+            size = len(items)
+            treedef = _FLAT_TREEDEFS.get((kind, size))
+            if treedef is None:
+                if len(_FLAT_TREEDEFS) > 1024:
+                    _FLAT_TREEDEFS.clear()
+                treedef = _FLAT_TREEDEFS[(kind, size)] = flatten(value)[1]
+            return list(items), treedef
+    leaves, treedef = flatten(value)
+    if treedef is None:
+        _LEAF_TYPES.add(kind)
+    elif len(_LEAF_TYPES) < 256:
+        _LEAF_TYPES.update(map(type, leaves))
+    return leaves, treedef
+
+
+def all_reduce(
+    ctx: ReplicaContext,
+    run: Run | None,
+    strategy: Strategy,
+    replica: int,
+    reduce_op: ReduceOp | str,
+    value: object,
+    options: CommunicationOptions | None,
+    name: str | None,
+    dispatch: Callable[..., Any],
+) -> Collective:
+    """Issue ``ctx.all_reduce(reduce_op, value, options, name=name)`` (see there).
+
+    ``run``, ``strategy`` and ``replica`` are the context's fields; ``dispatch`` is the
+    all_reduce's dispatch function.
+    """
+    mode = _MODE.get()
+    if mode is None or mode.replica is not ctx or run is None or run.closed:
+        run = ctx._require_current("all_reduce")
+    op = reduce_op if type(reduce_op) is _ReduceOp else _ReduceOp.parse(reduce_op)
+    if options is None:
+        defaults = strategy._communication_options
+        timeout = defaults.timeout_seconds
+        bytes_per_pack = defaults.bytes_per_pack
+    else:
+        merged = ctx._merged(options)
+        timeout = merged.timeout_seconds
+        bytes_per_pack = merged.bytes_per_pack
+    leaves: list[object]
+    treedef: TreeDef = None
+    signature: Signature | None
+    if type(value) in _LEAF_TYPES:
+        # One leaf (the common case): the signature is interned by the leaf's spec
+        # and call path (both interned themselves), so every replica at this call
+        # shares one signature object: the ledger compares them by identity, and
+        # no new signature is kept alive per collective.
+        leaves = [value]
+        try:
+            spec = run.describe(value)
+        except TypeError as exc:
+            raise ctx._leaf_error(exc, leaves, None) from exc
+        if name is not None:
+            ctx._check_name(name)
+        path = call_path()
+        cache_key = id(spec) ^ id(path)
+        signature = _SIGNATURES.get(cache_key)
+        if (
+            signature is None
+            or signature[9] is not path
+            or signature[8][0] is not spec
+            or signature[1] is not op
+            or signature[6] != name
+        ):
+            signature = Signature(_ALL_REDUCE, op, name=name, leaves=(spec,), call_path=path)
+            if len(_SIGNATURES) >= _MAX_SIGNATURES:
+                _SIGNATURES.clear()
+            # The signature holds spec and path: their ids stay theirs while cached.
+            _SIGNATURES[cache_key] = signature
+    else:
+        leaves, treedef = flatten_value(value)
+        specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
+        if name is not None:
+            ctx._check_name(name)
+        # A plain tuple build: the named tuple's keyword constructor costs more
+        # than everything else the checks do on this path.
+        signature = _new_signature(
+            Signature,
+            (_ALL_REDUCE, op, None, None, None, None, name, treedef, specs, call_path()),
+        )
+    return Collective(run, replica, signature, leaves, dispatch, bytes_per_pack, timeout, treedef)
