@@ -19,7 +19,7 @@ import asyncio
 import collections.abc
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core._ledger import Key, Ledger
 from .._core._nest import unflatten
@@ -37,7 +37,7 @@ class _NoTree:
     """Marks a collective whose result is not rebuilt into a structure."""
 
 
-NO_TREE: Any = _NoTree()
+NO_TREE: Final[Any] = _NoTree()
 
 
 class Rendezvous:
@@ -163,8 +163,7 @@ class Slot:
         if fast:
             trees = self.trees
             rids = self.fast_rids
-            for i in range(len(fast)):
-                waiter = fast[i]
+            for i, waiter in enumerate(fast):
                 if not waiter.done():  # a cancelled one is left alone
                     replica = rids[i]
                     result = results[replica]
@@ -220,7 +219,7 @@ class _Spent:
         """Nothing to close: the arrival is made."""
 
 
-_SPENT: Any = _Spent()
+_SPENT: Final[Any] = _Spent()
 
 
 class Collective:
@@ -310,7 +309,14 @@ class Collective:
             rv = self._rv
             if rv.fast and not self.timeout:
                 # The common case: arrive now; a waiter awaits its future directly.
-                self._unregister()
+                # (_unregister, inline: this runs once per replica and collective.)
+                self.awaited = True
+                issued = rv.issued
+                replica = self.replica
+                if issued[replica] is self:
+                    issued[replica] = None
+                else:
+                    rv.unawaited[replica].pop(id(self), None)
                 self._coro = _SPENT
                 return rv.arrive_fast(self)
         return self._started().__await__()  # type: ignore[no-any-return]
@@ -431,6 +437,11 @@ class Collective:
 
     def __abs__(self) -> Any:
         raise self._refuse("arithmetic or comparison")
+
+    def __hash__(self) -> int:
+        # By identity, as an object's (a compiled class with comparison methods has no
+        # hash unless it defines one, and asyncio.gather hashes its awaitables).
+        return id(self)
 
     def __repr__(self) -> str:
         state = "awaited" if self.awaited else "not awaited"
