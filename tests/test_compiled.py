@@ -48,6 +48,8 @@ def test_the_implementation_that_should_run_does() -> None:
     assert _compiled.compiled_modules() == tuple(info["modules"])  # type: ignore[arg-type]
     assert current.describe() == f"compiled (mypyc): {len(current.modules)} modules"
     assert "asyncreplica._core._ledger" in current.modules
+    # The collective's native classes (Collective, Slot, Rendezvous): the arrival's hot path.
+    assert "asyncreplica._runtime._collective" in current.modules
 
 
 def test_the_modules_that_are_compiled_are_the_ones_the_build_was_asked_for() -> None:

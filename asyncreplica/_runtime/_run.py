@@ -19,7 +19,6 @@ warning (and logs again if the collective completes after all); one that has wai
 from __future__ import annotations
 
 import asyncio
-import collections.abc
 import contextlib
 import functools
 import inspect
@@ -27,14 +26,13 @@ import logging
 import random
 import time
 import types
-from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
 from .._core._ledger import Key, Ledger, key_index
-from .._core._nest import unflatten
 from .._core._report import (
     ended_message,
     key_text,
@@ -46,7 +44,9 @@ from .._core._report import (
 from .._core._signature import CollectiveKind, ReduceOp, Signature
 from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
 from . import _inspect, _tasks
+from ._collective import NO_TREE, Collective, Rendezvous, Slot, rebuild
 from ._mode import MODE, Mode
+from ._waiter import Waiter
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -60,135 +60,13 @@ logger = logging.getLogger("asyncreplica")
 Dispatch = Callable[["Run", "Collective", list[Any]], Awaitable[Sequence[Any]]]
 
 
-class _Slot:
-    """The payloads of one collective and, once dispatched, the results.
-
-    Waiters park on one native waiter each (an asyncio future, or a trio event per
-    collective), chosen once per run: no polling, no anyio.Event per collective.
-    """
-
-    __slots__ = (
-        "done",
-        "error",
-        "fast",
-        "payloads",
-        "results",
-        "since",
-        "task",
-        "waiters",
-        "warned",
-    )
-
-    def __init__(self, num_replicas: int, since: float) -> None:
-        self.payloads: list[Any] = [None] * num_replicas
-        self.results: Sequence[Any] = ()
-        self.done = False  # results are set
-        self.waiters: list[Any] = []  # asyncio futures, or one trio event
-        self.fast: list[_Waiter] = []  # fast-path waiters: each gets its result
-        self.since = since  # when the first replica arrived
-        self.warned = False  # whether a stall warning was logged for it
-        self.error: Callable[[], BaseException] | None = None  # set: it can never complete
-        self.task: object = None  # a merge_call's running merge (where it waits)
-
-    def release(self) -> None:
-        """Wake every waiter (the results are set)."""
-        self.done = True
-        results = self.results
-        fast = self.fast
-        for waiter in fast:
-            if not waiter.done():  # a cancelled one is left alone
-                result = results[waiter._ar_replica]
-                tree = waiter._ar_tree
-                waiter.set_result(result[0] if tree is None else _rebuild(tree, result))
-        fast.clear()  # no slot <-> waiter cycle outlives the collective
-        waiters = self.waiters
-        if waiters and isinstance(waiters[0], asyncio.Future):
-            for waiter in waiters:  # futures (asyncio), all of them
-                if not waiter.done():
-                    waiter.set_result(None)
-            return
-        for waiter in waiters:
-            waiter.set()
-
-    def abort(self, error: Callable[[], BaseException]) -> None:
-        """Wake every waiter with a fresh ``error()``: the collective can never complete."""
-        self.error = error
-        self.done = True
-        for waiter in [*self.fast, *self.waiters]:
-            if isinstance(waiter, asyncio.Future):
-                if not waiter.done():
-                    waiter.set_exception(error())
-            else:
-                waiter.set()
-        self.fast.clear()
-
-
 def _result(call: Collective, result: Any) -> Any:
     """A replica's result, rebuilt into the structure of its value."""
     treedef = call.treedef
     if treedef is None:
         return result[0]
-    return _rebuild(treedef, result)
+    return rebuild(treedef, result)
 
-
-def _rebuild(treedef: Any, result: Any) -> Any:
-    """``result`` (a replica's result leaves) rebuilt into ``treedef`` (not None)."""
-    if treedef is NO_TREE:
-        return result
-    if treedef[0] is list and treedef[1] is None and _all_leaves(treedef[2]):
-        return list(result)  # a flat list of leaves
-    return unflatten(treedef, result)
-
-
-class _Waiter(asyncio.Future):  # type: ignore[type-arg]
-    """A replica parked at a collective on asyncio (or uvloop): the fast path.
-
-    The replica's task awaits this future directly (its C iterator: no Python frame
-    runs when it resumes); the last arrival sets each waiter's result to its replica's
-    result, already rebuilt. A task is parked at one of a run's collectives exactly
-    when its ``_fut_waiter`` is one of the run's pending waiters, so parking costs no
-    bookkeeping. Cancelling the waiter (the replica's task was cancelled) tells the
-    run, before the task resumes, that the replica abandoned the collective.
-
-    It holds what waking it needs (its replica and result structure) itself, not the
-    :class:`Collective`, which is freed as soon as the replica has arrived: waking
-    thousands of replicas touches one object each, not two (with many replicas each
-    object touched is a likely cache miss: docs/performance.md, "scale").
-    """
-
-    __slots__ = ("_ar_key", "_ar_replica", "_ar_run", "_ar_slot", "_ar_tree")
-
-    _ar_run: Run
-    _ar_replica: int
-    _ar_tree: Any  # the collective's treedef (None: one leaf)
-    _ar_key: Key
-    _ar_slot: _Slot
-
-    def cancel(self, msg: Any = None) -> bool:
-        """Cancel the wait; the run hears of it before the replica's task resumes."""
-        if not self.done():
-            # Scheduled before the task's own wake-up (which super().cancel schedules).
-            self.get_loop().call_soon(
-                self._ar_run._abandoned, self._ar_replica, self._ar_key, self._ar_slot
-            )
-        return super().cancel(msg)
-
-
-class _Spent:
-    """What a collective awaited on the fast path leaves behind: it cannot run again."""
-
-    __slots__ = ()
-
-    def _reused(self, *_: object) -> Any:
-        raise RuntimeError("cannot reuse already awaited coroutine")
-
-    __await__ = send = throw = _reused
-
-    def close(self) -> None:
-        """Nothing to close: the arrival is made."""
-
-
-_SPENT = _Spent()
 
 # Loop turns a run's end gives the helper tasks it woke or cancelled to finish.
 _LEFTOVER_TURNS = 8
@@ -217,11 +95,6 @@ def accepts_bytes_per_pack(backend: Backend) -> bool:
             )
         _ACCEPTS_PACK[cls] = found
     return found
-
-
-def _all_leaves(children: tuple[Any, ...]) -> bool:
-    """Whether every child of a treedef node is a leaf (None)."""
-    return not any(children)
 
 
 def _cancelled(error: BaseException) -> bool:
@@ -271,186 +144,6 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-class _NoTree:
-    """Marks a collective whose result is not rebuilt into a structure."""
-
-
-NO_TREE: Any = _NoTree()
-
-
-class Collective(collections.abc.Coroutine[Any, Any, Any]):
-    """An issued collective: await it to take part in the rendezvous.
-
-    It is a coroutine (so ``asyncio.create_task``, ``asyncio.gather`` and task groups
-    accept it) that refuses to be used as a value, so that a forgotten ``await`` fails
-    where it happens rather than as a silently skipped collective.
-
-    It carries everything the rendezvous needs as plain fields (no closure, no
-    coroutine per call): the run creates the one coroutine, :meth:`Run.collective`,
-    when the collective is first awaited or sent into.
-
-    Args:
-        run: The run the replica belongs to.
-        replica: The issuing replica.
-        signature: The collective's signature.
-        payload: What the replica contributes (its leaves, or merge_call's arguments).
-        dispatch: Called once, by the last arrival, as ``dispatch(run, collective,
-            payloads)`` with every replica's payload in replica order; returns one
-            result per replica.
-        extra: Data for ``dispatch`` (e.g. ``bytes_per_pack``).
-        timeout: Seconds to wait before ``CollectiveTimeoutError``; None or 0 waits
-            for ever.
-        treedef: The structure to rebuild the result into, or :data:`NO_TREE`.
-    """
-
-    __slots__ = (
-        "_coro",
-        "_run",
-        "_signature",
-        "awaited",
-        "dispatch",
-        "extra",
-        "payload",
-        "replica",
-        "timeout",
-        "treedef",
-    )
-
-    def __init__(
-        self,
-        run: Run,
-        replica: int,
-        signature: Signature,
-        payload: object,
-        dispatch: Dispatch,
-        extra: object = None,
-        timeout: float | None = None,
-        treedef: Any = NO_TREE,
-    ) -> None:
-        self._run = run
-        self.replica = replica
-        self._signature = signature
-        self.payload = payload
-        self.dispatch = dispatch
-        self.extra = extra
-        self.timeout = timeout
-        self.treedef = treedef
-        self._coro: Any = None
-        self.awaited = False
-        # Registered until awaited, so that the replica's end can report it: the
-        # newest in the replica's slot of ``run.issued`` (one list for the run, read in
-        # replica order: no dict per replica touched per collective), any older one
-        # still unawaited in ``run.unawaited``.
-        issued = run.issued
-        older = issued[replica]
-        if older is not None:
-            run.unawaited[replica][id(older)] = older
-        issued[replica] = self
-
-    def _unregister(self) -> None:
-        """Awaited: no longer reported at the replica's end."""
-        self.awaited = True
-        issued = self._run.issued
-        if issued[self.replica] is self:
-            issued[self.replica] = None
-        else:
-            self._run.unawaited[self.replica].pop(id(self), None)
-
-    @property
-    def signature(self) -> Signature:
-        """The collective's signature."""
-        return self._signature
-
-    def _started(self) -> Any:
-        coro = self._coro
-        if coro is None:
-            self._unregister()
-            coro = self._coro = self._run.collective(self)
-        return coro
-
-    def __await__(self) -> Generator[Any, None, Any]:
-        if self._coro is None:
-            run = self._run
-            if run._fast and not self.timeout:
-                # The common case: arrive now; a waiter awaits its future directly.
-                # (_unregister, inline: this runs once per replica and collective.)
-                self.awaited = True
-                issued = run.issued
-                replica = self.replica
-                if issued[replica] is self:
-                    issued[replica] = None
-                else:
-                    run.unawaited[replica].pop(id(self), None)
-                self._coro = _SPENT
-                return run._arrive_fast(self)
-        return self._started().__await__()  # type: ignore[no-any-return]
-
-    def send(self, value: Any) -> Any:
-        """Run the collective to its next suspension (coroutine protocol)."""
-        return self._started().send(value)
-
-    def throw(self, *args: Any) -> Any:
-        """Raise an exception inside the collective (coroutine protocol)."""
-        return self._started().throw(*args)
-
-    def close(self) -> None:
-        """Discard the collective without running it."""
-        if self._coro is not None:
-            self._coro.close()
-
-    def describe(self) -> str:
-        """``all_reduce(SUM) on float32[4] at train.py:12``."""
-        site = self._signature.call_site
-        return self._signature.describe() + ("" if site is None else f" at {site}")
-
-    def _refuse(self, use: str) -> TypeError:
-        return TypeError(
-            f"A collective that has not run cannot be used as a value ({use}): "
-            f"{self.describe()}. Did you forget `await`? "
-            "Write `result = await ctx.all_reduce(...)`; an un-awaited collective is skipped "
-            "by this replica and its peers would wait for it."
-        )
-
-    def __bool__(self) -> bool:
-        raise self._refuse("truth value")
-
-    def __float__(self) -> float:
-        raise self._refuse("float()")
-
-    def __int__(self) -> int:
-        raise self._refuse("int()")
-
-    def __index__(self) -> int:
-        raise self._refuse("index")
-
-    def __complex__(self) -> complex:
-        raise self._refuse("complex()")
-
-    def __iter__(self) -> Any:
-        raise self._refuse("iteration")
-
-    def __len__(self) -> int:
-        raise self._refuse("len()")
-
-    def __array__(self, *args: object, **kwargs: object) -> Any:
-        raise self._refuse("array conversion")
-
-    def __getitem__(self, item: object) -> Any:
-        raise self._refuse("indexing")
-
-    def _operator(self, *_: object) -> Any:
-        raise self._refuse("arithmetic or comparison")
-
-    __lt__ = __le__ = __gt__ = __ge__ = _operator
-    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _operator
-    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __pow__ = __rpow__ = _operator
-    __matmul__ = __rmatmul__ = __neg__ = __pos__ = __abs__ = _operator
-
-    def __repr__(self) -> str:
-        state = "awaited" if self.awaited else "not awaited"
-        return f"<collective {self.describe()} ({state})>"
-
-
 class Run:
     """The state of one ``Strategy.run`` call.
 
@@ -489,29 +182,29 @@ class Run:
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
+        # What every arrival reads, in one native object (_collective.Rendezvous); the
+        # run shares its lists and dicts under the names below.
+        self._rv = rv = Rendezvous(self, self.ledger, self.num_replicas)
+        rv.local = self.group is None
         # Collectives issued and not awaited yet (see Collective): each replica's
         # newest, and any older ones by id.
-        self.issued: list[Collective | None] = [None] * self.num_replicas
-        self.unawaited: list[dict[int, Collective]] = [{} for _ in range(self.num_replicas)]
-        self._slots: dict[Key, _Slot] = {}
+        self.issued: list[Collective | None] = rv.issued
+        self.unawaited: list[dict[int, Collective]] = rv.unawaited
+        self._slots: dict[Key, Slot] = rv.slots
         self._loop: asyncio.AbstractEventLoop | None = None  # set when the run starts
-        # Whether ``await collective`` may take the fast path (asyncio, no tracer, no
-        # shuffle): set when the run starts.
-        self._fast = False
         self._current_task: Callable[[], object] = _tasks.current_task
-        self._parked: dict[int, _Slot] = {}  # id(task) -> the collective it waits at
+        self._parked: dict[int, Slot] = {}  # id(task) -> the collective it waits at
         # merge_calls every replica arrived at, whose merge_fn runs now.
-        self._dispatching: dict[Key, tuple[_Slot, Collective]] = {}
+        self._dispatching: dict[Key, tuple[Slot, Collective]] = {}
         # The incremental deadlock check (see _check_deadlock): replicas before
         # ``_scan_rid`` were seen blocked in generation ``_scan_gen``; ``_gen`` moves on
         # whenever a blocked task may have become runnable (a collective completes, a
-        # task ends, a wait is abandoned).
-        self._gen = 0
+        # task ends, a wait is abandoned): ``_rv.gen``.
         self._scan_gen = -1
         self._scan_rid = 0
         self.inspections = 0  # tasks inspected by deadlock checks (tests count them)
         self._ended = ""  # how the run ended ("failed", "was cancelled"), once closed
-        self._errors: list[tuple[int, BaseException]] = []
+        self._errors: list[tuple[int, BaseException]] = rv.errors
         # Errors of replicas cancelled while waiting: root causes unless the run itself
         # was cancelled (then they are its consequences).
         self._abandonments: list[CollectiveError] = []
@@ -569,7 +262,7 @@ class Run:
     def collective(self, call: Collective) -> Any:
         """Meet the other replicas at this replica's next collective (a coroutine).
 
-        ``await collective`` takes :meth:`_arrive_fast` where it can; this coroutine
+        ``await collective`` takes ``Rendezvous.arrive_fast`` where it can; this coroutine
         serves every other case (trio, a timeout, a tracer, ``schedule="random"``, a
         collective run as a task), with the same steps and checks.
 
@@ -583,45 +276,14 @@ class Run:
         """
         return self._collective(call)
 
-    def _arrive_fast(self, call: Collective) -> Generator[Any, None, Any]:
-        """``await call`` on asyncio without a timeout, tracer or shuffle.
-
-        The arrival is made now. A waiter gets a :class:`_Waiter` future to await
-        (the last arrival sets it to this replica's rebuilt result); the last arrival
-        gets the dispatch coroutine. Returns the iterator the ``await`` drives.
-        """
-        if self._errors:
-            # The run failed meanwhile: the coroutine raises the cancellation.
-            return self._collective(call).__await__()
-        replica = call.replica
-        ledger = self.ledger
-        try:
-            key, complete = ledger.arrive(replica, call._signature)
-        except CollectiveError as exc:
-            self._fail(replica, exc)
-            raise
-        slot = self._arrive_at(key, replica, call.payload, complete)
-        if complete:
-            return self._dispatch(call, key, slot).__await__()
-        if ledger.all_waiting():
-            self._check_deadlock(replica, current=self._current_task())
-        waiter = _Waiter(loop=self._loop)
-        waiter._ar_run = self
-        waiter._ar_replica = replica
-        waiter._ar_tree = call.treedef
-        waiter._ar_key = key
-        waiter._ar_slot = slot
-        slot.fast.append(waiter)
-        return waiter.__await__()
-
-    def _abandoned(self, replica: int, key: Key, slot: _Slot) -> None:
+    def _abandoned(self, replica: int, key: Key, slot: Slot) -> None:
         """A waiter was cancelled: its replica left the collective at ``key``.
 
         Unless the whole run is being cancelled (then the run ends with that
         cancellation, see :meth:`execute`), this is the root cause: the others would
         wait for ever. The run fails at once; the tracer hears of it when the run ends.
         """
-        self._gen += 1
+        self._rv.gen += 1
         if not self._errors and not slot.done:
             error = self.ledger.abandon(replica, key)
             if error is not None:
@@ -629,17 +291,6 @@ class Run:
                 self._abandonments.append(error)
                 if self._cancel_scope is not None:
                     self._cancel_scope.cancel()
-
-    def _arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> _Slot:
-        """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
-        slots = self._slots
-        slot = slots.get(key)
-        if slot is None:
-            slot = slots[key] = _Slot(self.num_replicas, time.monotonic())
-        slot.payloads[replica] = payload
-        if complete:
-            del slots[key]
-        return slot
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
@@ -659,7 +310,7 @@ class Run:
         tracer = self.tracer
         if tracer is not None:
             tracer.arrive(replica, key, signature)
-        slot = self._arrive_at(key, replica, call.payload, complete)
+        slot = self._rv.arrive_at(key, replica, call.payload, complete)
         if complete:
             result = await self._dispatch(call, key, slot)
             if self.shuffle is not None:
@@ -694,7 +345,7 @@ class Run:
             await self._jitter()
         return _result(call, slot.results[replica])
 
-    async def _dispatch(self, call: Collective, key: Key, slot: _Slot) -> Any:
+    async def _dispatch(self, call: Collective, key: Key, slot: Slot) -> Any:
         """The last arrival at ``key``: run the collective, wake the others.
 
         Returns:
@@ -735,13 +386,17 @@ class Run:
             tracer.dispatch_end(key)
             tracer.resume(replica, key)
         slot.release()
-        self._gen += 1  # the waiters are runnable again
+        self._rv.gen += 1  # the waiters are runnable again
         if slot.warned:
-            waited = time.monotonic() - slot.since
-            logger.warning(resumed_message(key_text(key), waited))
+            self._log_resumed(slot)
         return _result(call, slot.results[replica])
 
-    async def _merge(self, call: Collective, key: Key, slot: _Slot) -> Sequence[Any]:
+    def _log_resumed(self, slot: Slot) -> None:
+        """A collective that was reported stalled completed after all."""
+        waited = time.monotonic() - slot.since
+        logger.warning(resumed_message(key_text(slot.key), waited))
+
+    async def _merge(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
         """Run a merge_call's ``merge_fn``, watched by the stall warning and the timeout.
 
         ``merge_fn`` is user code: while it runs, every replica waits for it. It is
@@ -793,7 +448,7 @@ class Run:
         for _ in range(self.shuffle.randrange(4)):
             await anyio.lowlevel.checkpoint()
 
-    async def _park(self, slot: _Slot) -> None:
+    async def _park(self, slot: Slot) -> None:
         loop = self._loop
         if loop is not None:
             future = loop.create_future()
@@ -806,7 +461,7 @@ class Run:
             slot.waiters.append(trio.Event())
         await slot.waiters[0].wait()
 
-    async def _wait(self, slot: _Slot, key: Key, replica: int, wait_limit: float | None) -> None:
+    async def _wait(self, slot: Slot, key: Key, replica: int, wait_limit: float | None) -> None:
         if not wait_limit:
             await self._park(slot)
             return
@@ -906,8 +561,8 @@ class Run:
         """
         if not self.ledger.all_waiting():
             return
-        if self._scan_gen != self._gen:
-            self._scan_gen = self._gen
+        if self._scan_gen != self._rv.gen:
+            self._scan_gen = self._rv.gen
             self._scan_rid = 0
         rid = self._scan_rid
         n = self.num_replicas
@@ -942,11 +597,11 @@ class Run:
         if slot is not None:
             return not slot.done
         waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
-        return type(waiter) is _Waiter and waiter._ar_run is self and not waiter.done()
+        return type(waiter) is Waiter and waiter._ar_slot.run is self and not waiter.done()
 
     def task_done(self, task: object) -> None:
         """A task of some replica ended: replicas may now be deadlocked."""
-        self._gen += 1  # whoever joined it may run again
+        self._rv.gen += 1  # whoever joined it may run again
         if self.closed or self.failed or not self.ledger.all_waiting():
             return
         # A deadlock is recorded as the run's root cause and the run is cancelled.
@@ -1056,8 +711,8 @@ class Run:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        self._loop = loop
-        self._fast = loop is not None and self.tracer is None and self.shuffle is None
+        self._loop = self._rv.loop = loop
+        self._rv.fast = loop is not None and self.tracer is None and self.shuffle is None
         self._current_task = _tasks.current_task
         if loop is not None:
             self._current_task = asyncio.current_task
@@ -1105,7 +760,7 @@ class Run:
             self._ended = "was cancelled"
             # The run itself was cancelled: replicas cancelled while waiting are not
             # root causes.
-            self._errors = [
+            self._errors[:] = [  # the list is shared with self._rv
                 (r, e) for r, e in self._errors if not any(e is a for a in self._abandonments)
             ]
             self._abandonments.clear()

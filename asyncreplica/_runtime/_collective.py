@@ -1,0 +1,453 @@
+"""The rendezvous's hot objects, written for mypyc: a collective, its slot, the fast arrival.
+
+Every replica runs this code at every collective, so it is compiled (pyproject.toml lists it)
+into native classes with typed attributes: reading a field is a C struct access, and calls
+between these classes and the compiled ledger are C calls. It runs interpreted too
+(``ASYNCREPLICA_NO_EXTENSIONS=1``), with the same behaviour. What it needs from the
+interpreted :class:`~._run.Run` (failures, deadlock checks, the general coroutine) it calls
+there: those are the rare paths.
+
+* :class:`Rendezvous`: the fields of a run that every arrival reads, in one native object
+  (the run holds it as ``run._rv`` and shares its lists and dicts).
+* :class:`Slot`: one pending collective's payloads, waiters and results.
+* :class:`Collective`: what ``ctx.all_reduce(...)`` returns; ``await`` on it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections.abc
+import time
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from .._core._ledger import Key, Ledger
+from .._core._nest import unflatten
+from .._core._signature import CollectiveKind, Signature
+from .._exceptions import CollectiveError
+from ._waiter import Waiter
+
+if TYPE_CHECKING:
+    from ._run import Run
+
+__all__ = ["NO_TREE", "Collective", "Rendezvous", "Slot", "rebuild"]
+
+
+class _NoTree:
+    """Marks a collective whose result is not rebuilt into a structure."""
+
+
+NO_TREE: Final[Any] = _NoTree()
+
+
+class Rendezvous:
+    """The fields of one run that every arrival reads (the run shares these objects).
+
+    Args:
+        run: The run (its methods serve the rare paths: failures, deadlocks, timeouts).
+        ledger: The run's ledger.
+        num_replicas: The replicas of this process.
+    """
+
+    def __init__(self, run: Any, ledger: Ledger, num_replicas: int) -> None:
+        self.run: Any = run
+        self.ledger = ledger
+        self.num_replicas = num_replicas
+        # Collectives issued and not awaited yet: each replica's newest, older ones by id.
+        self.issued: list[Any] = [None] * num_replicas
+        self.unawaited: list[dict[int, Any]] = [{} for _ in range(num_replicas)]
+        self.slots: dict[Key, Slot] = {}  # pending collectives
+        self.errors: list[tuple[int, BaseException]] = []  # the run's root causes
+        # Whether ``await collective`` takes the fast path (asyncio, no tracer, no shuffle).
+        self.fast = False
+        self.loop: Any = None  # the asyncio loop, once the run starts (None on trio)
+        self.gen = 0  # moves on when a blocked task may have become runnable
+        self.local = True  # whether the run is within one process (no process group)
+
+    def arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> Slot:
+        """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
+        slots = self.slots
+        slot = slots.get(key)
+        if slot is None:
+            slot = Slot(self, key, self.num_replicas, time.monotonic())
+            slots[key] = slot
+        slot.payloads[replica] = payload
+        if complete:
+            del slots[key]
+        return slot
+
+    def arrive_fast(self, call: Collective) -> Generator[Any, None, Any]:
+        """``await call`` on asyncio without a timeout, tracer or shuffle.
+
+        The arrival is made now. A waiter gets a :class:`Waiter` future to await (the last
+        arrival sets it to this replica's rebuilt result); the last arrival gets the
+        dispatch coroutine. Returns the iterator the ``await`` drives.
+        """
+        run = self.run
+        if self.errors:
+            # The run failed meanwhile: the coroutine raises the cancellation.
+            return run._collective(call).__await__()  # type: ignore[no-any-return]
+        replica = call.replica
+        ledger = self.ledger
+        try:
+            key, complete = ledger.arrive(replica, call._signature)
+        except CollectiveError as exc:
+            run._fail(replica, exc)
+            raise
+        slot = self.arrive_at(key, replica, call.payload, complete)
+        if complete:
+            if self.local and call._signature.kind is not CollectiveKind.MERGE_CALL:
+                return _dispatch(self, call, slot).__await__()
+            return run._dispatch(call, key, slot).__await__()  # type: ignore[no-any-return]
+        if ledger.all_waiting():
+            run._check_deadlock(replica, current=run._current_task())
+        waiter = Waiter(loop=self.loop)
+        waiter._ar_slot = slot
+        slot.fast.append(waiter)
+        slot.fast_rids.append(replica)
+        slot.trees[replica] = call.treedef
+        return waiter.__await__()
+
+
+async def _dispatch(rv: Rendezvous, call: Collective, slot: Slot) -> Any:
+    """The last arrival at a collective of one process (not merge_call), on the fast path.
+
+    :meth:`~._run.Run._dispatch` is the general form (tracing, merge_call, processes).
+    """
+    results = await call.dispatch(rv.run, call, slot.payloads)
+    slot.results = results
+    slot.release()
+    rv.gen += 1  # the waiters are runnable again
+    if slot.warned:
+        rv.run._log_resumed(slot)
+    treedef = call.treedef
+    result = results[call.replica]
+    return result[0] if treedef is None else rebuild(treedef, result)
+
+
+class Slot:
+    """The payloads of one collective and, once dispatched, the results.
+
+    Waiters park on one native waiter each (an asyncio future, or a trio event per
+    collective), chosen once per run: no polling, no anyio.Event per collective.
+
+    Args:
+        rv: The run's rendezvous.
+        key: The collective's key in the ledger.
+        num_replicas: The replicas of this process.
+        since: When the first replica arrived (``time.monotonic()``).
+    """
+
+    def __init__(self, rv: Rendezvous, key: Key, num_replicas: int, since: float) -> None:
+        self.run: Any = rv.run
+        self.key: Key = key
+        self.payloads: list[Any] = [None] * num_replicas
+        self.results: Sequence[Any] = ()
+        self.done = False  # results are set
+        self.waiters: list[Any] = []  # asyncio futures, or one trio event
+        # Fast-path waiters (each gets its result), their replicas, and every replica's
+        # result structure (set by the fast path only).
+        self.fast: list[Waiter] = []
+        self.fast_rids: list[int] = []
+        self.trees: list[Any] = [None] * num_replicas
+        self.since = since
+        self.warned = False  # whether a stall warning was logged for it
+        self.error: Callable[[], BaseException] | None = None  # set: it can never complete
+        self.task: object = None  # a merge_call's running merge (where it waits)
+
+    def release(self) -> None:
+        """Wake every waiter (the results are set)."""
+        self.done = True
+        results = self.results
+        fast = self.fast
+        if fast:
+            trees = self.trees
+            rids = self.fast_rids
+            for i, waiter in enumerate(fast):
+                if not waiter.done():  # a cancelled one is left alone
+                    replica = rids[i]
+                    result = results[replica]
+                    tree = trees[replica]
+                    waiter.set_result(result[0] if tree is None else rebuild(tree, result))
+            fast.clear()  # no slot <-> waiter cycle outlives the collective
+        waiters = self.waiters
+        if waiters and isinstance(waiters[0], asyncio.Future):
+            for future in waiters:  # futures (asyncio), all of them
+                if not future.done():
+                    future.set_result(None)
+            return
+        for event in waiters:
+            event.set()
+
+    def abort(self, error: Callable[[], BaseException]) -> None:
+        """Wake every waiter with a fresh ``error()``: the collective can never complete."""
+        self.error = error
+        self.done = True
+        for waiter in [*self.fast, *self.waiters]:
+            if isinstance(waiter, asyncio.Future):
+                if not waiter.done():
+                    waiter.set_exception(error())
+            else:
+                waiter.set()
+        self.fast.clear()
+
+
+def rebuild(treedef: Any, result: Any) -> Any:
+    """``result`` (a replica's result leaves) rebuilt into ``treedef`` (not None)."""
+    if treedef is NO_TREE:
+        return result
+    if treedef[0] is list and treedef[1] is None and not any(treedef[2]):
+        return list(result)  # a flat list of leaves
+    return unflatten(treedef, result)
+
+
+class _Spent:
+    """What a collective awaited on the fast path leaves behind: it cannot run again."""
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        raise RuntimeError("cannot reuse already awaited coroutine")
+
+    def send(self, value: Any) -> Any:
+        """Refuse: the collective ran."""
+        raise RuntimeError("cannot reuse already awaited coroutine")
+
+    def throw(self, *args: Any) -> Any:
+        """Refuse: the collective ran."""
+        raise RuntimeError("cannot reuse already awaited coroutine")
+
+    def close(self) -> None:
+        """Nothing to close: the arrival is made."""
+
+
+_SPENT: Final[Any] = _Spent()
+
+
+class Collective:
+    """An issued collective: await it to take part in the rendezvous.
+
+    It is a coroutine (so ``asyncio.create_task``, ``asyncio.gather`` and task groups
+    accept it: registered as a ``collections.abc.Coroutine``) that refuses to be used as a
+    value, so that a forgotten ``await`` fails where it happens rather than as a silently
+    skipped collective.
+
+    It carries everything the rendezvous needs as plain fields (no closure, no coroutine
+    per call): the run creates the one coroutine, :meth:`~._run.Run.collective`, when the
+    collective is first awaited or sent into, unless ``await`` takes the fast path.
+
+    Args:
+        run: The run the replica belongs to.
+        replica: The issuing replica.
+        signature: The collective's signature.
+        payload: What the replica contributes (its leaves, or merge_call's arguments).
+        dispatch: Called once, by the last arrival, as ``dispatch(run, collective,
+            payloads)`` with every replica's payload in replica order; returns one
+            result per replica.
+        extra: Data for ``dispatch`` (e.g. ``bytes_per_pack``).
+        timeout: Seconds to wait before ``CollectiveTimeoutError``; None or 0 waits
+            for ever.
+        treedef: The structure to rebuild the result into, or :data:`NO_TREE`.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        replica: int,
+        signature: Signature,
+        payload: object,
+        dispatch: Callable[[Run, Collective, list[Any]], Awaitable[Sequence[Any]]],
+        extra: object = None,
+        timeout: float | None = None,
+        treedef: Any = NO_TREE,
+    ) -> None:
+        rv: Rendezvous = run._rv
+        self._rv = rv
+        self._run: Any = run
+        self.replica = replica
+        self._signature = signature
+        self.payload = payload
+        self.dispatch = dispatch
+        self.extra = extra
+        self.timeout = timeout
+        self.treedef = treedef
+        self._coro: Any = None
+        self.awaited = False
+        # Registered until awaited, so that the replica's end can report it: the newest in
+        # the replica's slot of ``issued`` (one list for the run, read in replica order: no
+        # dict per replica touched per collective), any older one still unawaited in
+        # ``unawaited``.
+        issued = rv.issued
+        older = issued[replica]
+        if older is not None:
+            rv.unawaited[replica][id(older)] = older
+        issued[replica] = self
+
+    def _unregister(self) -> None:
+        """Awaited: no longer reported at the replica's end."""
+        self.awaited = True
+        rv = self._rv
+        issued = rv.issued
+        replica = self.replica
+        if issued[replica] is self:
+            issued[replica] = None
+        else:
+            rv.unawaited[replica].pop(id(self), None)
+
+    @property
+    def signature(self) -> Signature:
+        """The collective's signature."""
+        return self._signature
+
+    def _started(self) -> Any:
+        coro = self._coro
+        if coro is None:
+            self._unregister()
+            coro = self._coro = self._run.collective(self)
+        return coro
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        if self._coro is None:
+            rv = self._rv
+            if rv.fast and not self.timeout:
+                # The common case: arrive now; a waiter awaits its future directly.
+                # (_unregister, inline: this runs once per replica and collective.)
+                self.awaited = True
+                issued = rv.issued
+                replica = self.replica
+                if issued[replica] is self:
+                    issued[replica] = None
+                else:
+                    rv.unawaited[replica].pop(id(self), None)
+                self._coro = _SPENT
+                return rv.arrive_fast(self)
+        return self._started().__await__()  # type: ignore[no-any-return]
+
+    def send(self, value: Any) -> Any:
+        """Run the collective to its next suspension (coroutine protocol)."""
+        return self._started().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        """Raise an exception inside the collective (coroutine protocol)."""
+        return self._started().throw(*args)
+
+    def close(self) -> None:
+        """Discard the collective without running it."""
+        if self._coro is not None:
+            self._coro.close()
+
+    def describe(self) -> str:
+        """``all_reduce(SUM) on float32[4] at train.py:12``."""
+        site = self._signature.call_site
+        return self._signature.describe() + ("" if site is None else f" at {site}")
+
+    def _refuse(self, use: str) -> TypeError:
+        return TypeError(
+            f"A collective that has not run cannot be used as a value ({use}): "
+            f"{self.describe()}. Did you forget `await`? "
+            "Write `result = await ctx.all_reduce(...)`; an un-awaited collective is skipped "
+            "by this replica and its peers would wait for it."
+        )
+
+    # One method per use (a compiled class has no class-body aliases).
+    def __bool__(self) -> bool:
+        raise self._refuse("truth value")
+
+    def __float__(self) -> float:
+        raise self._refuse("float()")
+
+    def __int__(self) -> int:
+        raise self._refuse("int()")
+
+    def __index__(self) -> int:
+        raise self._refuse("index")
+
+    def __complex__(self) -> complex:
+        raise self._refuse("complex()")
+
+    def __iter__(self) -> Any:
+        raise self._refuse("iteration")
+
+    def __len__(self) -> int:
+        raise self._refuse("len()")
+
+    def __array__(self, *args: object, **kwargs: object) -> Any:
+        raise self._refuse("array conversion")
+
+    def __getitem__(self, item: object) -> Any:
+        raise self._refuse("indexing")
+
+    def __lt__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __le__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __gt__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __ge__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __add__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __radd__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __sub__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rsub__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __mul__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rmul__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __truediv__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rtruediv__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __floordiv__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rfloordiv__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __pow__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rpow__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __matmul__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __rmatmul__(self, other: object) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __neg__(self) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __pos__(self) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __abs__(self) -> Any:
+        raise self._refuse("arithmetic or comparison")
+
+    def __hash__(self) -> int:
+        # By identity, as an object's (a compiled class with comparison methods has no
+        # hash unless it defines one, and asyncio.gather hashes its awaitables).
+        return id(self)
+
+    def __repr__(self) -> str:
+        state = "awaited" if self.awaited else "not awaited"
+        return f"<collective {self.describe()} ({state})>"
+
+
+# A coroutine for asyncio.create_task, gather and inspect.isawaitable; a native class
+# cannot inherit the ABC, so it is registered.
+collections.abc.Coroutine.register(Collective)
