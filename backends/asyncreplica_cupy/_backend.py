@@ -13,6 +13,7 @@ other replicas meanwhile. No ``with`` block is ever open across an ``await``.
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 import warnings
@@ -23,10 +24,14 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
+# The one exact integer-MEAN rule, used here for sums that may need more than 64 bits.
+from asyncreplica_numpy._backend import _mean_of_ints as mean_of_integers
+
 from asyncreplica import BackendError, IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._plan import (
+    EXACT_SUM_DIVISION,
     FOLD_DTYPES,
     NCCL_DTYPES,
     NCCL_OPS,
@@ -38,6 +43,7 @@ from ._plan import (
     fold_chunks,
     fold_kernel_source,
     fold_steps,
+    integer_mean_dtype,
     mean_divisor,
     reduction_route,
     reduction_variants,
@@ -312,6 +318,28 @@ def _kernel(cupy: Any, variant: FoldVariant, gpu: int) -> Any:
     if (variant, gpu) not in _loaded:
         _load_kernels(cupy, [(variant, gpu)])
     return _kernels[variant]
+
+
+class _StreamHandle:
+    """A CUDA stream handle in the CUDA stream protocol (``__cuda_stream__``)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _external_stream(cupy: Any, ptr: int) -> Any:
+    """A CuPy stream object for another library's stream ``ptr`` (it stays theirs).
+
+    CuPy 14 deprecates ``cupy.cuda.ExternalStream`` for ``Stream.from_external``, which
+    takes an object of the CUDA stream protocol; older CuPy has only the former.
+    """
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(ptr))
+    return cupy.cuda.ExternalStream(ptr)
 
 
 class _WithoutStream:
@@ -655,7 +683,9 @@ class CupyBackend(Backend):
                 continue  # complex: CuPy's ufuncs; bool: refused when the work starts
             if isinstance(leaf, IndexedSlices):
                 if op is ReduceOp.MEAN:
-                    variants.update(fold_steps(1, op, spec.dtype, divide=True))
+                    integer = not spec.dtype.startswith("float")
+                    dtype = "int64" if integer else spec.dtype
+                    variants.update(fold_steps(1, op, dtype, divide=True))
                 continue
             route = self._route(op, spec.dtype)
             variants |= reduction_variants(self.plan, op, spec.dtype, route)
@@ -687,6 +717,11 @@ def _reduce_on_variants(
     op: ReduceOp, count: int, dtype: str, axis: tuple[int, ...] | None
 ) -> list[FoldVariant]:
     """The fold kernels ``Strategy.reduce`` of ``count`` components runs (see ``reduce_on``)."""
+    if op is ReduceOp.MEAN and dtype in FOLD_DTYPES and not dtype.startswith("float"):
+        # Widened to int64 and summed exactly, then one division (integer_mean_on); the
+        # kernels are compiled even where the MEAN ends up taken on the host.
+        sums = fold_steps(count, ReduceOp.SUM, "int64", divide=False) if count > 1 else []
+        return [*sums, EXACT_SUM_DIVISION]
     if axis is None:
         if dtype not in FOLD_DTYPES:
             return []
@@ -899,7 +934,7 @@ class _Work:
         if producer is not None:
             with cupy.cuda.Device(gpu):
                 event = cupy.cuda.Event(disable_timing=True)
-                event.record(cupy.cuda.ExternalStream(int(producer)))
+                event.record(_external_stream(cupy, int(producer)))
                 self.backend._stream(cupy, gpu).wait_event(event)
         return array
 
@@ -969,6 +1004,8 @@ class _Work:
         arrays = [self.to_gpu(v, plan.gpu_of(r)) for r, v in enumerate(leaf)]
         dtype = arrays[0].dtype
         _reducible(dtype)
+        if op is ReduceOp.MEAN and dtype.kind in "iu":
+            return self.integer_mean(arrays)
         divisor = mean_divisor(plan) if op is ReduceOp.MEAN else None
         route = self.backend._route(op, dtype.name)
         if route is Route.LOCAL:
@@ -994,6 +1031,53 @@ class _Work:
             if gpu != at:
                 per_gpu[gpu] = self.copy_to(acc, at, gpu)
         return per_gpu
+
+    def integer_mean(self, arrays: Sequence[Any]) -> dict[int, Any]:
+        """The ``MEAN`` of every replica's integer array (``arrays[r]`` on its GPU), by GPU.
+
+        Exact, as on the host: the values are never summed in their own dtype, which
+        wraps around. 8 to 32-bit integers are widened to int64 on their GPU, all-reduced
+        as an int64 ``SUM`` on the usual route (exact: :func:`integer_mean_dtype`), and
+        each GPU divides that sum once into float64. Otherwise (64-bit integers, whose
+        sum may need more bits) the MEAN is taken on the host by the numpy backend's rule
+        and copied to each GPU.
+        """
+        plan = self.plan
+        n = mean_divisor(plan)
+        if integer_mean_dtype(arrays[0].dtype.name, n) is None:
+            mean = self.mean_on_host(arrays, None)
+            return {gpu: self.from_host(mean, gpu) for gpu in plan.gpus}
+        wide = [self.widen(a, plan.gpu_of(r)) for r, a in enumerate(arrays)]
+        sums = self.reduce_dense(ReduceOp.SUM, wide)
+        return {gpu: self.fold(ReduceOp.MEAN, [total], gpu, n) for gpu, total in sums.items()}
+
+    def widen(self, array: Any, gpu: int) -> Any:
+        """A new int64 copy of the integer ``array`` (on ``gpu``), made on ``gpu``."""
+        with self.use(gpu):
+            wide = array.astype(self.cupy.int64)
+        self.keep.append(array)
+        return wide
+
+    def mean_on_host(self, arrays: Sequence[Any], axis: tuple[int, ...] | None) -> Any:
+        """The exact ``MEAN`` of integer ``arrays`` by the numpy backend's rule, on the host.
+
+        Each array is copied to the host on this backend's stream of its GPU (a blocking
+        copy: the price of an exact MEAN of 64-bit integers; see docs/gpu.md).
+        """
+        cupy = self.cupy
+        host = []
+        for a in arrays:
+            gpu = int(a.device.id)
+            with self.use(gpu) as stream:
+                host.append(cupy.asnumpy(a, stream=stream))
+        return mean_of_integers(host, axis)
+
+    def from_host(self, array: Any, gpu: int) -> Any:
+        """A new CuPy copy of the numpy ``array`` on ``gpu``."""
+        with self.use(gpu):
+            out = self.cupy.asarray(array)
+        self.keep.append(array)
+        return out
 
     def _reduce_nccl(
         self, op: ReduceOp, arrays: Sequence[Any], divisor: int | None
@@ -1068,6 +1152,8 @@ class _Work:
         indices = self.concatenate_everywhere([s.indices for s in parts], 0)
         if op is ReduceOp.MEAN:
             n = mean_divisor(self.plan)
+            if values[self.plan.gpus[0]].dtype.kind in "iu":  # one division of each value
+                values = {g: self.widen(v, g) for g, v in values.items()}
             values = {g: self.fold(ReduceOp.MEAN, [v], g, n) for g, v in values.items()}
         out = []
         for r, part in enumerate(parts):
@@ -1079,6 +1165,8 @@ class _Work:
         self, op: ReduceOp, arrays: Sequence[Any], gpu: int, axis: tuple[int, ...] | None
     ) -> Any:
         """``Strategy.reduce`` of components all on ``gpu``: a new array."""
+        if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
+            return self.integer_mean_on(arrays, gpu, axis)
         if axis is None:
             return self.fold(op, arrays, gpu, len(arrays) if op is ReduceOp.MEAN else None)
         cupy = self.cupy
@@ -1095,4 +1183,24 @@ class _Work:
         if count == 0:
             with self.use(gpu):
                 return cupy.true_divide(total, count)
+        return self.fold(ReduceOp.MEAN, [total], gpu, count)
+
+    def integer_mean_on(self, arrays: Sequence[Any], gpu: int, axis: tuple[int, ...] | None) -> Any:
+        """``Strategy.reduce(MEAN)`` of integer components all on ``gpu``, exactly.
+
+        As :meth:`integer_mean`: widened to int64 and summed there when that is exact,
+        else on the host by the numpy backend's rule.
+        """
+        if axis is None:
+            count = len(arrays)
+        else:
+            count = sum(math.prod(int(a.shape[k]) for k in axis) for a in arrays)
+        if count == 0 or integer_mean_dtype(arrays[0].dtype.name, count) is None:
+            return self.from_host(self.mean_on_host(arrays, axis), gpu)
+        wide = [self.widen(a, gpu) for a in arrays]
+        if axis is not None:
+            with self.use(gpu):
+                wide = [self.cupy.asarray(w.sum(axis=axis)) for w in wide]
+            self.keep.extend(wide)
+        total = self.fold(ReduceOp.SUM, wide, gpu, None) if len(wide) > 1 else wide[0]
         return self.fold(ReduceOp.MEAN, [total], gpu, count)

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from asyncreplica.abc import ReduceOp
 
 __all__ = [
+    "EXACT_INT64_SUMMANDS",
+    "EXACT_SUM_DIVISION",
     "FOLD_DTYPES",
     "MAX_FOLD_ARITY",
     "NCCL_DTYPES",
@@ -41,6 +43,7 @@ __all__ = [
     "fold_kernel_source",
     "fold_steps",
     "gpu_ordinal",
+    "integer_mean_dtype",
     "mean_divisor",
     "reduction_folds",
     "reduction_route",
@@ -76,6 +79,11 @@ NCCL_OPS: dict[ReduceOp, str] = {
 #: The most inputs one fused fold kernel takes; more replicas on one GPU are folded in
 #: chunks (:func:`fold_chunks`), which gives the same bits.
 MAX_FOLD_ARITY = 16
+
+#: Fewer summands than this: a sum of 32-bit or smaller integers, taken in int64, stays
+#: below ``2**52`` in magnitude, so it is exact and converts to float64 exactly.
+EXACT_INT64_SUMMANDS = 1 << 20
+_NARROW_INTS = frozenset({"int8", "int16", "int32", "uint8", "uint16", "uint32"})
 
 
 def gpu_ordinal(device: str) -> int:
@@ -196,6 +204,28 @@ class GpuPlan:
             noun = "replica" if len(replicas) == 1 else "replicas"
             parts.append(f"GPU {g} (rank {rank}): {noun} {', '.join(map(str, replicas))}")
         return "; ".join(parts)
+
+
+def integer_mean_dtype(dtype: str, summands: int) -> str | None:
+    """Where the ``MEAN`` of ``summands`` integers of ``dtype`` is summed: exactly, always.
+
+    The MEAN of integers is the float64 nearest to the true mean (the numpy backend's
+    rule): the exact sum, divided once. A fold in the inputs' dtype would wrap around
+    (int8 ``3 * 127`` is 125), so the values are never summed in it.
+
+    Args:
+        dtype: The inputs' numpy dtype name (an integer dtype).
+        summands: How many values are summed into each element of the result.
+
+    Returns:
+        ``"int64"`` when the inputs are widened to int64 on the GPU and summed there (8
+        to 32-bit integers, fewer than :data:`EXACT_INT64_SUMMANDS` summands: the sum is
+        exact and below ``2**52``); None when the sum may need more than 64 bits and the
+        MEAN is taken on the host, by the numpy backend's exact rule.
+    """
+    if dtype in _NARROW_INTS and summands < EXACT_INT64_SUMMANDS:
+        return "int64"
+    return None
 
 
 def mean_divisor(plan: GpuPlan) -> int:
@@ -353,6 +383,18 @@ class FoldVariant:
             raise ValueError(f"MEAN of {self.dtype} values is written as float64")
         if self.mode is FoldMode.MEAN_TO_FLOAT64 and floating:
             raise ValueError(f"MEAN of {self.dtype} values keeps their dtype")
+        exact_sum_division = (self.arity, self.mode, self.dtype) == (
+            1,
+            FoldMode.MEAN_TO_FLOAT64,
+            "int64",
+        )
+        if self.op is ReduceOp.MEAN and not floating and not exact_sum_division:
+            # Summing in the inputs' dtype would wrap around: integers are widened and
+            # summed exactly first (integer_mean_dtype), then one int64 sum is divided.
+            raise ValueError(
+                f"an integer MEAN is summed exactly in int64 first: no MEAN fold of "
+                f"{self.arity} {self.dtype} inputs (only of one int64 sum)"
+            )
 
     @property
     def name(self) -> str:
@@ -363,6 +405,10 @@ class FoldVariant:
     def out_dtype(self) -> str:
         """The numpy dtype name of the output."""
         return "float64" if self.mode is FoldMode.MEAN_TO_FLOAT64 else self.dtype
+
+
+#: The one kernel an integer ``MEAN`` divides with: an exact int64 sum into float64.
+EXACT_SUM_DIVISION = FoldVariant(ReduceOp.MEAN, 1, FoldMode.MEAN_TO_FLOAT64, "int64")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -467,6 +513,10 @@ def fold_steps(count: int, op: ReduceOp, dtype: str, *, divide: bool) -> list[Fo
     Returns:
         One variant per chunk; kernel ``k`` folds chunk ``k`` (after the previous result).
     """
+    if divide and not dtype.startswith("float"):
+        # An integer MEAN divides one exact int64 sum (see integer_mean_dtype); raises
+        # ValueError (FoldVariant) for anything else.
+        return [FoldVariant(ReduceOp.MEAN, count, FoldMode.MEAN_TO_FLOAT64, dtype)]
     chunks = fold_chunks(count)
     mean = FoldMode.MEAN if dtype.startswith("float") else FoldMode.MEAN_TO_FLOAT64
     steps = []
@@ -520,9 +570,18 @@ def reduction_folds(plan: GpuPlan, op: ReduceOp, route: Route) -> list[Fold]:
 def reduction_variants(
     plan: GpuPlan, op: ReduceOp, dtype: str, route: Route
 ) -> frozenset[FoldVariant]:
-    """Every fold kernel one all-reduce of ``dtype`` values runs (none for complex)."""
+    """Every fold kernel one all-reduce of ``dtype`` values runs (none for complex).
+
+    An integer ``MEAN`` is an all-reduce ``SUM`` of the values widened to int64, then one
+    division of that exact sum per GPU; none when it is taken on the host (see
+    :func:`integer_mean_dtype`).
+    """
     if dtype not in FOLD_DTYPES:
         return frozenset()
+    if op is ReduceOp.MEAN and not dtype.startswith("float"):
+        if integer_mean_dtype(dtype, plan.num_replicas) is None:
+            return frozenset()
+        return reduction_variants(plan, ReduceOp.SUM, "int64", route) | {EXACT_SUM_DIVISION}
     return frozenset(
         v
         for fold in reduction_folds(plan, op, route)
@@ -535,9 +594,12 @@ def every_fold_variant() -> list[FoldVariant]:
     out = []
     for dtype in FOLD_DTYPES:
         for arity in range(1, MAX_FOLD_ARITY + 1):
-            out += [FoldVariant(op, arity, FoldMode.PLAIN, dtype) for op in ReduceOp]
-            mean = FoldMode.MEAN if dtype.startswith("float") else FoldMode.MEAN_TO_FLOAT64
-            out.append(FoldVariant(ReduceOp.MEAN, arity, mean, dtype))
+            floating = dtype.startswith("float")
+            ops = [op for op in ReduceOp if floating or op is not ReduceOp.MEAN]
+            out += [FoldVariant(op, arity, FoldMode.PLAIN, dtype) for op in ops]
+            if floating:
+                out.append(FoldVariant(ReduceOp.MEAN, arity, FoldMode.MEAN, dtype))
+    out.append(EXACT_SUM_DIVISION)  # an integer MEAN divides one exact int64 sum
     return out
 
 

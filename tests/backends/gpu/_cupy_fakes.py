@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+import sys
 from types import ModuleType, SimpleNamespace
+
+import pytest
 
 
 class FakeCudaError(RuntimeError):
     """What CuPy raises when the driver or the device is missing."""
+
+
+def hide_real_cupy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make CuPy's submodules unimportable for one test, so that a stand-in ``cupy`` is all
+    there is: ``from cupy.cuda import nccl`` must not find the real NCCL (on a machine with
+    CuPy and fewer GPUs than the stand-in reports, it would try to use GPUs that are not
+    there).
+    """
+    for name in [m for m in sys.modules if m.startswith("cupy.") or m == "cupy"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", None)  # type: ignore[arg-type]
 
 
 def fake_cupy(device_count: int | Exception) -> ModuleType:

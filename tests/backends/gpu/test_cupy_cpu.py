@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from _cupy_fakes import FakeCudaError, fake_cupy
+from _cupy_fakes import FakeCudaError, fake_cupy, hide_real_cupy
 from asyncreplica_cupy import INSTALL_HINT, CupyBackend, visible_gpu_count
 from asyncreplica_numpy import NumpyBackend
 
@@ -160,6 +160,7 @@ def test_strategy_with_no_gpu_picks_cpu_and_refuses_gpu_devices() -> None:
 
 @pytest.fixture
 def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_real_cupy(monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(2))
 
 

@@ -19,7 +19,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from asyncreplica_cupy._plan import FOLD_DTYPES, FoldMode, FoldVariant, fold_kernel_source
+from asyncreplica_cupy._plan import (
+    EXACT_SUM_DIVISION,
+    FOLD_DTYPES,
+    FoldMode,
+    FoldVariant,
+    fold_kernel_source,
+    fold_steps,
+    integer_mean_dtype,
+)
 
 from asyncreplica.abc import ReduceOp
 
@@ -38,9 +46,13 @@ ARITY = 3
 def _variants() -> list[FoldVariant]:
     out = []
     for dtype in DTYPES:
-        out += [FoldVariant(op, ARITY, FoldMode.PLAIN, dtype) for op in ReduceOp]
-        mean = FoldMode.MEAN if dtype.startswith("float") else FoldMode.MEAN_TO_FLOAT64
-        out += [FoldVariant(ReduceOp.MEAN, k, mean, dtype) for k in (1, ARITY)]
+        if dtype.startswith("float"):
+            out += [FoldVariant(op, ARITY, FoldMode.PLAIN, dtype) for op in ReduceOp]
+            out += [FoldVariant(ReduceOp.MEAN, k, FoldMode.MEAN, dtype) for k in (1, ARITY)]
+        else:  # an integer MEAN is never folded in its dtype: see test_integer_mean_*
+            ops = [op for op in ReduceOp if op is not ReduceOp.MEAN]
+            out += [FoldVariant(op, ARITY, FoldMode.PLAIN, dtype) for op in ops]
+    out.append(EXACT_SUM_DIVISION)
     return out
 
 
@@ -113,3 +125,46 @@ def test_kernel_computes_what_numpy_computes(library: ctypes.CDLL, variant: Fold
     assert out.dtype == expected.dtype
     assert np.array_equal(out, expected, equal_nan=True)
     assert (np.signbit(out) == np.signbit(expected)).all()  # -0.0 and 0.0 as numpy picks them
+
+
+# An integer MEAN: never summed in its own dtype ------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [d for d in DTYPES if not d.startswith("float")])
+@pytest.mark.parametrize("arity", [1, 2, ARITY])
+def test_integer_mean_is_never_folded_in_its_dtype(dtype: str, arity: int) -> None:
+    """A fold of integers in their dtype wraps (int8 3 * 127 is 125): it cannot be made."""
+    for mode in (FoldMode.PLAIN, FoldMode.MEAN_TO_FLOAT64):
+        if (arity, dtype, mode) == (1, "int64", FoldMode.MEAN_TO_FLOAT64):
+            continue  # EXACT_SUM_DIVISION: one exact int64 sum divided
+        with pytest.raises(ValueError, match="summed exactly in int64 first"):
+            FoldVariant(ReduceOp.MEAN, arity, mode, dtype)
+    if arity > 1 or dtype != "int64":
+        with pytest.raises(ValueError, match="summed exactly in int64 first"):
+            fold_steps(arity, ReduceOp.MEAN, dtype, divide=True)
+
+
+def test_integer_mean_is_summed_in_int64_only_where_that_is_exact() -> None:
+    assert integer_mean_dtype("int8", 3) == "int64"
+    assert integer_mean_dtype("uint32", (1 << 20) - 1) == "int64"
+    assert integer_mean_dtype("uint32", 1 << 20) is None  # the sum may reach 2**52
+    assert integer_mean_dtype("int64", 2) is None  # 64-bit sums may need more bits
+    assert integer_mean_dtype("uint64", 1) is None
+
+
+def test_the_division_of_an_exact_sum_is_the_hosts_mean(library: ctypes.CDLL) -> None:
+    """Widened sums of the limits, divided: the bits of the numpy backend's exact MEAN."""
+    from asyncreplica_numpy._backend import _mean_of_ints
+
+    for dtype in [d for d in DTYPES if not d.startswith("float")]:
+        if integer_mean_dtype(dtype, 3) is None:
+            continue
+        arrays = _inputs(dtype, ReduceOp.MEAN, 3)
+        total = sum(a.astype(np.int64) for a in arrays)
+        out = np.empty(total.shape, np.float64)
+        args = [total.ctypes.data_as(ctypes.c_void_p), out.ctypes.data_as(ctypes.c_void_p)]
+        getattr(library, EXACT_SUM_DIVISION.name)(
+            *args, ctypes.c_double(3.0), ctypes.c_longlong(out.size)
+        )
+        expected = _mean_of_ints(arrays)
+        assert np.array_equal(out, expected), dtype

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from asyncreplica_cupy import wait_for_events
 from asyncreplica_cupy._plan import (
+    EXACT_SUM_DIVISION,
     FOLD_DTYPES,
     MAX_FOLD_ARITY,
     NCCL_DTYPES,
@@ -243,10 +244,12 @@ def test_mean_kernel_divides_the_fold_by_its_argument() -> None:
     kernel = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN, "float32")
     assert "double d," in kernel.code
     assert _body(kernel.code)[-1] == "y[i] = (float)((float)acc / (float)d);"
-    ints = fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "int32")
+    # An integer MEAN divides one exact int64 sum: the only integer MEAN kernel.
+    ints = fold_kernel_source(ReduceOp.MEAN, 1, FoldMode.MEAN_TO_FLOAT64, "int64")
     assert "double* __restrict__ y," in ints.code
     assert _body(ints.code)[-1] == "y[i] = (double)acc / d;"
-    assert FoldVariant(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "int32").out_dtype == "float64"
+    assert EXACT_SUM_DIVISION.out_dtype == "float64"
+    assert ints.name == EXACT_SUM_DIVISION.name
     assert FoldVariant(ReduceOp.MEAN, 2, FoldMode.MEAN, "float16").out_dtype == "float16"
 
 
@@ -270,17 +273,21 @@ def test_every_variant_is_every_op_arity_mode_and_dtype() -> None:
     ints = [d for d in FOLD_DTYPES if not d.startswith("float")]
     assert set(floats) == {"float16", "float32", "float64"}
     assert len(ints) == 8
-    plain = len(ReduceOp) * MAX_FOLD_ARITY * len(FOLD_DTYPES)
-    assert len(variants) == plain + MAX_FOLD_ARITY * (len(floats) + len(ints))
+    # Integers have no MEAN fold (it would wrap around), only the one exact division.
+    plain = len(ReduceOp) * MAX_FOLD_ARITY * len(FOLD_DTYPES) - MAX_FOLD_ARITY * len(ints)
+    assert len(variants) == plain + MAX_FOLD_ARITY * len(floats) + 1
     assert {(v.op, v.mode) for v in variants if v.mode is not FoldMode.PLAIN} == {
         (ReduceOp.MEAN, FoldMode.MEAN),
         (ReduceOp.MEAN, FoldMode.MEAN_TO_FLOAT64),
     }
     # Every kernel a fold of up to 40 inputs runs is among them.
     for count in range(1, 41):
-        for dtype in FOLD_DTYPES:
+        for dtype in floats:
             for divide in (False, True):
                 assert set(fold_steps(count, ReduceOp.MEAN, dtype, divide=divide)) <= set(variants)
+        for dtype in ints:
+            assert set(fold_steps(count, ReduceOp.SUM, dtype, divide=False)) <= set(variants)
+    assert EXACT_SUM_DIVISION in variants
 
 
 def test_kernel_source_rejects_bad_arguments() -> None:
@@ -294,6 +301,8 @@ def test_kernel_source_rejects_bad_arguments() -> None:
         fold_kernel_source(ReduceOp.SUM, 2, FoldMode.PLAIN, "complex64")
     with pytest.raises(ValueError, match="written as float64"):
         fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN, "int32")
+    with pytest.raises(ValueError, match="summed exactly in int64 first"):
+        fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "int32")
     with pytest.raises(ValueError, match="keeps their dtype"):
         fold_kernel_source(ReduceOp.MEAN, 2, FoldMode.MEAN_TO_FLOAT64, "float32")
 
@@ -305,13 +314,15 @@ def test_fold_steps_follow_the_chunks_and_divide_last() -> None:
     assert fold_steps(3, ReduceOp.SUM, "float32", divide=False) == [
         FoldVariant(ReduceOp.SUM, 3, FoldMode.PLAIN, "float32")
     ]
-    steps = fold_steps(40, ReduceOp.MEAN, "int16", divide=True)
+    steps = fold_steps(40, ReduceOp.MEAN, "float32", divide=True)
     # 16 inputs, then the running result plus 15, then plus the last 9.
     assert [(v.arity, v.mode) for v in steps] == [
         (16, FoldMode.PLAIN),
         (16, FoldMode.PLAIN),
-        (10, FoldMode.MEAN_TO_FLOAT64),
+        (10, FoldMode.MEAN),
     ]
+    # An integer MEAN: the int64 sum's folds (chunked alike), then one division.
+    assert fold_steps(1, ReduceOp.MEAN, "int64", divide=True) == [EXACT_SUM_DIVISION]
     assert fold_steps(1, ReduceOp.MEAN, "float16", divide=True) == [
         FoldVariant(ReduceOp.MEAN, 1, FoldMode.MEAN, "float16")
     ]

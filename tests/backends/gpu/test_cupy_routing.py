@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _cupy_fakes import FAKEGPU, FakeGpuNamespace, FakeGpuTensor, fake_cupy
+from _cupy_fakes import FAKEGPU, FakeGpuNamespace, FakeGpuTensor, fake_cupy, hide_real_cupy
 from asyncreplica_cupy import CupyBackend
 from asyncreplica_cupy._routing import Foreign, foreign_of, from_gpu, restore
 
@@ -129,8 +129,9 @@ def test_cuda_and_host_arrays_of_other_libraries_are_foreign(fakegpu: FakeGpuNam
     pinned = foreign_of(_DeviceArray(3))  # kDLCUDAHost: pinned host memory
     assert pinned is not None
     assert not pinned.on_gpu
-    jnp = pytest.importorskip("jax.numpy", reason="jax missing (pip install 'jax[cpu]')")
-    host = foreign_of(jnp.zeros(2))
+    jax = pytest.importorskip("jax", reason="jax missing (pip install 'jax[cpu]')")
+    # On the CPU device explicitly: where JAX has a GPU, that is its default device.
+    host = foreign_of(jax.device_put(jax.numpy.zeros(2), jax.devices("cpu")[0]))
     assert host is not None
     assert (host.library.name, host.on_gpu) == ("jax.Array", False)
 
@@ -161,6 +162,7 @@ def test_describe_names_foreign_array_types() -> None:
 
 @pytest.fixture
 def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    hide_real_cupy(monkeypatch)
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy(2))
 
 
@@ -226,7 +228,9 @@ def test_a_refused_buffer_is_imported_from_a_fresh_copy(
 @pytest.mark.parametrize("module", ["jax.numpy", "array_api_strict"])
 def test_host_results_come_back_once_per_buffer_in_the_input_type(cp: _Cupy, module: str) -> None:
     xp = pytest.importorskip(module, reason=f"{module} missing")
-    inputs = [[xp.asarray(np.arange(3, dtype=np.float32) + r)] for r in range(3)]
+    inputs = [
+        [_on_the_host(module, xp.asarray(np.arange(3, dtype=np.float32) + r))] for r in range(3)
+    ]
     want = np.arange(3, dtype=np.float32) * 3 + 3
     shared = _Result(want, 0, 0xA000)  # replicas 0 and 1 share GPU 0's result
     results: list[list[object]] = [[shared], [shared], [_Result(want, 1, 0xB000)]]
@@ -238,6 +242,15 @@ def test_host_results_come_back_once_per_buffer_in_the_input_type(cp: _Cupy, mod
         assert type(row[0]) is type(inputs[0][0])
         host = np.from_dlpack(row[0])
         np.testing.assert_array_equal(host, want, strict=True)
+
+
+def _on_the_host(module: str, array: Any) -> Any:
+    """``array`` on the CPU: where JAX has a GPU, that is its default device."""
+    if module != "jax.numpy":
+        return array
+    import jax
+
+    return jax.device_put(array, jax.devices("cpu")[0])
 
 
 def test_replicas_sharing_a_result_buffer_get_their_own_writable_tensor(

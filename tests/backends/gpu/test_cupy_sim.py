@@ -217,7 +217,15 @@ def test_reduce_dense_runs_the_folds_that_were_compiled(
     ("op", "axis", "names"),
     [
         (ReduceOp.SUM, None, ["asyncreplica_fold_SUM_3_plain_int16"]),
-        (ReduceOp.MEAN, None, ["asyncreplica_fold_MEAN_3_mean_to_float64_int16"]),
+        # An integer MEAN: widened to int64, summed exactly, divided once.
+        (
+            ReduceOp.MEAN,
+            None,
+            [
+                "asyncreplica_fold_MEAN_1_mean_to_float64_int64",
+                "asyncreplica_fold_SUM_3_plain_int64",
+            ],
+        ),
         # Along an axis CuPy first sums each component, widening int16 to int64.
         (
             ReduceOp.MEAN,
