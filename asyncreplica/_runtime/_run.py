@@ -731,7 +731,10 @@ class Run:
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
             return True
-        self.ledger.fail(replica)
+        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
+            self.ledger.cancel(replica)
+        else:
+            self.ledger.fail(replica)
         if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
             cause: BaseException = self._replica_cancelled(
                 replica, "closed" if state is State.CLOSED else "cancelled", error
