@@ -62,8 +62,9 @@ _AWAITS = frozenset(
     if name in dis.opmap
 )
 # What the library raises on purpose, when a frame's instructions cannot be read (a
-# module compiled with mypyc has no bytecode to look at).
-_DELIBERATE = (AsyncReplicaError, TypeError, ValueError, NotImplementedError)
+# module compiled with mypyc has no bytecode to look at): argument checks, and the
+# RuntimeError of a collective awaited twice (as Python's own coroutines say it).
+_DELIBERATE = (AsyncReplicaError, TypeError, ValueError, NotImplementedError, RuntimeError)
 
 
 def _own(frame: FrameType) -> bool:
@@ -94,10 +95,15 @@ def raised_by_library(error: BaseException) -> bool:
         return False
     if isinstance(error, AssertionError):
         return True  # a broken assert of the library's
+    source = tb.tb_frame.f_globals.get("__file__")
     code = tb.tb_frame.f_code.co_code
     lasti = tb.tb_lasti
-    if not 0 <= lasti < len(code):
-        return not isinstance(error, _DELIBERATE)  # compiled: judge by the type alone
+    if not (isinstance(source, str) and source.endswith((".py", ".pyc"))) or not (
+        0 <= lasti < len(code)
+    ):
+        # A module compiled with mypyc: its traceback entries carry a stand-in code
+        # object, with no instruction to look at. Judge by the type alone.
+        return not isinstance(error, _DELIBERATE)
     op = code[lasti]
     return op not in _RAISES and op not in _AWAITS
 

@@ -307,9 +307,9 @@ async def test_a_users_error_in_code_the_library_calls_is_the_users() -> None:
 # -- the rule that tells them apart, on its own ---------------------------------------------
 
 
-def _raise_from(module: str, source: str) -> BaseException:
-    """The exception raised by ``source`` run as code of module ``module``."""
-    namespace: dict[str, Any] = {"__name__": module}
+def _raise_from(module: str, source: str, file: str = "x.py") -> BaseException:
+    """The exception raised by ``source`` run as code of module ``module`` (in ``file``)."""
+    namespace: dict[str, Any] = {"__name__": module, "__file__": file}
     exec(compile(f"def f():\n    {source}\n", f"<{module}>", "exec"), namespace)
     try:
         namespace["f"]()
@@ -339,3 +339,24 @@ def test_raised_by_library(module: str, source: str, bug: bool) -> None:
 def test_an_asyncreplica_error_is_never_a_bug() -> None:
     error = _raise_from("asyncreplica._x", "raise __import__('asyncreplica').BackendError('x')")
     assert not _ending.raised_by_library(error)
+
+
+@pytest.mark.parametrize(
+    ("source", "bug"),
+    [
+        ("[][1]", True),
+        ("x = None; x.attribute", True),
+        ("assert False", True),
+        ("raise ValueError('bad value')", False),
+        ("raise __import__('asyncreplica').CollectiveError('x')", False),
+        # What the type alone cannot tell, compiled: an implicit TypeError is taken as
+        # deliberate (argument checks raise it), a deliberate KeyError as a bug.
+        ("x = None; x()", False),
+        ("raise KeyError('k')", True),
+    ],
+)
+def test_raised_by_library_in_a_compiled_module_judges_by_the_type(source: str, bug: bool) -> None:
+    # A module compiled with mypyc (its __file__ is the extension) leaves traceback
+    # entries whose code object is a stand-in, with no instruction to read.
+    error = _raise_from("asyncreplica._core._x", source, file="_x.cpython-311-x86_64-linux-gnu.so")
+    assert _ending.raised_by_library(error) is bug
