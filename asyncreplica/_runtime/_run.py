@@ -985,8 +985,8 @@ class Run:
         errors = sorted(self._errors, key=lambda item: item[0])
         name = f"{type(self.strategy).__name__}.run"
         for replica, error in errors:
-            if isinstance(error, CollectiveError) or id(error) in self._noted:
-                continue
+            if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
+                continue  # they name their replicas themselves (an InternalError, none)
             if replica < 0:
                 error.add_note(
                     f"(raised while {name} waited for its {self.num_replicas} replicas, "
