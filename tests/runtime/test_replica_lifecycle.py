@@ -17,6 +17,7 @@ import anyio
 import pytest
 
 import asyncreplica as ar
+from asyncreplica._core._lifecycle import Event
 from asyncreplica._runtime import _context, _ending
 
 pytestmark = pytest.mark.anyio
@@ -150,6 +151,24 @@ async def test_the_shutdown_idiom_cancel_every_task_but_main_fails_the_run() -> 
     error = await _cancelled_run(strategy(3), step)
     assert error.how == "cancelled"
     gc.collect()
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_cancelling_the_stall_watcher_alone_does_not_end_the_run() -> None:
+    # Re-raised, its cancellation would cancel the run's scope: every replica "cancelled
+    # by the run", and no result. It stops watching instead; the replicas go on.
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            for task in asyncio.all_tasks():
+                if task.get_name() == "asyncreplica stall watch":
+                    task.cancel()
+        for _ in range(4):  # the loop turns a cancellation takes to reach every task
+            await asyncio.sleep(0)
+        return await ctx.all_reduce("SUM", 1.0)
+
+    s = strategy()
+    assert s.experimental_local_results(await s.run(step)) == (2.0, 2.0)
 
 
 @pytest.mark.usefixtures("asyncio_only")
@@ -360,3 +379,44 @@ def test_raised_by_library_in_a_compiled_module_judges_by_the_type(source: str, 
     # entries whose code object is a stand-in, with no instruction to read.
     error = _raise_from("asyncreplica._core._x", source, file="_x.cpython-311-x86_64-linux-gnu.so")
     assert _ending.raised_by_library(error) is bug
+
+
+# -- the runtime's own invariants -------------------------------------------------------------
+
+
+async def test_an_illegal_lifecycle_transition_in_a_run_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stands for a bug in how the runtime reads an ending: a replica that "starts" again.
+    monkeypatch.setattr(_ending, "event_of", lambda error: Event.START)
+
+    async def step() -> object:
+        if _ctx().replica_id_in_sync_group == 1:
+            raise ValueError("boom")
+        return 1.0
+
+    with pytest.raises(ar.InternalError) as info:
+        await strategy().run(step)
+    assert "replica 1 got the lifecycle event START in state RUNNING" in str(info.value)
+    assert not any("raised in replica" in note for note in getattr(info.value, "__notes__", ()))
+
+
+@pytest.mark.usefixtures("asyncio_only")  # on trio, a CancelledError is no cancellation
+async def test_a_replica_without_a_result_in_a_run_that_did_not_fail_is_an_internal_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stands for a bug that takes a cancellation from outside for the run's own: without
+    # the check at the run's end, replica 1 would come back as None.
+    monkeypatch.setattr(_ending, "event_of", lambda error: Event.CANCEL)
+
+    async def step() -> object:
+        if _ctx().replica_id_in_sync_group == 1:
+            raise asyncio.CancelledError
+        return 1.0
+
+    with pytest.raises(ar.InternalError) as info:
+        await strategy().run(step)
+    assert str(info.value).startswith(
+        "Replica 1 ended in state CANCELLED while the run recorded no failure"
+    )
+    assert info.value.replica_id == 1
