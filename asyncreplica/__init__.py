@@ -31,6 +31,8 @@ from ._exceptions import CollectiveDeadlockError as CollectiveDeadlockError
 from ._exceptions import CollectiveError as CollectiveError
 from ._exceptions import CollectiveMismatchError as CollectiveMismatchError
 from ._exceptions import CollectiveTimeoutError as CollectiveTimeoutError
+from ._exceptions import InternalError as InternalError
+from ._exceptions import ReplicaCancelledError as ReplicaCancelledError
 from ._exceptions import ReplicaContextError as ReplicaContextError
 from ._exceptions import ReplicaExitedError as ReplicaExitedError
 from ._options import CommunicationImplementation as CommunicationImplementation
@@ -72,11 +74,13 @@ __all__ = [
     "DistributedValues",
     "IndexedSlices",
     "InputContext",
+    "InternalError",
     "Mirrored",
     "MirroredStrategy",
     "MultiWorkerMirroredStrategy",
     "PerReplica",
     "ReduceOp",
+    "ReplicaCancelledError",
     "ReplicaContext",
     "ReplicaContextError",
     "ReplicaExitedError",

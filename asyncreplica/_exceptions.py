@@ -7,10 +7,12 @@
     │   ├── CollectiveMismatchError          .position .signatures .fields
     │   ├── ReplicaExitedError               .replica_id .position .waiting
     │   ├── CollectiveDeadlockError          .cycle
-    │   └── CollectiveTimeoutError(CollectiveError, TimeoutError)  .position .arrived .missing
+    │   ├── CollectiveTimeoutError(CollectiveError, TimeoutError)  .position .arrived .missing
+    │   └── ReplicaCancelledError            .replica_id .how .where
     ├── ReplicaContextError(AsyncReplicaError, RuntimeError)
     ├── BackendError(AsyncReplicaError, RuntimeError)
-    └── BackendNotFoundError(AsyncReplicaError, LookupError)  .name .available
+    ├── BackendNotFoundError(AsyncReplicaError, LookupError)  .name .available
+    └── InternalError                        .replica_id (a bug in asyncreplica)
 
 Argument validation raises the built-in ``TypeError`` and ``ValueError``. Domain failures
 use this tree; the second bases keep TensorFlow-style ``except RuntimeError`` handlers
@@ -44,6 +46,8 @@ __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
+    "InternalError",
+    "ReplicaCancelledError",
     "ReplicaContextError",
     "ReplicaExitedError",
 ]
@@ -232,6 +236,66 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
             message or _report.timeout_message(position, timeout, arrived, missing, where),
             report=report,
         )
+
+
+class ReplicaCancelledError(CollectiveError):
+    """A replica's task ended by a cancellation that its run did not ask for, or was closed.
+
+    ``Strategy.run`` cancels replicas itself when the run fails, and a cancel scope around
+    ``Strategy.run`` cancels the whole run; both are fine. This error is raised when a
+    replica's task ends any other way that gives no result: ``task.cancel()`` on the
+    replica's task (the shutdown idiom "cancel every task but the main one" does that), a
+    ``CancelledError`` raised by a library inside the step function or a merge_fn, or a
+    ``GeneratorExit`` raised there. Re-raising the cancellation instead would make the
+    code that awaits ``Strategy.run`` believe that *it* was cancelled (a task group
+    swallows it, and the run would seem to return).
+
+    Attributes:
+        replica_id: The replica whose task ended.
+        how: ``"cancelled"`` (a cancellation) or ``"closed"`` (``GeneratorExit``).
+        where: Where it ended, ``file:line in function()``, or None when its task was
+            cancelled before it ran any of the replica's code.
+    """
+
+    code: ClassVar[str] = CODES["ReplicaCancelledError"]
+
+    def __init__(
+        self,
+        replica_id: int,
+        how: str,
+        where: str | None,
+        *,
+        num_replicas: int,
+        strategy: str,
+        report: Report | None = None,
+    ) -> None:
+        self.replica_id = replica_id
+        self.how = how
+        self.where = where
+        super().__init__(
+            _report.replica_cancelled_message(replica_id, how, where, num_replicas, strategy),
+            report=report,
+        )
+
+
+class InternalError(AsyncReplicaError):
+    """A broken invariant of asyncreplica itself: a bug in the library, not in your code.
+
+    Raised by ``Strategy.run`` when an exception escaped asyncreplica's own code (its
+    innermost frame is in asyncreplica or one of its built-in backends, and no ``raise``
+    statement there meant it), or when the library's own bookkeeping finds an
+    impossible state. The exception that revealed it is kept as ``__cause__``. Please
+    report it, with the full traceback (``ASYNCREPLICA_FULL_TRACEBACK=1``).
+
+    Attributes:
+        replica_id: The replica whose task hit the bug, or None.
+    """
+
+    code: ClassVar[str] = CODES["InternalError"]
+
+    def __init__(self, message: str, *, replica_id: int | None = None) -> None:
+        self.replica_id = replica_id
+        super().__init__(_report.internal_message(message))
 
 
 class ReplicaContextError(AsyncReplicaError, RuntimeError):

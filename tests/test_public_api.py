@@ -33,6 +33,7 @@ DESIGN_NAMES = {
     "ReplicaContextError",
     "BackendError",
     "BackendNotFoundError",
+    "InternalError",
 }
 
 
@@ -78,6 +79,12 @@ def test_error_tree() -> None:
     assert issubclass(ar.ReplicaContextError, RuntimeError)
     assert issubclass(ar.BackendError, RuntimeError)
     assert issubclass(ar.BackendNotFoundError, LookupError)
+    # A replica cancelled from outside its run is a failed run, as a collective error is.
+    assert issubclass(ar.ReplicaCancelledError, ar.CollectiveError)
+    # The library's own bugs: caught by `except AsyncReplicaError`, but by no handler
+    # written for a collective's or a context's errors (no RuntimeError base).
+    assert issubclass(ar.InternalError, ar.AsyncReplicaError)
+    assert not issubclass(ar.InternalError, RuntimeError)
 
 
 def test_package_is_typed() -> None:

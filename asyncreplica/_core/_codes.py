@@ -22,6 +22,8 @@ CODES: dict[str, str] = {
     "ReplicaContextError": "AR106",
     "BackendError": "AR107",
     "BackendNotFoundError": "AR108",
+    "ReplicaCancelledError": "AR109",
+    "InternalError": "AR110",
 }
 _BY_LOWER = {name.lower(): code for name, code in CODES.items()}
 

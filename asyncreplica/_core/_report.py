@@ -32,7 +32,9 @@ __all__ = [
     "exited_message",
     "format_replicas",
     "in_flight_message",
+    "internal_message",
     "mismatch_message",
+    "replica_cancelled_message",
     "see_also",
     "timeout_message",
 ]
@@ -761,4 +763,63 @@ def in_flight_message(replica: int, new: Signature, pending: Signature, where: s
             ),
             _see("CollectiveError"),
         ]
+    )
+
+
+def replica_cancelled_message(
+    replica: int, how: str, where: str | None, num_replicas: int, strategy: str
+) -> str:
+    """The error for a replica whose task was cancelled (or closed) by something not its run.
+
+    Args:
+        replica: The replica (global id).
+        how: ``"cancelled"`` or ``"closed"`` (``GeneratorExit``).
+        where: Where it ended (``file:line in function()``), or None when its task was
+            cancelled before it ran any of the replica's code.
+        num_replicas: The number of replicas in sync.
+        strategy: The strategy's class name.
+
+    Returns:
+        The full message.
+    """
+    if how == "closed":
+        fact = f"Replica {replica} of {num_replicas} ended with GeneratorExit"
+        cause = (
+            "GeneratorExit is what the interpreter raises to close a coroutine or generator; "
+            "raised in a step function or a merge_fn (or let out of a generator it drives), "
+            "it ends the replica without a result."
+        )
+    else:
+        fact = f"Replica {replica} of {num_replicas} was cancelled from outside its {strategy}.run"
+        cause = (
+            "Its task was cancelled (task.cancel() on it, for instance by a shutdown routine "
+            "that cancels every task but the main one), or a library inside the step function "
+            "or a merge_fn raised CancelledError. A replica cancelled on its own gives no "
+            "result, so the run cannot return one."
+        )
+    place = f" at {where}" if where else " before it ran any of its step function"
+    return "\n".join(
+        [
+            f"{fact}{place}.",
+            "",
+            cause,
+            "",
+            (
+                f"To stop the run, cancel the code that awaits {strategy}.run (a cancel scope "
+                "or a timeout around it), which cancels every replica together; to bound a "
+                "collective, use CommunicationOptions(timeout_seconds=...)."
+            ),
+            _see("ReplicaCancelledError"),
+        ]
+    )
+
+
+def internal_message(message: str) -> str:
+    """The text of an ``InternalError``: the broken invariant, then how to report it."""
+    return (
+        f"{message}\n\n"
+        "This is a bug in asyncreplica, not in your program: please report it to "
+        "asyncreplica's issue tracker, with the full traceback (run with "
+        "ASYNCREPLICA_FULL_TRACEBACK=1); the exception that revealed it, if any, is chained "
+        "above."
     )

@@ -33,6 +33,7 @@ import anyio
 import anyio.lowlevel
 
 from .._core._ledger import Key, Ledger, key_index
+from .._core._lifecycle import Event, Lifecycle, Outcome, State
 from .._core._report import (
     ended_message,
     key_text,
@@ -42,8 +43,14 @@ from .._core._report import (
     see_also,
 )
 from .._core._signature import CollectiveKind, ReduceOp, Signature
-from .._exceptions import CollectiveDeadlockError, CollectiveError, CollectiveTimeoutError
-from . import _inspect, _tasks
+from .._exceptions import (
+    CollectiveDeadlockError,
+    CollectiveError,
+    CollectiveTimeoutError,
+    InternalError,
+    ReplicaCancelledError,
+)
+from . import _ending, _inspect, _tasks
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, rebuild
 from ._mode import MODE, Mode
 from ._waiter import Waiter
@@ -99,7 +106,7 @@ def accepts_bytes_per_pack(backend: Backend) -> bool:
 
 def _cancelled(error: BaseException) -> bool:
     """Whether ``error`` unwinds a task rather than reports a failure (a cancellation)."""
-    return isinstance(error, (anyio.get_cancelled_exc_class(), GeneratorExit))
+    return isinstance(error, anyio.get_cancelled_exc_class())
 
 
 def _not_cancelled(error: BaseException) -> bool:
@@ -179,6 +186,9 @@ class Run:
         self.ledger = Ledger(
             self.num_replicas, check_call_sites=check_call_sites, offset=strategy._replica_offset
         )
+        # How each replica's task started and ended: driven only through the table of
+        # _core._lifecycle (see _replica_main, _ended_with).
+        self.life = Lifecycle(self.num_replicas, offset=strategy._replica_offset)
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
         self.watch = _tasks.TaskWatch()
@@ -284,6 +294,12 @@ class Run:
         wait for ever. The run fails at once; the tracer hears of it when the run ends.
         """
         self._rv.gen += 1
+        scope = self._cancel_scope
+        if scope is not None and scope.cancel_called:
+            # The run's own scope cancelled it: a consequence. (With no root cause recorded
+            # the scope was cancelled for a task that ended cancelled before it ran, which
+            # the run's end tells as that replica's: see _account_for_every_replica.)
+            return
         if not self._errors and not slot.done:
             error = self.ledger.abandon(replica, key)
             if error is not None:
@@ -490,6 +506,16 @@ class Run:
         One task per run; it sleeps until the oldest unwarned collective would stall,
         so it costs nothing per collective.
         """
+        try:
+            await self._watch_stalls_loop(stall)
+        except anyio.get_cancelled_exc_class():
+            if _ending.requested():
+                raise
+            # Cancelled by no scope of the run (a shutdown routine that cancels every
+            # task): stop watching. Re-raised, it would cancel the whole run as if it had
+            # ended; the replicas cancelled with it fail the run themselves.
+
+    async def _watch_stalls_loop(self, stall: float) -> None:
         while True:
             now = time.monotonic()
             due = [s.since + stall for s in self._slots.values() if not s.warned]
@@ -647,8 +673,10 @@ class Run:
         if self.failed:
             # Another replica failed before this one started: like TensorFlow, replicas
             # do not start a segment after a failure; this one is cancelled, not run.
+            self.life.handle(replica, Event.SKIP)
             self.ledger.cancel(replica)
             return
+        self.life.handle(replica, Event.START)
         MODE.set(mode)
         task = self._current_task()
         self.watch.started(replica, task)
@@ -659,32 +687,14 @@ class Run:
             if inspect.isawaitable(result):
                 result = await result
             self._check_awaited(replica)
-        except Exception as exc:
-            self.ledger.fail(replica)
-            self._fail(replica, exc)
-            return
-        except BaseExceptionGroup as group:
-            # A replica's own task group mixes a failure with its children's
-            # cancellations (trio): the failure is what counts.
-            failures, _ = group.split(_not_cancelled)
-            if failures is None:
-                self.ledger.cancel(replica)
-                raise
-            self.ledger.fail(replica)
-            self._fail(replica, failures)
-            return
         except BaseException as exc:
-            if _cancelled(exc):
-                self.ledger.cancel(replica)
+            if self._ended_with(replica, exc):
                 raise
-            # KeyboardInterrupt, SystemExit, a BaseException of the user's: a root cause
-            # like an Exception, raised by the run itself (so no task group wraps it).
-            self.ledger.fail(replica)
-            self._fail(replica, exc)
             return
         finally:
             for c in self._unawaited(replica):
                 c.close()
+        self.life.handle(replica, Event.RETURN)
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
@@ -694,6 +704,111 @@ class Run:
             # collective: the root cause is already recorded.
             if not self.failed:
                 self._fail(replica, exc)
+
+    def _ended_with(self, replica: int, error: BaseException) -> bool:
+        """``replica``'s task is ending with ``error``: drive its lifecycle, record the cause.
+
+        Called in that task (see :func:`._ending.event_of`). Every way a replica can end
+        without returning goes through the lifecycle table here; each final state either
+        is the run's root cause (recorded, the run fails with it) or the consequence of
+        a run that already failed or was cancelled.
+
+        Returns:
+            Whether the task must re-raise ``error`` (a cancellation the run asked for).
+        """
+        if isinstance(error, BaseExceptionGroup) and not isinstance(error, Exception):
+            # A replica's own task group mixes a failure with its children's
+            # cancellations (trio): the failure is what counts.
+            failures, _ = error.split(_not_cancelled)
+            if failures is None:
+                event = Event.CANCEL if _ending.requested() else Event.CANCEL_OUTSIDE
+            else:
+                error = failures
+                event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
+        else:
+            event = _ending.event_of(error)
+        state = self.life.handle(replica, event)
+        if state is State.CANCELLED:
+            self.ledger.cancel(replica)
+            return True
+        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
+            self.ledger.cancel(replica)
+        else:
+            self.ledger.fail(replica)
+        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
+            cause: BaseException = self._replica_cancelled(
+                replica, "closed" if state is State.CLOSED else "cancelled", error
+            )
+        elif state is State.BROKEN:
+            cause = self._internal_error(
+                f"An exception escaped asyncreplica's own code in the task of replica "
+                f"{replica + self.strategy._replica_offset}: "
+                f"{type(error).__name__}: {error}",
+                error,
+                replica,
+            )
+        else:
+            # RAISED, INTERRUPTED: the user's own exception (KeyboardInterrupt and
+            # SystemExit included) is the root cause, re-raised as it is by the run.
+            cause = error
+        self._fail(replica, cause)
+        return False
+
+    def _replica_cancelled(
+        self, replica: int, how: str, error: BaseException | None
+    ) -> ReplicaCancelledError:
+        """The run's error for a replica cancelled from outside it (or closed)."""
+        cancelled = ReplicaCancelledError(
+            replica + self.strategy._replica_offset,
+            how,
+            None if error is None else _ending.where_ended(error),
+            num_replicas=self.strategy.num_replicas_in_sync,
+            strategy=type(self.strategy).__name__,
+            report=self.ledger.report(),
+        )
+        cancelled.__cause__ = error
+        return cancelled
+
+    def _internal_error(
+        self, message: str, error: BaseException | None, replica: int | None
+    ) -> InternalError:
+        """An :class:`InternalError` with ``error`` chained; never noted as a replica's."""
+        internal = InternalError(
+            message,
+            replica_id=None if replica is None else replica + self.strategy._replica_offset,
+        )
+        internal.__cause__ = error
+        self._noted.add(id(internal))
+        return internal
+
+    def _account_for_every_replica(self) -> None:
+        """The run's task group ended without an error: every replica must have returned.
+
+        A replica whose task was cancelled before its first step never ran our code; it
+        is told to the lifecycle here. Any other replica not ``RETURNED`` while no root
+        cause is recorded is a broken invariant (it would become a ``None`` result).
+        """
+        life = self.life
+        for replica in range(self.num_replicas):
+            if life.states[replica] is State.NOT_STARTED:
+                event = Event.SKIP if self.failed else Event.CANCEL_OUTSIDE
+                if life.handle(replica, event) is State.CANCELLED_OUTSIDE:
+                    self.ledger.cancel(replica)
+                    self._fail(replica, self._replica_cancelled(replica, "cancelled", None))
+        if self.failed:
+            return
+        for replica in range(self.num_replicas):
+            if life.outcome(replica) is not Outcome.RESULT:
+                self._fail(
+                    replica,
+                    self._internal_error(
+                        f"Replica {replica + self.strategy._replica_offset} ended in state "
+                        f"{life.states[replica].name} while the run recorded no failure; "
+                        "it would have returned no result",
+                        None,
+                        replica,
+                    ),
+                )
 
     async def execute(
         self,
@@ -756,6 +871,7 @@ class Run:
                             name=f"asyncreplica replica {i}",
                         )
                 outer.cancel_scope.cancel()
+            self._account_for_every_replica()
         except BaseException as exc:
             self._ended = "was cancelled"
             # The run itself was cancelled: replicas cancelled while waiting are not
@@ -869,8 +985,8 @@ class Run:
         errors = sorted(self._errors, key=lambda item: item[0])
         name = f"{type(self.strategy).__name__}.run"
         for replica, error in errors:
-            if isinstance(error, CollectiveError) or id(error) in self._noted:
-                continue
+            if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
+                continue  # they name their replicas themselves (an InternalError, none)
             if replica < 0:
                 error.add_note(
                     f"(raised while {name} waited for its {self.num_replicas} replicas, "

@@ -155,6 +155,8 @@ ERROR_ANCHORS = [
     "replicacontexterror",
     "backenderror",
     "backendnotfounderror",
+    "replicacancellederror",
+    "internalerror",
 ]
 # Where the library names an error kind for its last line: `see_also("ClassName")`.
 LIBRARY_LINK = re.compile(r'(?:_see|see_also)\(\s*"([A-Za-z0-9_]+)"\s*\)')

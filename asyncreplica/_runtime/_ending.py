@@ -1,0 +1,154 @@
+"""How a replica's task ended: the lifecycle event the runtime reports to the table.
+
+:mod:`asyncreplica._core._lifecycle` holds the table of the replica lifecycle; it cannot
+look at tasks, cancel scopes or tracebacks. This module can, and turns what ended a
+replica's task into one :class:`~asyncreplica._core._lifecycle.Event`:
+
+* a cancellation (``asyncio.CancelledError`` on any loop, or the loop's own cancellation
+  class) is ``CANCEL`` when a cancel scope effective for the replica's task asked for it
+  (the run's own scope, cancelled because the run failed, or any scope around
+  ``Strategy.run``), else ``CANCEL_OUTSIDE`` (``task.cancel()`` on the replica's task, or
+  a ``CancelledError`` raised by a library);
+* ``GeneratorExit`` is ``CLOSE``;
+* an ``Exception`` is ``BUG`` when asyncreplica's own code raised it by mistake (see
+  :func:`raised_by_library`), else ``RAISE``;
+* any other ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``, the user's own) is
+  ``INTERRUPT``.
+
+Telling the library's bugs from the user's errors, by the traceback's innermost frame:
+an error is asyncreplica's own when that frame is in asyncreplica (or one of its
+built-in backends, ``asyncreplica_*``) and that frame did not mean to raise it. Errors
+the library raises on purpose (every ``AsyncReplicaError``; the ``TypeError`` and
+``ValueError`` of argument checks) come from a ``raise`` statement; a bug is the
+interpreter or a C function failing under the library's line (an ``AttributeError`` on
+``None``, a ``KeyError``, numpy's own errors) or a failed ``assert``. An error whose
+innermost frame is the user's (the step function, a merge_fn, the user's value's
+methods) is the user's, even when library code called that frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dis
+import math
+from types import FrameType, TracebackType
+
+import anyio
+
+from .._core._lifecycle import Event
+from .._exceptions import AsyncReplicaError
+from ._tasks import _internal, _short
+
+__all__ = ["event_of", "raised_by_library", "requested", "where_ended"]
+
+# Instructions that mean "this frame raises on purpose" (a raise statement, a re-raise).
+_RAISES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS", "RERAISE") if name in dis.opmap)
+# Instructions where an exception arrives from an awaited object, not from the line.
+_AWAITS = frozenset(
+    dis.opmap[name]
+    for name in (
+        "SEND",
+        "YIELD_VALUE",
+        "GET_AWAITABLE",
+        "RESUME",
+        "END_SEND",
+        "CLEANUP_THROW",
+        "JUMP_BACKWARD_NO_INTERRUPT",
+        "GET_ANEXT",
+        "END_ASYNC_FOR",
+        "BEFORE_ASYNC_WITH",
+        "RETURN_GENERATOR",
+    )
+    if name in dis.opmap
+)
+# What the library raises on purpose, when a frame's instructions cannot be read (a
+# module compiled with mypyc has no bytecode to look at): argument checks, and the
+# RuntimeError of a collective awaited twice (as Python's own coroutines say it).
+_DELIBERATE = (AsyncReplicaError, TypeError, ValueError, NotImplementedError, RuntimeError)
+
+
+def _own(frame: FrameType) -> bool:
+    """Whether ``frame`` runs asyncreplica's own code (by its module, never by a path)."""
+    name = frame.f_globals.get("__name__")
+    if not isinstance(name, str):
+        return False
+    top = name.partition(".")[0]
+    return top == "asyncreplica" or top.startswith("asyncreplica_")
+
+
+def _innermost(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+def raised_by_library(error: BaseException) -> bool:
+    """Whether ``error`` is a bug of asyncreplica's rather than an error of the user's.
+
+    See the module docstring for the rule. ``AsyncReplicaError`` (raised on purpose) and
+    exception groups (the user's task groups) are never bugs here.
+    """
+    if isinstance(error, (AsyncReplicaError, BaseExceptionGroup)):
+        return False
+    tb = _innermost(error.__traceback__)
+    if tb is None or not _own(tb.tb_frame):
+        return False
+    if isinstance(error, AssertionError):
+        return True  # a broken assert of the library's
+    source = tb.tb_frame.f_globals.get("__file__")
+    code = tb.tb_frame.f_code.co_code
+    lasti = tb.tb_lasti
+    if not (isinstance(source, str) and source.endswith((".py", ".pyc"))) or not (
+        0 <= lasti < len(code)
+    ):
+        # A module compiled with mypyc: its traceback entries carry a stand-in code
+        # object, with no instruction to look at. Judge by the type alone.
+        return not isinstance(error, _DELIBERATE)
+    op = code[lasti]
+    return op not in _RAISES and op not in _AWAITS
+
+
+def requested() -> bool:
+    """Whether a cancel scope effective for the current task has been cancelled.
+
+    Called in a replica's task where it ends, outside any scope of the user's: then the
+    scopes effective for it are the run's own and those around ``Strategy.run``.
+    """
+    deadline = anyio.current_effective_deadline()
+    return deadline == -math.inf or deadline <= anyio.current_time()
+
+
+def _cancellation(error: BaseException) -> bool:
+    return isinstance(error, (asyncio.CancelledError, anyio.get_cancelled_exc_class()))
+
+
+def event_of(error: BaseException) -> Event:
+    """The lifecycle event of a replica's task that ended with ``error``.
+
+    Call it in that task, where the error left the step function (see :func:`requested`).
+    """
+    if _cancellation(error):
+        return Event.CANCEL if requested() else Event.CANCEL_OUTSIDE
+    if isinstance(error, GeneratorExit):
+        return Event.CLOSE
+    if isinstance(error, Exception):
+        return Event.BUG if raised_by_library(error) else Event.RAISE
+    return Event.INTERRUPT
+
+
+def where_ended(error: BaseException) -> str | None:
+    """Where ``error`` left the user's code: ``file:line in function()``, or None.
+
+    The innermost frame of the traceback that is neither asyncreplica's nor an event
+    loop's: the line of the step function (or merge_fn) it passed last.
+    """
+    found = None
+    tb = error.__traceback__
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename) and not _own(tb.tb_frame):
+            found = tb
+        tb = tb.tb_next
+    if found is None:
+        return None
+    code = found.tb_frame.f_code
+    return f"{_short(code.co_filename)}:{found.tb_lineno} in {code.co_name}()"
