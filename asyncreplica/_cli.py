@@ -239,6 +239,15 @@ def _add_trace(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         required=True,
         help="where to write the picture, e.g. timeline.png",
     )
+    plot.add_argument(
+        "--run",
+        default="failed",
+        metavar="RUN",
+        help=(
+            "which run to draw: 'failed' (default: the last run that failed, or every run"
+            " when none did), 'all', or a run's index as the summary names it"
+        ),
+    )
     plot.set_defaults(handler=_run_trace_plot)
 
 
@@ -459,8 +468,11 @@ def _run_trace_plot(args: argparse.Namespace) -> int:
         return _error(command, "needs matplotlib, which is not installed: pip install matplotlib")
     from asyncreplica import _tracing
 
+    run: int | str = args.run
+    if isinstance(run, str) and run.isdigit():
+        run = int(run)
     try:
-        _tracing.plot(path, output)
+        _tracing.plot(path, output, run=run)
     except ImportError as exc:  # matplotlib present but broken, or a backend of it missing
         return _error(command, f"needs matplotlib, which failed to import: {_describe(exc)}")
     except ValueError as exc:

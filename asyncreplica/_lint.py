@@ -20,6 +20,10 @@ What is a collective:
 What is per-replica (tainted):
     * the replica id: any ``.replica_id_in_sync_group`` attribute, and the result of a
       function of the same module that returns something derived from it;
+    * the process rank, which differs between the processes of a multi-process run:
+      ``Get_rank()`` (``MPI.COMM_WORLD.Get_rank()``), ``comm.rank``,
+      ``cluster_resolver.task_id``, and the launchers' rank variables read from the
+      environment (``os.environ["RANK"]``, ``os.getenv("OMPI_COMM_WORLD_RANK")``, ...);
     * per-replica data: the parameters of a function that makes collectives (other than
       ``self``, ``cls`` and context-like names such as ``ctx`` or ``strategy``). When such
       a function is only called from the same module and is not passed to ``.run(...)``,
@@ -47,6 +51,7 @@ import io
 import os
 import re
 import tokenize
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +74,22 @@ _SKIPPED_DIRS = frozenset({"__pycache__", "node_modules"})
 _MAX_CONDITION = 60
 
 _FunctionNode = ast.FunctionDef | ast.AsyncFunctionDef
+# Statements and expressions that can skip or repeat the code in them.
+_BRANCHING = (
+    ast.If,
+    ast.IfExp,
+    ast.BoolOp,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.Match,
+    ast.Try,
+    ast.comprehension,
+    ast.Return,
+    ast.Break,
+    ast.Continue,
+    ast.Raise,
+)
 
 
 @dataclass(frozen=True, order=True)
@@ -107,11 +128,17 @@ _Source = tuple[str, str]
 _Taint = frozenset[_Source]
 _CLEAN: _Taint = frozenset()
 _RID: _Source = ("rid", "")
+_RANK: _Source = ("rank", "")
+# The process's rank: MPI's Get_rank() and .rank, and the launchers' rank variables.
+_RANK_ENV = re.compile(r"^(RANK|LOCAL_RANK|OMPI_COMM_WORLD_RANK|PMI_RANK|PMIX_RANK|SLURM_PROCID)$")
+_COMM_NAME = re.compile(r"(^|\.)(comm|world|communicator|COMM_WORLD|\w+_comm)$")
 
 
 def _describe(taint: _Taint) -> str:
     if _RID in taint:
         return "the replica id"
+    if _RANK in taint:
+        return "the process rank (each process runs its own replicas)"
     labels = sorted(label for kind, label in taint if kind == "data")
     return f"per-replica data ({', '.join(labels)})" if labels else "per-replica data"
 
@@ -384,6 +411,8 @@ class _Taints:
         if isinstance(node, ast.Attribute):
             if node.attr == "replica_id_in_sync_group":
                 return frozenset({_RID})
+            if _is_rank_attribute(node):
+                return frozenset({_RANK})
             dotted = _dotted(node)
             own = self.env.get(dotted, _CLEAN) if dotted is not None else _CLEAN
             return own | self.of(node.value)
@@ -391,6 +420,8 @@ class _Taints:
             return self._call(node)
         if isinstance(node, ast.Lambda):
             return _CLEAN
+        if isinstance(node, ast.Subscript) and _names_rank_variable(node.slice):
+            return frozenset({_RANK})  # os.environ["RANK"]
         result = _CLEAN
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.expr):
@@ -407,6 +438,12 @@ class _Taints:
         func = call.func
         if _callee_name(func) == "get_replica_context":
             return _CLEAN
+        if _callee_name(func) in ("Get_rank", "get_rank"):  # MPI, torch.distributed
+            return frozenset({_RANK})
+        if _callee_name(func) in ("get", "getenv") and any(
+            _names_rank_variable(a) for a in call.args[:1]
+        ):
+            return frozenset({_RANK})  # os.environ.get("RANK"), os.getenv("RANK")
         if self.module.is_collective(call):
             assert isinstance(func, ast.Attribute)
             if func.attr in _MIRRORED_RESULTS:
@@ -426,6 +463,25 @@ class _Taints:
         for keyword in call.keywords:
             result |= self.of(keyword.value)
         return result
+
+
+def _is_rank_attribute(node: ast.Attribute) -> bool:
+    """``comm.rank``, ``MPI.COMM_WORLD.rank`` or ``cluster_resolver.task_id``."""
+    base = _dotted(node.value)
+    if base is None:
+        return False
+    if node.attr == "rank":
+        return _COMM_NAME.search(base) is not None
+    return node.attr == "task_id" and base.endswith("cluster_resolver")
+
+
+def _names_rank_variable(node: ast.expr) -> bool:
+    """A string constant naming a launcher's rank variable (``"RANK"``, ``"PMI_RANK"``)."""
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and _RANK_ENV.match(node.value) is not None
+    )
 
 
 def _target_keys(target: ast.expr) -> Iterator[str]:
@@ -523,8 +579,12 @@ class _FunctionCheck:
             return
         if isinstance(node, ast.If):
             self.expr(node.test, guards)
+            # Both branches issue the same named collectives (in any order, e.g. started
+            # as tasks): every replica reaches each name, and names pair by name.
+            named = self._named_collectives(node.body)
+            balanced = bool(named) and named == self._named_collectives(node.orelse)
             for body, truth in ((node.body, True), (node.orelse, False)):
-                guard = self._guard(node.test, _when(node.test, truth))
+                guard = None if balanced else self._guard(node.test, _when(node.test, truth))
                 inner = [*guards, guard] if guard else guards
                 if guard is not None:
                     self._find_exits(node, body, guard)
@@ -584,6 +644,32 @@ class _FunctionCheck:
                         self.expr(grand, guards)
                     elif isinstance(grand, ast.stmt):
                         self.stmt(grand, guards)
+
+    def _named_collectives(self, body: list[ast.stmt]) -> Counter[tuple[str, str]] | None:
+        """``(method, name)`` of each collective of a straight-line ``body``, or None.
+
+        None unless every collective in ``body`` is a direct call with a literal
+        ``name=`` and ``body`` has no loop, branch or exit that could skip or repeat one.
+        """
+        found: Counter[tuple[str, str]] = Counter()
+        stack: list[ast.AST] = list(body)
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                continue
+            if isinstance(node, _BRANCHING):
+                return None
+            if isinstance(node, ast.Call):
+                if self.module.is_collective(node):
+                    name = next((k.value for k in node.keywords if k.arg == "name"), None)
+                    if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+                        return None
+                    assert isinstance(node.func, ast.Attribute)
+                    found[(node.func.attr, name.value)] += 1
+                elif self.module.helper_collectives(node):
+                    return None
+            stack.extend(ast.iter_child_nodes(node))
+        return found
 
     def _find_exits(self, owner: ast.stmt, body: list[ast.stmt], guard: _Guard) -> None:
         """Record the exits in ``body`` (taken when ``guard`` holds) that skip later code."""

@@ -1,16 +1,19 @@
 """Nested structures: flatten, rebuild, regroup and select.
 
-The containers we traverse are exactly TensorFlow's for ``run``'s arguments and
-results: ``list``, ``tuple`` (namedtuples keep their type), and every
+The containers we traverse are TensorFlow's for ``run``'s arguments and results:
+``list``, ``tuple`` (namedtuples keep their type), and every
 :class:`collections.abc.Mapping` (rebuilt as ``type(m)(dict)``, keys visited in sorted
-order, the original key order kept). Everything else -- arrays, numbers, dataclasses, sets, ``PerReplica`` -- is a
-leaf.
+order, the original key order kept); plus the containers a registered *node finder*
+recognises (:func:`register_node_finder`: JAX's registered pytree nodes, where JAX is
+imported). Everything else -- arrays, numbers, ``None``, plain dataclasses, sets,
+``PerReplica`` -- is a leaf.
 
 A structure's shape is a *treedef*: nested tuples that are hashable and compare
 with ``==``, so the ledger can check that replicas passed the same structure without
 touching a single leaf. A treedef node is ``None`` for a leaf, or
-``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences and, for
-mappings, ``(sorted keys, KeyOrder, default_factory or None)``.
+``(container_type, keys, children)`` where ``keys`` is ``None`` for sequences, for
+mappings ``(sorted keys, KeyOrder, default_factory or None)``, and for a found node its
+:class:`Node` (which compares its own metadata and rebuilds it).
 
 Two mappings with the same keys are the same structure whatever order their keys
 were inserted in, as in TensorFlow's ``nest`` (which sorts dict keys): the insertion
@@ -28,10 +31,13 @@ from typing import TypeAlias
 
 __all__ = [
     "KeyOrder",
+    "Node",
+    "NodeFinder",
     "TreeDef",
     "flatten",
     "is_nest",
     "map_structure",
+    "register_node_finder",
     "regroup",
     "select_replica",
     "treedef_str",
@@ -42,9 +48,76 @@ __all__ = [
 TreeDef: TypeAlias = "tuple[type, object, tuple[TreeDef, ...]] | None"
 
 
+class Node:
+    """A container that a node finder recognised: how to compare it and rebuild it.
+
+    Two nodes are equal (and hash alike) exactly when their ``key`` is: the container's
+    structure (type and metadata), not its children, as a treedef's other parts.
+
+    Args:
+        key: Hashable; equal for containers of the same structure.
+        rebuild: ``rebuild(children)`` is a new container of this structure.
+        label: The container's name for people, with the metadata that tells two apart.
+    """
+
+    __slots__ = ("key", "label", "rebuild")
+
+    def __init__(self, key: object, rebuild: Callable[[list[object]], object], label: str) -> None:
+        self.key = key
+        self.rebuild = rebuild
+        self.label = label
+
+    def build(self, children: list[object]) -> object:
+        """A new container of this structure holding ``children``."""
+        return self.rebuild(children)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and bool(self.key == other.key)
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __repr__(self) -> str:
+        return f"Node({self.label})"
+
+
+#: ``finder(value) -> (children, node)`` for a container it knows, else None.
+NodeFinder: TypeAlias = "Callable[[object], tuple[list[object], Node] | None]"
+
+_FINDERS: list[NodeFinder] = []
+# Types every finder said are not containers: a cache (cleared on registration).
+_NOT_NODES: set[type] = set()
+
+
+def register_node_finder(finder: NodeFinder) -> None:
+    """Traverse the containers ``finder`` recognises (see :data:`NodeFinder`).
+
+    The finder is asked about values that are not a list, tuple, Mapping or None; it
+    must not import anything (it is asked on the collective's path). A type it declines
+    once is remembered as a leaf type until the next registration.
+    """
+    if finder not in _FINDERS:
+        _FINDERS.append(finder)
+    _NOT_NODES.clear()
+
+
+def _found_node(value: object) -> tuple[list[object], Node] | None:
+    """``(children, node)`` when a registered finder recognises ``value``."""
+    kind = type(value)
+    if not _FINDERS or value is None or kind in _NOT_NODES:
+        return None
+    for finder in _FINDERS:
+        found = finder(value)
+        if found is not None:
+            return found
+    if len(_NOT_NODES) < 4096:
+        _NOT_NODES.add(kind)
+    return None
+
+
 def is_nest(value: object) -> bool:
-    """Return True for the containers we traverse (list, tuple, Mapping)."""
-    return isinstance(value, list | tuple | Mapping)
+    """Return True for the containers we traverse (list, tuple, Mapping, found nodes)."""
+    return isinstance(value, list | tuple | Mapping) or _found_node(value) is not None
 
 
 def _sorted_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
@@ -118,6 +191,10 @@ def _flatten_into(value: object, leaves: list[object]) -> TreeDef:
         ordered = _sorted_keys(value)
         children = tuple(_flatten_into(value[k], leaves) for k in ordered)
         return (type(value), _mapping_keys(value), children)
+    found = _found_node(value)
+    if found is not None:
+        items, node = found
+        return (type(value), node, tuple(_flatten_into(v, leaves) for v in items))
     leaves.append(value)
     return None
 
@@ -137,6 +214,8 @@ def unflatten(treedef: TreeDef, leaves: Sequence[object]) -> object:
 
 
 def _build(cls: type, keys: object, children: list[object]) -> object:
+    if isinstance(keys, Node):
+        return keys.build(children)
     if keys is None:
         if cls is list:
             return children
@@ -180,6 +259,8 @@ def treedef_str(treedef: TreeDef, leaves: Iterator[str] | None = None) -> str:
         return "*" if leaves is None else next(leaves, "?")
     cls, keys, children = treedef
     parts = [treedef_str(c, leaves) for c in children]
+    if isinstance(keys, Node):
+        return f"{keys.label}({', '.join(parts)})"
     if keys is None:
         if cls is list:
             return "[" + ", ".join(parts) + "]"
@@ -234,6 +315,17 @@ def regroup(
         ordered = _sorted_keys(v0)
         merged = [regroup(tuple(m[k] for m in maps), wrap, first_replica) for k in ordered]
         return _build(type(v0), _mapping_keys(v0), merged)
+    found = _found_node(v0)
+    if found is not None:
+        children0, node = found
+        columns: list[list[object]] = [[] for _ in children0]
+        for i, v in enumerate(values):
+            other = _found_node(v)
+            if other is None or other[1] != node or len(other[0]) != len(children0):
+                raise ValueError(_structure_error(v0, v, i, first_replica))
+            for column, child in zip(columns, other[0], strict=True):
+                column.append(child)
+        return node.build([regroup(tuple(c), wrap, first_replica) for c in columns])
     if all(v is v0 for v in values):
         return v0
     return wrap(tuple(values))

@@ -359,6 +359,32 @@ def _swapped(
     )
 
 
+def _diverging_calls(
+    path_a: Sequence[CallSite], path_b: Sequence[CallSite], start: int
+) -> tuple[CallSite, CallSite] | None:
+    """The two calls, in one function, at which two call paths part ways, if any.
+
+    First the frames at ``start`` (the call sites, or the call of a helper both paths
+    share). When those are in different functions (two helpers that each make a
+    collective), the paths are compared from their outermost frame instead: the first
+    frames at which they differ there are the two calls, in one function, that led to
+    the helpers (``await grads(...)`` and ``await loss(...)`` swapped in the step).
+    """
+    a, b = path_a[start], path_b[start]
+    if (a.filename, a.function) != (b.filename, b.function):
+        common = min(len(path_a), len(path_b))
+        outer_a, outer_b = path_a[::-1], path_b[::-1]
+        k = next((i for i in range(common) if outer_a[i] != outer_b[i]), common)
+        if k == common:
+            return None
+        a, b = outer_a[k], outer_b[k]
+        if (a.filename, a.function) != (b.filename, b.function):
+            return None
+    if a.lineno == b.lineno:
+        return None
+    return a, b
+
+
 def _extra_or_missed(
     groups: Sequence[tuple[list[int], str]],
     signatures: Mapping[int, Signature],
@@ -379,11 +405,10 @@ def _extra_or_missed(
     path_a, path_b = signatures[major[0]].call_path, signatures[minor[0]].call_path
     if start >= len(path_a) or start >= len(path_b):
         return None
-    a, b = path_a[start], path_b[start]
-    if (a.filename, a.function) != (b.filename, b.function):
+    pair = _diverging_calls(path_a, path_b, start)
+    if pair is None:
         return None
-    if a.lineno == b.lineno:
-        return None
+    a, b = pair
     if source is not None:
         swap = _swapped(major, minor, a, b, source)
         if swap is not None:
@@ -391,7 +416,7 @@ def _extra_or_missed(
     outliers, others = format_replicas(minor), format_replicas(major)
     if len(major) == len(minor):
         first, second = (minor, major) if b.lineno < a.lineno else (major, minor)
-        early, late = signatures[first[0]].call_path[start], signatures[second[0]].call_path[start]
+        early, late = (b, a) if first is minor else (a, b)
         return (
             f"{format_replicas(first)} {_verb(first, 'is', 'are')} at an earlier line ({early}) "
             f"than {format_replicas(second)} ({late}): either {format_replicas(first)} made an "

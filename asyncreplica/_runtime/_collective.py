@@ -63,13 +63,15 @@ class Rendezvous:
         self.loop: Any = None  # the asyncio loop, once the run starts (None on trio)
         self.gen = 0  # moves on when a blocked task may have become runnable
         self.local = True  # whether the run is within one process (no process group)
+        # The event loop's clock (_clock.loop_clock), set when the run starts.
+        self.clock: Callable[[], float] = time.monotonic
 
     def arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
         slots = self.slots
         slot = slots.get(key)
         if slot is None:
-            slot = Slot(self, key, self.num_replicas, time.monotonic())
+            slot = Slot(self, key, self.num_replicas, self.clock())
             slots[key] = slot
         slot.payloads[replica] = payload
         if complete:
@@ -135,7 +137,7 @@ class Slot:
         rv: The run's rendezvous.
         key: The collective's key in the ledger.
         num_replicas: The replicas of this process.
-        since: When the first replica arrived (``time.monotonic()``).
+        since: When the first replica arrived (the run's clock: ``Rendezvous.clock``).
     """
 
     def __init__(self, rv: Rendezvous, key: Key, num_replicas: int, since: float) -> None:

@@ -31,50 +31,58 @@ __all__ = ["PER_REPLICA", "scaled_gc"]
 #: this is about CPython's default of 700; at 4096 replicas it is 409,600).
 PER_REPLICA = 100
 
-_lock = threading.Lock()
-_active: Counter[int] = Counter()  # replicas of each run in progress -> how many runs
-_saved: int | None = None  # the threshold found when the first of the active runs began
-_ours: int | None = None  # the threshold we set last, while we manage it
-_managed = False  # False once someone else changed the threshold during these runs
+class _Threshold:
+    """The one manager of the generation-0 threshold (all its state in one place).
+
+    Attributes:
+        active: Replicas of each run in progress -> how many such runs.
+        saved: The threshold found when the first of the active runs began.
+        ours: The threshold we set last, while we manage it.
+        managed: False once someone else changed the threshold during these runs.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.active: Counter[int] = Counter()
+        self.saved: int | None = None
+        self.ours: int | None = None
+        self.managed = False
+
+    def enter(self, replicas: int) -> None:
+        with self.lock:
+            if not self.active:
+                self.saved = gc.get_threshold()[0]
+                self.ours = None
+                self.managed = True
+            self.active[replicas] += 1
+            self._update()
+
+    def exit(self, replicas: int) -> None:
+        with self.lock:
+            self.active[replicas] -= 1
+            if self.active[replicas] == 0:
+                del self.active[replicas]
+            self._update()  # back to the saved threshold when no run is left, if still ours
+            if not self.active:
+                self.saved = None
+                self.ours = None
+                self.managed = False
+
+    def _update(self) -> None:
+        """Set the threshold the active runs ask for (call with the lock held)."""
+        if not self.managed or self.saved is None or self.saved == 0:
+            return
+        current = gc.get_threshold()
+        if current[0] != (self.saved if self.ours is None else self.ours):
+            self.managed = False  # changed by someone else: theirs stands
+            return
+        want = max(self.saved, PER_REPLICA * max(self.active)) if self.active else self.saved
+        if want != current[0]:
+            gc.set_threshold(want, *current[1:])
+            self.ours = want
 
 
-def _update() -> None:
-    """Set the threshold the active runs ask for (call with ``_lock`` held)."""
-    global _ours, _managed
-    if not _managed or _saved is None or _saved == 0:
-        return
-    current = gc.get_threshold()
-    if current[0] != (_saved if _ours is None else _ours):
-        _managed = False  # changed by someone else: theirs stands
-        return
-    want = max(_saved, PER_REPLICA * max(_active)) if _active else _saved
-    if want != current[0]:
-        gc.set_threshold(want, *current[1:])
-        _ours = want
-
-
-def _enter(replicas: int) -> None:
-    global _saved, _ours, _managed
-    with _lock:
-        if not _active:
-            _saved = gc.get_threshold()[0]
-            _ours = None
-            _managed = True
-        _active[replicas] += 1
-        _update()
-
-
-def _exit(replicas: int) -> None:
-    global _saved, _ours, _managed
-    with _lock:
-        _active[replicas] -= 1
-        if _active[replicas] == 0:
-            del _active[replicas]
-        _update()  # back to the saved threshold when no run is left, if still ours
-        if not _active:
-            _saved = None
-            _ours = None
-            _managed = False
+_THRESHOLD = _Threshold()
 
 
 @final
@@ -91,7 +99,7 @@ class scaled_gc:  # lower case: used as a function, ``with scaled_gc(n):``
         self._replicas = max(int(replicas), 1)
 
     def __enter__(self) -> None:
-        _enter(self._replicas)
+        _THRESHOLD.enter(self._replicas)
 
     def __exit__(
         self,
@@ -99,4 +107,4 @@ class scaled_gc:  # lower case: used as a function, ``with scaled_gc(n):``
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _exit(self._replicas)
+        _THRESHOLD.exit(self._replicas)

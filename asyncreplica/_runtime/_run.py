@@ -24,7 +24,6 @@ import functools
 import inspect
 import logging
 import random
-import time
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from .._exceptions import (
     ReplicaCancelledError,
 )
 from . import _ending, _inspect, _tasks
+from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, rebuild
 from ._mode import MODE, Mode
 from ._waiter import Waiter
@@ -409,7 +409,7 @@ class Run:
 
     def _log_resumed(self, slot: Slot) -> None:
         """A collective that was reported stalled completed after all."""
-        waited = time.monotonic() - slot.since
+        waited = self._rv.clock() - slot.since
         logger.warning(resumed_message(key_text(slot.key), waited))
 
     async def _merge(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
@@ -517,11 +517,11 @@ class Run:
 
     async def _watch_stalls_loop(self, stall: float) -> None:
         while True:
-            now = time.monotonic()
+            now = self._rv.clock()
             due = [s.since + stall for s in self._slots.values() if not s.warned]
             due += [s.since + stall for s, _ in self._dispatching.values() if not s.warned]
             await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
-            now = time.monotonic()
+            now = self._rv.clock()
             if self._deadlocked():
                 return
             for key, slot in list(self._slots.items()):
@@ -827,6 +827,7 @@ class Run:
         except RuntimeError:
             loop = None
         self._loop = self._rv.loop = loop
+        self._rv.clock = loop_clock(loop)
         self._rv.fast = loop is not None and self.tracer is None and self.shuffle is None
         self._current_task = _tasks.current_task
         if loop is not None:

@@ -1,16 +1,28 @@
-"""The picture of a trace: :func:`plot` draws a PNG timeline with matplotlib."""
+"""The picture of a trace: :func:`plot` draws a PNG timeline with matplotlib.
+
+What the picture shows is decided by :func:`_layout` (plain data, tested without
+matplotlib); :func:`plot` only draws it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
-from ._summary import _collectives, _Slice, _slowest, load_trace
+from ._summary import _collectives, _num_replicas, _Slice, _slowest, load_trace
 
 __all__ = ["plot"]
+
+#: The widest line of the title, in characters; longer error lines are wrapped, not cut.
+_TITLE_WIDTH = 120
+#: At most this many lines of each error's first line in the title.
+_TITLE_LINES = 4
 
 
 def _matplotlib() -> tuple[Any, Any]:
@@ -25,45 +37,154 @@ def _matplotlib() -> tuple[Any, Any]:
     return figure.Figure, agg.FigureCanvasAgg
 
 
-def plot(path: PathLike, output: PathLike, *, max_collectives: int = 2000) -> None:
-    """Draw a trace as a PNG timeline: replicas as rows, collectives as bars.
+@dataclasses.dataclass
+class _Layout:
+    """What the timeline of one trace shows.
 
-    Each bar runs from a replica's arrival at a collective to its resumption; the
-    part spent waiting for the others is light, the replica that arrived last is
-    highlighted, the backend's reductions are on their own row, and a failure is
-    marked with the error. Uses matplotlib (without pyplot, so no global state).
+    Attributes:
+        replicas: The rows, one per replica of the runs shown (also a replica that
+            made no collective: it has a row, with ``absent`` saying why it is empty).
+        absent: For each replica row without a bar, what it was doing.
+        slices: The replicas' collectives drawn.
+        dispatches: The backend's reductions drawn.
+        failures: The failure events drawn (vertical lines).
+        title: The title's lines.
+        slowest: The slowest rendezvous to point at (late slice, spread in µs), or None
+            (none, or the run shown failed: the failure is the point then).
+    """
 
-    Args:
-        path: A trace written by ``strategy.trace()`` or ``ASYNCREPLICA_TRACE``.
-        output: The PNG file to write.
-        max_collectives: Draw at most this many collectives (the most recent).
+    replicas: list[int]
+    absent: dict[int, str]
+    slices: list[_Slice]
+    dispatches: list[_Slice]
+    failures: list[dict[str, Any]]
+    title: list[str]
+    slowest: tuple[_Slice, float] | None
+
+
+def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives: int) -> _Layout:
+    """Decide what the timeline of ``trace`` shows (see :func:`plot` for ``run``).
 
     Raises:
-        ImportError: matplotlib is not installed.
-        OSError: A file cannot be read or written.
-        ValueError: The file is not a trace.
+        ValueError: ``run`` is not ``"failed"``, ``"all"`` or the index of a recorded run.
     """
-    figure_class, canvas_class = _matplotlib()
-    trace = load_trace(path)
     slices = _collectives(trace, "collective")
     dispatches = _collectives(trace, "dispatch")
+    run_records = _collectives(trace, "run")
     failures = [
         e
         for e in trace["traceEvents"]
         if e.get("cat") == "failure" and e.get("s") == "g" and "ts" in e
     ]
+    indices = sorted(
+        {
+            i
+            for i in [
+                *(s.args.get("run") for s in slices),
+                *(r.args.get("run") for r in run_records),
+            ]
+            if isinstance(i, int)
+        }
+    )
+    failed_runs = [i for e in failures if isinstance(i := (e.get("args") or {}).get("run"), int)]
+    if run == "failed":
+        shown: int | None = failed_runs[-1] if failed_runs else None
+    elif run == "all":
+        shown = None
+    elif isinstance(run, int) and not isinstance(run, bool) and run in indices:
+        shown = run
+    else:
+        have = f"runs {indices[0]} to {indices[-1]}" if indices else "no runs"
+        raise ValueError(
+            f"run={run!r}: pass 'failed' (the last failed run, else every run), 'all', or "
+            f"the index of a recorded run (this trace has {have})"
+        )
+    if shown is not None:
+        slices = [s for s in slices if s.args.get("run") == shown]
+        dispatches = [d for d in dispatches if d.args.get("run") == shown]
+        run_records = [r for r in run_records if r.args.get("run") == shown]
+        failures = [e for e in failures if (e.get("args") or {}).get("run") == shown]
     ids = sorted({s.args.get("collective", -1) for s in slices}, key=lambda i: (i is None, i))
     keep = set(ids[-max_collectives:])
     slices = [s for s in slices if s.args.get("collective", -1) in keep]
     dispatches = [d for d in dispatches if d.args.get("collective", -1) in keep]
-    replicas = sorted({int(s.args["replica"]) for s in slices if "replica" in s.args})
-    origin = min([s.start for s in slices] + [d.start for d in dispatches], default=0.0)
+    drawn = {int(s.args["replica"]) for s in slices if "replica" in s.args}
+    replicas = sorted(drawn | set(range(_num_replicas(run_records))))
+    states: dict[int, str] = {}
+    for event in failures:
+        for row in (event.get("args") or {}).get("replicas") or ():
+            if isinstance(row.get("replica"), int) and row.get("state"):
+                states[row["replica"]] = str(row["state"])
+    for event in trace["traceEvents"]:  # the flight recorder's per-replica rows
+        args = event.get("args") or {}
+        if (
+            event.get("cat") == "failure"
+            and event.get("s") == "t"
+            and isinstance(args.get("replica"), int)
+            and (shown is None or any(e.get("ts") == event.get("ts") for e in failures))
+            and args.get("state")
+        ):
+            states[args["replica"]] = str(args["state"])
+    absent = {
+        r: (f"{states[r]}: " if r in states else "") + "no collective in this run"
+        for r in replicas
+        if r not in drawn
+    }
+    title = [f"asyncreplica timeline: {name}"]
+    if shown is not None:
+        what = "the failed run" if shown in failed_runs else "one run"
+        title[0] += f", run {shown} ({what}; {len(indices)} in the trace, run='all' for every one)"
+    for event in failures:
+        text = str(event.get("name", "failure"))
+        wrapped = textwrap.wrap(text, _TITLE_WIDTH) or [text]
+        if len(wrapped) > _TITLE_LINES:
+            wrapped = [*wrapped[: _TITLE_LINES - 1], wrapped[_TITLE_LINES - 1] + " ..."]
+        title += wrapped
+    groups: dict[Any, list[_Slice]] = {}
+    for s in slices:
+        groups.setdefault(s.args.get("collective"), []).append(s)
+    slowest = None if failures else _slowest(groups)
+    if slowest is not None and slowest[1] <= 0:
+        slowest = None
+    return _Layout(replicas, absent, slices, dispatches, failures, title, slowest)
+
+
+def plot(
+    path: PathLike, output: PathLike, *, max_collectives: int = 2000, run: int | str = "failed"
+) -> None:
+    """Draw a trace as a PNG timeline: replicas as rows, collectives as bars.
+
+    Each bar runs from a replica's arrival at a collective to its resumption; the
+    part spent waiting for the others is light, the replica that arrived last is
+    highlighted, the backend's reductions are on their own row, and a failure is
+    marked with the error. Every replica of the runs shown has a row, also one that
+    never arrived (its row is empty and says what it was doing). Uses matplotlib
+    (without pyplot, so no global state).
+
+    Args:
+        path: A trace written by ``strategy.trace()`` or ``ASYNCREPLICA_TRACE``.
+        output: The PNG file to write.
+        max_collectives: Draw at most this many collectives (the most recent).
+        run: Which run to draw: ``"failed"`` (the default) zooms into the last run that
+            failed, or draws every run when none did; ``"all"`` draws every run; an
+            ``int`` draws that run (its index, as the summary and the trace name it).
+
+    Raises:
+        ImportError: matplotlib is not installed.
+        OSError: A file cannot be read or written.
+        ValueError: The file is not a trace, or ``run`` names no recorded run.
+    """
+    trace = load_trace(path)
+    layout = _layout(trace, Path(path).name, run, max_collectives)
+    figure_class, canvas_class = _matplotlib()
+    slices, replicas = layout.slices, layout.replicas
+    origin = min([s.start for s in slices] + [d.start for d in layout.dispatches], default=0.0)
 
     def ms(us: float) -> float:
         return (us - origin) / 1000
 
     rows = len(replicas) + 1
-    fig = figure_class(figsize=(12, 1.2 + 0.55 * rows), dpi=120)
+    fig = figure_class(figsize=(12, 1.2 + 0.55 * rows + 0.15 * len(layout.title)), dpi=120)
     canvas_class(fig)
     ax = fig.add_subplot(1, 1, 1)
     y_of = {r: i for i, r in enumerate(replicas)}
@@ -93,18 +214,16 @@ def plot(path: PathLike, output: PathLike, *, max_collectives: int = 2000) -> No
             (y, height),
             facecolors=(colors["wait"], colors["busy"]),
         )
-    for d in dispatches:
+    for d in layout.dispatches:
         ax.broken_barh(
             [(ms(d.start), ms(d.end) - ms(d.start))],
             (backend_y - height / 2, height),
             facecolors="#31a354",
         )
-    groups: dict[Any, list[_Slice]] = {}
-    for s in slices:
-        groups.setdefault(s.args.get("collective"), []).append(s)
-    slowest = _slowest(groups)
-    if slowest is not None and slowest[1] > 0:
-        late, spread = slowest
+    for replica, state in layout.absent.items():
+        ax.text(0, y_of[replica], f" {state}", color="#636363", fontsize=8, va="center")
+    if layout.slowest is not None:
+        late, spread = layout.slowest
         x = ms(late.start)
         right = x > ms(max((s.end for s in slices), default=origin)) / 2
         ax.annotate(
@@ -117,8 +236,7 @@ def plot(path: PathLike, output: PathLike, *, max_collectives: int = 2000) -> No
             fontsize=8,
             arrowprops={"arrowstyle": "->", "color": "black", "lw": 0.8},
         )
-    title = f"asyncreplica timeline: {Path(path).name}"
-    for event in failures:
+    for event in layout.failures:
         x = ms(float(event["ts"]))
         ax.axvline(x, color=colors["failed"], linewidth=1.5)
         args = event.get("args") or {}
@@ -131,13 +249,11 @@ def plot(path: PathLike, output: PathLike, *, max_collectives: int = 2000) -> No
             va="bottom",
             ha="right",
         )
-        name = str(event.get("name", "failure"))
-        title += "\n" + (name if len(name) <= 110 else name[:107] + "...")
     ax.set_yticks(range(rows), [f"replica {r}" for r in replicas] + ["backend"])
     ax.set_ylim(rows - 0.5, -1.2)
     ax.set_xlabel("time (ms)")
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(title, fontsize=9, loc="left")
+    ax.set_title("\n".join(layout.title), fontsize=9, loc="left")
     patch = importlib.import_module("matplotlib.patches").Patch
     ax.legend(
         handles=[

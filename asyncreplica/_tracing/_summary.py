@@ -114,7 +114,12 @@ def summarize(path: PathLike) -> str:
         row[1] += float(s.args.get("waited_us") or 0.0)
         row[2] += bool(s.args.get("arrived_last"))
         groups.setdefault(s.args.get("collective"), []).append(s)
-    runs = {s.args.get("run") for s in slices}
+    run_records = _collectives(trace, "run")
+    runs = {s.args.get("run") for s in slices} | {r.args.get("run") for r in run_records}
+    runs.discard(None)
+    # Every replica of every run, also one that made no collective (it never arrived).
+    for replica in range(_num_replicas(run_records)):
+        stats.setdefault(replica, [0, 0.0, 0])
     counts = f"{_count(len(groups), 'collective')} in {_count(len(runs), 'run')}"
     lines = [f"Trace {os.fspath(path)}: {_count(len(stats), 'replica')}, {counts}"]
     dropped = other.get("dropped_events")
@@ -148,7 +153,8 @@ def summarize(path: PathLike) -> str:
         if failure.get("position") is not None:
             fields = failure.get("fields")
             differ = f" (differing: {', '.join(map(str, fields))})" if fields else ""
-            lines.append(f"  mismatched position: {failure['position']}{differ}")
+            label = _POSITION_LABELS.get(str(failure.get("type")), "at position")
+            lines.append(f"  {label}: {failure['position']}{differ}")
         for row in failure.get("replicas") or ():
             at = f" at {row['call_site']}" if row.get("call_site") else ""
             what = f" {row['collective']}{at}" if row.get("collective") else ""
@@ -157,6 +163,22 @@ def summarize(path: PathLike) -> str:
     if not slices and not _failures(trace):
         lines.append("No collectives were recorded.")
     return "\n".join(lines)
+
+
+#: What a failure's ``position`` is, by the error's type (a timeout's position is where
+#: it timed out, not a mismatch).
+_POSITION_LABELS = {
+    "CollectiveMismatchError": "mismatched position",
+    "CollectiveTimeoutError": "timed out at position",
+    "ReplicaExitedError": "waited at position",
+    "CollectiveDeadlockError": "deadlocked at position",
+}
+
+
+def _num_replicas(run_records: list[_Slice]) -> int:
+    """The most replicas any recorded run had (0 for a trace without run records)."""
+    counts = [r.args.get("num_replicas") for r in run_records]
+    return max((c for c in counts if isinstance(c, int)), default=0)
 
 
 def _cancelled(trace: Mapping[str, Any], slices: list[_Slice]) -> list[str]:

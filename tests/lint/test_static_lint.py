@@ -682,3 +682,118 @@ def test_nothing_is_imported_or_run(tmp_path: Path) -> None:
         "        await ctx.barrier()\n"
     )
     assert [f.line for f in lint_paths([str(path)])] == [5]
+
+
+# -- named collectives in both branches; the process rank ----------------------------------------
+
+
+def test_the_same_named_collectives_in_both_branches_are_reached_by_every_replica() -> None:
+    """Started as tasks in a different order per replica: names pair by name, no finding."""
+    assert (
+        pairs(
+            """
+            import asyncio
+
+            async def step(x):
+                ctx = ar.get_replica_context()
+                if ctx.replica_id_in_sync_group == 0:
+                    a = asyncio.create_task(ctx.all_reduce("sum", x, name="a"))
+                    b = asyncio.create_task(ctx.all_reduce("sum", x, name="b"))
+                else:
+                    b = asyncio.create_task(ctx.all_reduce("sum", x, name="b"))
+                    a = asyncio.create_task(ctx.all_reduce("sum", x, name="a"))
+                return await a, await b
+            """
+        )
+        == set()
+    )
+
+
+@pytest.mark.parametrize(
+    ("else_branch", "expected"),
+    [
+        # one name missing from the else branch: every collective of the if depends on it
+        ('b = asyncio.create_task(ctx.all_reduce("sum", x, name="b"))', {(8, 7), (9, 7), (11, 7)}),
+        # unnamed: the call sites differ, so the replicas disagree
+        ('b = ctx.all_reduce("sum", x); a = ctx.all_reduce("sum", x)', {(8, 7), (9, 7), (11, 7)}),
+        # a name computed per replica: not provably the same set
+        (
+            'b = ctx.all_reduce("sum", x, name=n); a = ctx.all_reduce("sum", x, name="a")',
+            {(8, 7), (9, 7), (11, 7)},
+        ),
+        # an early return in a branch
+        (
+            'b = ctx.all_reduce("sum", x, name="b"); a = ctx.all_reduce("sum", x, name="a"); return',
+            {(8, 7), (9, 7), (11, 7)},
+        ),
+    ],
+)
+def test_named_collectives_in_branches_that_differ_are_flagged(
+    else_branch: str, expected: set[tuple[int, int]]
+) -> None:
+    found = pairs(
+        f"""
+        import asyncio
+
+        async def step(x, n):
+            ctx = ar.get_replica_context()
+            if ctx.replica_id_in_sync_group == 0:
+                a = asyncio.create_task(ctx.all_reduce("sum", x, name="a"))
+                b = asyncio.create_task(ctx.all_reduce("sum", x, name="b"))
+            else:
+                {else_branch}
+        """
+    )
+    assert expected <= found
+
+
+def test_a_condition_on_the_mpi_rank_blames_the_rank_not_the_step_number() -> None:
+    findings = lint(
+        """
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank()
+
+        async def step(step_no, x):
+            ctx = ar.get_replica_context()
+            if step_no % 10 == 0 and rank == 0:
+                await ctx.all_reduce("sum", x)
+            if rank == 0:
+                await ctx.all_reduce("sum", x)
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(10, 9), (12, 11)]
+    for finding in findings:
+        assert finding.message.endswith(
+            "cannot depend on the process rank (each process runs its own replicas)"
+        ), finding.message
+
+
+@pytest.mark.parametrize(
+    "rank",
+    [
+        "MPI.COMM_WORLD.rank",
+        "comm.Get_rank()",
+        "comm.rank",
+        'int(os.environ["RANK"])',
+        'int(os.environ.get("OMPI_COMM_WORLD_RANK", 0))',
+        'int(os.getenv("PMI_RANK", "0"))',
+        "strategy.cluster_resolver.task_id",
+    ],
+)
+def test_every_way_to_read_the_process_rank(rank: str) -> None:
+    findings = lint(
+        f"""
+        import os
+        from mpi4py import MPI
+        comm = MPI.COMM_WORLD
+        strategy = ar.MultiWorkerMirroredStrategy
+
+        async def step(x):
+            ctx = ar.get_replica_context()
+            if {rank} == 0:
+                await ctx.all_reduce("sum", x)
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(11, 10)]
+    assert "the process rank" in findings[0].message

@@ -297,6 +297,39 @@ async def test_s04_s05_swapped_order(size_b: int, fields: tuple[str, ...]) -> No
     await assert_usable(s)
 
 
+async def _grads(ctx: ar.ReplicaContext, g: np.ndarray) -> object:
+    return await ctx.all_reduce("sum", g)
+
+
+async def _loss(ctx: ar.ReplicaContext, loss: float) -> object:
+    return await ctx.all_reduce("mean", loss)
+
+
+async def test_s04_swapped_order_through_helpers_is_told_as_a_swap() -> None:
+    """The swap is told at the step's lines that call the helpers, as for inline calls."""
+    s = strategy(2)
+    g = np.ones(3)
+
+    async def step() -> None:
+        ctx = context()
+        if ctx.replica_id_in_sync_group == 0:
+            await _grads(ctx, g)  # @helper-r0-first
+            await _loss(ctx, 2.0)  # @helper-r0-second
+        else:
+            await _loss(ctx, 2.0)  # @helper-r1-first
+            await _grads(ctx, g)  # @helper-r1-second
+
+    error = await fails(s, step, ar.CollectiveMismatchError)
+    assert (
+        f"replica 1 issues the same collectives as replica 0 in a different order: replica 1 calls "
+        f"{at('helper-r1-first')} then {at('helper-r1-second')} (the same call as "
+        f"{at('helper-r0-first')}); replica 0 calls {at('helper-r0-first')} then "
+        f"{at('helper-r0-second')} (the same call as {at('helper-r1-first')})."
+    ) in str(error).splitlines()
+    assert "extra collective" not in str(error)
+    await assert_usable(s)
+
+
 async def test_s05_named_collectives_in_swapped_order_are_fine_when_issued_together() -> None:
     s = strategy(3)
     results: dict[tuple[int, str], Any] = {}
