@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -24,7 +25,7 @@ def small_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nb, "WORKERS", 3)
 
 
-def _memory(result: np.ndarray) -> int:
+def _memory(result: Any) -> int:
     """Where the buffer a result shows starts: an int, as holding the buffer would pin it.
 
     A result's base chain ends in an object that is not an array (results cannot be made

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncreplica_numpy._backend as nb
 import numpy as np
@@ -29,7 +30,7 @@ def small_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(nb, "OFFLOAD_BYTES", 1 << 30)
 
 
-def _memory(result: np.ndarray) -> int:
+def _memory(result: Any) -> int:
     """Where the buffer a result shows starts: an int, as holding the buffer would pin it.
 
     A result's base chain ends in an object that is not an array (results cannot be made
