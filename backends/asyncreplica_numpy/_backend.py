@@ -143,11 +143,12 @@ def _frozen(array: Array) -> Array:
     in an object that exports no writable buffer (``_cpass.freeze``'s ``_Owner`` when
     the C pass runs, else :class:`_ReadOnly`), not in an array that owns its data. The
     backend keeps ``array`` writable (a pooled buffer is written again once no result
-    refers to it) and never hands it out.
+    refers to it) and never hands it out. A subclass (``np.matrix``) stays one: a view
+    of the frozen array, whose base chain ends the same way.
     """
-    if _CPASS is not None:
-        return _CPASS.freeze(array)
-    return np.asarray(_ReadOnly(array))
+    base = array if type(array) is np.ndarray else array.view(np.ndarray)
+    frozen = _CPASS.freeze(base) if _CPASS is not None else np.asarray(_ReadOnly(base))
+    return frozen if base is array else frozen.view(type(array))
 
 
 def _shared(out: Array, n: int) -> list[Array]:
