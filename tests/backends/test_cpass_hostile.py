@@ -442,7 +442,9 @@ def test_describe_holds_the_cache_while_a_finalizer_clears_it() -> None:
         found = cpass.describe(leaves(), by_dtype)
     finally:
         gc.set_threshold(*threshold)
-        if not enabled:
+        if enabled:
+            gc.enable()
+        else:
             gc.disable()
     assert kept, "the finalizer did not run during describe: the test proves nothing"
     assert found is not None
