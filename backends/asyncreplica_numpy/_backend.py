@@ -114,10 +114,46 @@ def _host_components(components: Sequence[object]) -> tuple[list[object], Librar
     return host, libraries[0] if libraries else None
 
 
+class _ReadOnly:
+    """What :func:`_frozen`'s result is based on in the Python pass: its memory, read-only.
+
+    numpy makes an array of it through ``__array_interface__`` (marked read-only) and
+    keeps it as the array's base. It exports no buffer, so numpy refuses to make that
+    array, or any view of it, writable; the array it holds is in a private slot.
+    """
+
+    __slots__ = ("_array", "_interface")
+
+    def __init__(self, array: Array) -> None:
+        self._array = array  # keeps the memory alive
+        interface = array.__array_interface__
+        interface["data"] = (interface["data"][0], True)
+        self._interface = interface
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        return self._interface
+
+
+def _frozen(array: Array) -> Array:
+    """A read-only array of ``array``'s memory that no one can make writable again.
+
+    Every result the backend shares between replicas is made of one: ``setflags`` on it,
+    on a view of it or on anything in its ``base`` chain raises, because that chain ends
+    in an object that exports no writable buffer (``_cpass.freeze``'s ``_Owner`` when
+    the C pass runs, else :class:`_ReadOnly`), not in an array that owns its data. The
+    backend keeps ``array`` writable (a pooled buffer is written again once no result
+    refers to it) and never hands it out. A subclass (``np.matrix``) stays one: a view
+    of the frozen array, whose base chain ends the same way.
+    """
+    base = array if type(array) is np.ndarray else array.view(np.ndarray)
+    frozen = _CPASS.freeze(base) if _CPASS is not None else np.asarray(_ReadOnly(base))
+    return frozen if base is array else frozen.view(type(array))
+
+
 def _shared(out: Array, n: int) -> list[Array]:
-    """Freeze ``out`` and return one view of it per replica."""
-    out.flags.writeable = False
-    return list(map(np.ndarray.view, [out] * n))
+    """One read-only view of ``out`` per replica (see :func:`_frozen`)."""
+    return list(map(np.ndarray.view, [_frozen(out)] * n))
 
 
 def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
@@ -263,8 +299,8 @@ def _combine_packed(
     each, which refuses a non-contiguous leaf) and combined into a new array, then
     every other replica's, written over them, is combined into it in place: exactly
     the operations :func:`_combine` makes for one leaf. The result is a new array
-    that numpy owns, so read-only views of it cannot be made writable (views of a
-    ``bytearray`` could). Integers' MEAN is summed exactly in int64 and rounded once,
+    (never a view of the ``bytearray``), which the caller freezes (:func:`_frozen`).
+    Integers' MEAN is summed exactly in int64 and rounded once,
     as :func:`_mean_of_ints` does for 32-bit and smaller integers. Returns None when
     a replica's leaves do not fill as many bytes as replica 0's.
     """
@@ -370,7 +406,7 @@ def _reduce_batch(
             return None
         if flat is None:
             return None
-        flat.flags.writeable = False  # the views inherit it and cannot undo it
+        flat = _frozen(flat)  # the views cannot be made writable
         if shape:
             # Leaves of one shape: the rows of one reshaped view, made in C.
             rows = flat.reshape((hi - lo, *shape))
@@ -429,6 +465,9 @@ class _Pass(Protocol):
         /,
     ) -> list[list[Array]]:
         """Each replica's read-only views of leaves lo..hi-1 of ``flat``."""
+
+    def freeze(self, array: Array, /) -> Array:
+        """A read-only array of ``array``'s memory that cannot be made writable."""
 
 
 def _load_pass() -> tuple[_Pass | None, str]:
@@ -565,8 +604,7 @@ def _reduce_batch_c(
         flat = _combine_c(cpass, op, values, lo, hi, dtype, shapes, nbytes, scratch[0])
         if flat is None:
             return None
-        flat.flags.writeable = False  # the views inherit it and cannot undo it
-        views = cpass.views(flat, n, shapes, lo, hi)
+        views = cpass.views(flat, n, shapes, lo, hi)  # based on a frozen owner of flat
         if lo == 0 and hi == m:
             return cast(list[list[object]], views)
         for r in range(n):
@@ -968,7 +1006,7 @@ class NumpyBackend(Backend):
                     ufunc(flat, scratch, out=flat)
             if op is ReduceOp.MEAN:
                 flat = _divide(flat, n)
-        flat.flags.writeable = False
+        flat = _frozen(flat)
         slices = []
         shaped = False
         offset = 0
@@ -1006,9 +1044,9 @@ class NumpyBackend(Backend):
         wait = dtype.itemsize * math.prod(shape) >= OFFLOAD_BYTES
         for attempt in range(2):
             for buf in pooled:
-                # The pool's list, this loop and getrefcount's argument: nobody else.
+                # The pool's list, this loop and getrefcount's argument: nobody else (a
+                # result holds it through its _frozen base; buf itself stays writable).
                 if sys.getrefcount(buf) == 3:
-                    buf.flags.writeable = True
                     return buf
             if wait and not attempt and pooled:
                 # Not a cancellation point: the dispatch must finish once it started.
@@ -1146,7 +1184,7 @@ class NumpyBackend(Backend):
                 reduced = await self._combine_large(op, arrays)
             else:
                 reduced = _combine(op, arrays)
-            reduced.flags.writeable = False
+            reduced = _frozen(reduced)
             # The chunks np.split(reduced, n, axis) gives, as plain slices (np.split's
             # Python-level loop costs more than a pooled 1 MiB sum's blocks).
             size = reduced.shape[axis] // n

@@ -1,13 +1,34 @@
-/* One C-level pass over a batch of numpy arrays: describe, pack, view.
+/* One C-level pass over a batch of numpy arrays (describe, pack, views), and freeze.
  *
- * The compiled counterpart of asyncreplica_numpy/_pypass.py, which defines the same three
- * functions with the same results (tests/backends/test_batch_pass.py runs both). The numpy
- * backend uses this module when hatch_build.py compiled it and ASYNCREPLICA_NO_EXTENSIONS is
- * not set at run time (asyncreplica/_compiled.py decides); it falls back to _pypass otherwise.
+ * The compiled counterpart of the pure-Python pass in asyncreplica_numpy/_backend.py:
+ * NumpyBackend.describe_leaves (its Python branch), _batch_layout, _combine_packed and
+ * _reduce_batch, and _frozen for freeze. Both give the same results
+ * (tests/backends/test_batch_pass.py runs both in one process). The numpy backend uses this
+ * module when hatch_build.py compiled it and asyncreplica/_compiled.py's c_extension_reason
+ * finds nothing against it (ASYNCREPLICA_NO_EXTENSIONS=1, a changed source); it runs the
+ * Python pass otherwise.
  *
  * Every function only answers "this batch is the plain kind, and here is the result" or "it is
- * not" (None / -1): every rule about what a collective accepts, and every error message, stays
- * in the Python code that runs when the answer is "not".
+ * not" (None / -1): every rule about what a collective accepts, and every error message a user
+ * sees, stays in the Python code that runs when the answer is "not".
+ *
+ * Anyone can import this module and call it, so every function checks its arguments as if the
+ * caller were hostile, and raises TypeError or ValueError for what the backend never passes:
+ *
+ * - Arrays are exactly numpy.ndarray (no subclass) of a number dtype (bool, integers, floats,
+ *   complex: no object references, no fields), and an output is C-contiguous, writable, of
+ *   the stated dtype and shares no memory with any input.
+ * - Shapes are tuples of exact ints (an int subclass's __index__ would run Python code), and
+ *   every size, offset and sum of them is checked for overflow before it is used.
+ * - No borrowed reference is held across code that can run Python code: an allocation (the
+ *   garbage collector runs finalizers), a dict lookup (a key's __eq__), a dtype comparison.
+ *   Sequences' items, dicts and dtypes are held by a strong reference while they are used; a
+ *   list is read again, by index and with its current length, after each such call; and an
+ *   array's dimensions are copied before anything is allocated.
+ * - Results are read-only arrays whose base is an _Owner: a small type that holds the array
+ *   whose memory they show, exports no buffer, has no attributes and cannot be created,
+ *   copied or pickled from Python. numpy lets an array be made writable again only when its
+ *   base chain ends in something writable, so neither a result nor its base can be.
  *
  * Built with numpy's C API (the build hook passes numpy.get_include()): reading an array's type,
  * dtype, shape, flags and data pointer is a few loads, where the buffer protocol would make
@@ -17,99 +38,260 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <stdint.h>
 #include <string.h>
 
-/* 1 when `descr` is `first` or compares equal to it (as Python's `==`), 0 when not, -1 on error. */
+/* ---- The owner of results' memory ------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *array; /* the array whose memory the results show; never exposed */
+} Owner;
+
+static void
+owner_dealloc(Owner *self)
+{
+    Py_XDECREF(self->array);
+    PyObject_Free(self);
+}
+
+/* No tp_new (Python cannot create one), no buffer (numpy cannot make a view of it writable),
+ * no members, no tp_traverse (it holds one array of a number dtype, which holds no objects,
+ * so it is in no reference cycle, and gc.get_referents shows nothing). */
+static PyTypeObject OwnerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "asyncreplica_numpy._cpass._Owner",
+    .tp_basicsize = sizeof(Owner),
+    .tp_dealloc = (destructor)owner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Holds the memory of read-only results; exposes nothing.",
+};
+
+/* A new owner of `array`'s memory, or NULL with an exception. */
+static PyObject *
+owner_new(PyArrayObject *array)
+{
+    Owner *owner = PyObject_New(Owner, &OwnerType);
+    if (owner == NULL) {
+        return NULL;
+    }
+    Py_INCREF(array);
+    owner->array = (PyObject *)array;
+    return (PyObject *)owner;
+}
+
+/* ---- Checks ----------------------------------------------------------------------------- */
+
+/* 1 when `descr` is `first` or equivalent to it, else 0: Python's `==` on two dtypes, which is
+ * PyArray_EquivTypes, called here without converting anything. Both are held meanwhile. */
 static int
 same_dtype(PyArray_Descr *descr, PyArray_Descr *first)
 {
     if (descr == first) {
         return 1;
     }
-    return PyObject_RichCompareBool((PyObject *)descr, (PyObject *)first, Py_EQ);
+    Py_INCREF(descr);
+    Py_INCREF(first);
+    int same = PyArray_EquivTypes(descr, first);
+    Py_DECREF(first);
+    Py_DECREF(descr);
+    return same;
 }
 
-/* 1 when the array's shape is the tuple `shape` of ints, 0 when not, -1 on error. */
+/* 0 when `descr` is a number dtype (bool, integer, float, complex: plain bytes, no object
+ * references, no fields), else -1 with TypeError naming `what`. */
 static int
-shape_is(PyArrayObject *array, PyObject *shape)
+check_number_dtype(PyArray_Descr *descr, const char *what)
 {
-    if (!PyTuple_Check(shape)) {
-        PyErr_SetString(PyExc_TypeError, "a shape must be a tuple");
+    if (!PyDataType_ISNUMBER(descr) || PyDataType_REFCHK(descr) || PyDataType_ELSIZE(descr) <= 0) {
+        PyErr_Format(PyExc_TypeError, "%s must have a bool, integer, float or complex dtype",
+                     what);
         return -1;
     }
-    int nd = PyArray_NDIM(array);
-    if (PyTuple_GET_SIZE(shape) != nd) {
-        return 0;
+    return 0;
+}
+
+/* 0 when `obj` is exactly a numpy.ndarray of a number dtype, else -1 with TypeError. */
+static int
+check_array(PyObject *obj, const char *what)
+{
+    if (!PyArray_CheckExact(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy.ndarray, not %.100s", what,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
     }
-    npy_intp *dims = PyArray_DIMS(array);
-    for (int k = 0; k < nd; k++) {
-        Py_ssize_t d = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, k));
-        if (d == -1 && PyErr_Occurred()) {
+    return check_number_dtype(PyArray_DESCR((PyArrayObject *)obj), what);
+}
+
+/* Reads `shape`, a tuple of exact non-negative ints, into dims[0..*nd). 1 on success; 0 when
+ * it cannot be an array's shape (too many dimensions, a negative one, a size that overflows
+ * `itemsize` bytes per element), *nbytes then unset; -1 with TypeError when it is not a tuple
+ * of ints. `*nbytes` gets the size in bytes of an array of that shape. Runs no Python code. */
+static int
+read_shape(PyObject *shape, npy_intp *dims, int *nd, npy_intp itemsize, npy_intp *nbytes)
+{
+    if (!PyTuple_Check(shape)) {
+        PyErr_SetString(PyExc_TypeError, "a shape must be a tuple of ints");
+        return -1;
+    }
+    Py_ssize_t size = PyTuple_GET_SIZE(shape);
+    int fits = size <= NPY_MAXDIMS;
+    npy_intp total = itemsize;
+    for (Py_ssize_t k = 0; k < size; k++) {
+        PyObject *item = PyTuple_GET_ITEM(shape, k);
+        if (!PyLong_CheckExact(item)) {
+            PyErr_SetString(PyExc_TypeError, "a shape must be a tuple of ints");
             return -1;
         }
-        if (d != dims[k]) {
+        int overflow = 0;
+        long long dim = PyLong_AsLongLongAndOverflow(item, &overflow);
+        if (dim == -1 && PyErr_Occurred()) {
+            return -1;
+        }
+        if (overflow || dim < 0 || dim > NPY_MAX_INTP) {
+            fits = 0;
+            continue;
+        }
+        if (fits) {
+            dims[k] = (npy_intp)dim;
+            if (dim != 0 && total > NPY_MAX_INTP / (npy_intp)dim) {
+                fits = 0;
+            }
+            else {
+                total *= (npy_intp)dim;
+            }
+        }
+    }
+    if (!fits) {
+        return 0;
+    }
+    *nd = (int)size;
+    *nbytes = total;
+    return 1;
+}
+
+/* 1 when the array's dimensions are dims[0..nd), else 0 (no memcmp: a 0-d array's dimensions
+ * may be a NULL pointer). */
+static int
+dims_are(PyArrayObject *array, const npy_intp *dims, int nd)
+{
+    if (PyArray_NDIM(array) != nd) {
+        return 0;
+    }
+    const npy_intp *own = PyArray_DIMS(array);
+    for (int k = 0; k < nd; k++) {
+        if (own[k] != dims[k]) {
             return 0;
         }
     }
     return 1;
 }
 
+/* A new reference to item j of `seq` (a list or tuple), or NULL (no exception) when the
+ * sequence is shorter now. A list is read by index with its current length each time, so
+ * Python code run since the last read (a finalizer that emptied it) cannot leave a dangling
+ * pointer behind. */
+static PyObject *
+item_ref(PyObject *seq, Py_ssize_t j)
+{
+    if (j >= PySequence_Fast_GET_SIZE(seq)) {
+        return NULL;
+    }
+    return Py_NewRef(PySequence_Fast_GET_ITEM(seq, j));
+}
+
+/* A tuple of the array's shape, from a copy of its dimensions (the allocation may run a
+ * finalizer that reshapes the array and frees the dimensions it had). */
+static PyObject *
+shape_of(PyArrayObject *array)
+{
+    npy_intp dims[NPY_MAXDIMS];
+    int nd = PyArray_NDIM(array);
+    if (nd > NPY_MAXDIMS) {
+        PyErr_SetString(PyExc_ValueError, "an array has more dimensions than this build knows");
+        return NULL;
+    }
+    for (int k = 0; k < nd; k++) {
+        dims[k] = PyArray_DIMS(array)[k];
+    }
+    return PyArray_IntTupleFromIntp(nd, dims);
+}
+
+/* A new reference to by[key], or NULL: with an exception on error, without one when missing.
+ * `by` must be held by the caller: the lookup can run a key's __eq__. */
+static PyObject *
+lookup(PyObject *by, PyObject *key)
+{
+    PyObject *value = PyDict_GetItemWithError(by, key);
+    Py_XINCREF(value); /* before anything else can run */
+    return value;
+}
+
+/* ---- describe --------------------------------------------------------------------------- */
+
 /* describe(values, by_dtype) -> (specs, dtype, shapes) | None
  *
- * `values`: one replica's leaves (a list or tuple). `by_dtype`: {dtype: {shape: spec}}.
+ * `values`: one replica's leaves (a sequence). `by_dtype`: {dtype: {shape: spec}} (dicts).
  * When every leaf is exactly a numpy.ndarray, all of one dtype (==), and every leaf's shape
  * has a spec: the tuple of specs, the dtype, and the one shape (a tuple) when all leaves have
  * it, else each leaf's shape (a list of tuples). None otherwise, and for no leaves.
  */
 static PyObject *
-cpass_describe(PyObject *self, PyObject *args)
+cpass_describe(PyObject *Py_UNUSED(self), PyObject *args)
 {
     PyObject *values, *by_dtype;
     if (!PyArg_ParseTuple(args, "OO!:describe", &values, &PyDict_Type, &by_dtype)) {
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(values, "describe() needs a sequence of leaves");
+    if (!PyDict_CheckExact(by_dtype)) {
+        PyErr_SetString(PyExc_TypeError, "describe(): by_dtype must be a dict");
+        return NULL;
+    }
+    /* Our own tuple of the leaves: each is held for the whole call. */
+    PyObject *seq = PySequence_Tuple(values);
     if (seq == NULL) {
         return NULL;
     }
-    PyObject *result = NULL, *specs = NULL, *shapes = NULL;
-    Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    if (m == 0 || Py_TYPE(items[0]) != &PyArray_Type) {
+    PyObject *result = NULL, *specs = NULL, *shapes = NULL, *by_shape = NULL;
+    PyArray_Descr *dtype = NULL;
+    Py_ssize_t m = PyTuple_GET_SIZE(seq);
+    if (m == 0 || !PyArray_CheckExact(PyTuple_GET_ITEM(seq, 0))) {
         goto none;
     }
-    PyArrayObject *first = (PyArrayObject *)items[0];
-    PyArray_Descr *dtype = PyArray_DESCR(first);
+    PyArrayObject *first = (PyArrayObject *)PyTuple_GET_ITEM(seq, 0);
+    dtype = PyArray_DESCR(first);
+    Py_INCREF(dtype);
     int nd = PyArray_NDIM(first);
-    npy_intp *dims = PyArray_DIMS(first);
+    if (nd > NPY_MAXDIMS) {
+        goto none;
+    }
+    npy_intp dims[NPY_MAXDIMS];
+    for (int k = 0; k < nd; k++) {
+        dims[k] = PyArray_DIMS(first)[k];
+    }
     int uniform = 1;
     for (Py_ssize_t j = 1; j < m; j++) {
-        PyObject *leaf = items[j];
-        if (Py_TYPE(leaf) != &PyArray_Type) {
+        PyObject *leaf = PyTuple_GET_ITEM(seq, j);
+        if (!PyArray_CheckExact(leaf)) {
             goto none;
         }
         PyArrayObject *array = (PyArrayObject *)leaf;
-        int same = same_dtype(PyArray_DESCR(array), dtype);
-        if (same < 0) {
-            goto done;
-        }
-        if (!same) {
+        if (!same_dtype(PyArray_DESCR(array), dtype)) {
             goto none;
         }
-        if (uniform && (PyArray_NDIM(array) != nd ||
-                        memcmp(PyArray_DIMS(array), dims, nd * sizeof(npy_intp)) != 0)) {
+        if (uniform && !dims_are(array, dims, nd)) {
             uniform = 0;
         }
     }
-    PyObject *by_shape = PyDict_GetItemWithError(by_dtype, (PyObject *)dtype);
+    by_shape = lookup(by_dtype, (PyObject *)dtype);
     if (by_shape == NULL) {
         if (PyErr_Occurred()) {
             goto done;
         }
         goto none;
     }
-    if (!PyDict_Check(by_shape)) {
-        PyErr_SetString(PyExc_TypeError, "by_dtype's values must be dicts");
+    if (!PyDict_CheckExact(by_shape)) {
+        PyErr_SetString(PyExc_TypeError, "describe(): by_dtype's values must be dicts");
         goto done;
     }
     specs = PyTuple_New(m);
@@ -121,7 +303,7 @@ cpass_describe(PyObject *self, PyObject *args)
         if (shapes == NULL) {
             goto done;
         }
-        PyObject *spec = PyDict_GetItemWithError(by_shape, shapes);
+        PyObject *spec = lookup(by_shape, shapes);
         if (spec == NULL) {
             if (PyErr_Occurred()) {
                 goto done;
@@ -129,9 +311,9 @@ cpass_describe(PyObject *self, PyObject *args)
             goto none;
         }
         for (Py_ssize_t j = 0; j < m; j++) {
-            Py_INCREF(spec);
-            PyTuple_SET_ITEM(specs, j, spec);
+            PyTuple_SET_ITEM(specs, j, Py_NewRef(spec));
         }
+        Py_DECREF(spec);
     }
     else {
         shapes = PyList_New(m);
@@ -139,20 +321,18 @@ cpass_describe(PyObject *self, PyObject *args)
             goto done;
         }
         for (Py_ssize_t j = 0; j < m; j++) {
-            PyArrayObject *array = (PyArrayObject *)items[j];
-            PyObject *shape = PyArray_IntTupleFromIntp(PyArray_NDIM(array), PyArray_DIMS(array));
+            PyObject *shape = shape_of((PyArrayObject *)PyTuple_GET_ITEM(seq, j));
             if (shape == NULL) {
                 goto done;
             }
             PyList_SET_ITEM(shapes, j, shape);
-            PyObject *spec = PyDict_GetItemWithError(by_shape, shape);
+            PyObject *spec = lookup(by_shape, shape);
             if (spec == NULL) {
                 if (PyErr_Occurred()) {
                     goto done;
                 }
                 goto none;
             }
-            Py_INCREF(spec);
             PyTuple_SET_ITEM(specs, j, spec);
         }
     }
@@ -163,30 +343,67 @@ none:
 done:
     Py_XDECREF(specs);
     Py_XDECREF(shapes);
+    Py_XDECREF(by_shape);
+    Py_XDECREF(dtype);
     Py_DECREF(seq);
     return result;
 }
 
-/* pack(row, lo, hi, dtype, shapes, out) -> bytes written, or -1
- *
- * Copies the bytes of leaves row[lo:hi], in order, to the start of `out` (a writable,
- * C-contiguous array). Every leaf must be exactly a numpy.ndarray of `dtype` (==), of its
- * shape (`shapes`: one tuple for every leaf, or a list of each leaf's, indexed like `row`),
- * and C-contiguous, and they must fit in `out`; -1 (nothing promised about `out`) otherwise.
- */
-static PyObject *
-cpass_pack(PyObject *self, PyObject *args)
+/* ---- pack ------------------------------------------------------------------------------- */
+
+/* 1 when the memory ranges [a, a + an) and [b, b + bn) overlap (both non-empty). */
+static int
+overlaps(const char *a, npy_intp an, const char *b, npy_intp bn)
 {
-    PyObject *row, *shapes;
-    Py_ssize_t lo, hi;
-    PyArray_Descr *dtype;
-    PyArrayObject *out;
-    if (!PyArg_ParseTuple(args, "OnnO!OO!:pack", &row, &lo, &hi, &PyArrayDescr_Type, &dtype,
-                          &shapes, &PyArray_Type, &out)) {
-        return NULL;
+    uintptr_t a0 = (uintptr_t)a, b0 = (uintptr_t)b;
+    return an > 0 && bn > 0 && a0 < b0 + (uintptr_t)bn && b0 < a0 + (uintptr_t)an;
+}
+
+/* 0 when `out` may be written as pack's output of `dtype`, else -1 with an exception. Read
+ * again before each copy: a finalizer run meanwhile may have changed the array. */
+static int
+check_out(PyArrayObject *out, PyArray_Descr *dtype)
+{
+    if (!same_dtype(PyArray_DESCR(out), dtype)) {
+        PyErr_SetString(PyExc_TypeError, "pack(): out must have the leaves' dtype");
+        return -1;
     }
     if (!PyArray_IS_C_CONTIGUOUS(out) || !PyArray_ISWRITEABLE(out)) {
         PyErr_SetString(PyExc_ValueError, "pack() writes to a writable, C-contiguous array");
+        return -1;
+    }
+    return 0;
+}
+
+/* pack(row, lo, hi, dtype, shapes, out) -> bytes written, or -1
+ *
+ * Copies the bytes of leaves row[lo:hi], in order, to the start of `out` (exactly a
+ * numpy.ndarray of `dtype`, writable, C-contiguous, sharing no memory with a leaf). Every leaf
+ * must be exactly a numpy.ndarray of `dtype` (==), of its shape (`shapes`: one tuple for every
+ * leaf, or a list of each leaf's, indexed like `row`), and C-contiguous, and they must fit in
+ * `out`; -1 (nothing promised about `out`) otherwise.
+ */
+static PyObject *
+cpass_pack(PyObject *Py_UNUSED(self), PyObject *args)
+{
+    PyObject *row, *shapes, *out_obj;
+    Py_ssize_t lo, hi;
+    PyArray_Descr *dtype;
+    if (!PyArg_ParseTuple(args, "OnnO!OO:pack", &row, &lo, &hi, &PyArrayDescr_Type, &dtype,
+                          &shapes, &out_obj)) {
+        return NULL;
+    }
+    if (check_number_dtype(dtype, "pack()'s dtype") < 0 ||
+        check_array(out_obj, "pack()'s out") < 0) {
+        return NULL;
+    }
+    PyArrayObject *out = (PyArrayObject *)out_obj;
+    if (check_out(out, dtype) < 0) {
+        return NULL;
+    }
+    int uniform = PyTuple_Check(shapes);
+    if (!uniform && !PyList_Check(shapes)) {
+        PyErr_SetString(PyExc_TypeError, "pack(): shapes must be a tuple or a list of tuples");
         return NULL;
     }
     PyObject *seq = PySequence_Fast(row, "pack() needs a sequence of leaves");
@@ -194,170 +411,189 @@ cpass_pack(PyObject *self, PyObject *args)
         return NULL;
     }
     Py_ssize_t m = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    int uniform = PyTuple_Check(shapes);
-    if (lo < 0 || hi > m || lo > hi || (!uniform && (!PyList_Check(shapes) ||
-                                                     PyList_GET_SIZE(shapes) != m))) {
+    if (lo < 0 || hi > m || lo > hi || (!uniform && PyList_GET_SIZE(shapes) != m)) {
         Py_DECREF(seq);
         PyErr_SetString(PyExc_ValueError, "pack(): bad range or shapes");
         return NULL;
     }
-    /* The one shape, as numpy dimensions (compared with memcmp). */
+    npy_intp itemsize = PyDataType_ELSIZE(dtype);
+    /* The one shape, as numpy dimensions, and a leaf's size in bytes. */
     npy_intp dims[NPY_MAXDIMS];
     int nd = 0;
+    npy_intp leaf_bytes = 0;
+    int known = 1;
     if (uniform) {
-        nd = (int)PyTuple_GET_SIZE(shapes);
-        if (nd > NPY_MAXDIMS) {
+        known = read_shape(shapes, dims, &nd, itemsize, &leaf_bytes);
+        if (known < 0) {
             Py_DECREF(seq);
-            return PyLong_FromLong(-1);
-        }
-        for (int k = 0; k < nd; k++) {
-            dims[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shapes, k));
-            if (dims[k] == -1 && PyErr_Occurred()) {
-                Py_DECREF(seq);
-                return NULL;
-            }
+            return NULL;
         }
     }
-    char *dest = PyArray_BYTES(out);
-    npy_intp room = PyArray_NBYTES(out);
+    PyObject *result = NULL;
+    PyObject *leaf = NULL, *shape = NULL;
     npy_intp written = 0;
     for (Py_ssize_t j = lo; j < hi; j++) {
-        PyObject *leaf = items[j];
-        if (Py_TYPE(leaf) != &PyArray_Type) {
+        leaf = item_ref(seq, j);
+        if (leaf == NULL || !PyArray_CheckExact(leaf) || !known) {
             goto mismatch;
         }
         PyArrayObject *array = (PyArrayObject *)leaf;
-        int same = same_dtype(PyArray_DESCR(array), dtype);
-        if (same <= 0) {
-            goto fail_or_mismatch;
+        if (!same_dtype(PyArray_DESCR(array), dtype)) {
+            goto mismatch;
         }
-        if (uniform) {
-            if (PyArray_NDIM(array) != nd ||
-                memcmp(PyArray_DIMS(array), dims, nd * sizeof(npy_intp)) != 0) {
+        if (!uniform) {
+            shape = item_ref(shapes, j);
+            if (shape == NULL) {
+                goto mismatch;
+            }
+            int fits = read_shape(shape, dims, &nd, itemsize, &leaf_bytes);
+            Py_CLEAR(shape);
+            if (fits < 0) {
+                goto done;
+            }
+            if (!fits) {
                 goto mismatch;
             }
         }
-        else {
-            same = shape_is(array, PyList_GET_ITEM(shapes, j));
-            if (same <= 0) {
-                goto fail_or_mismatch;
-            }
+        if (check_out(out, dtype) < 0) {
+            goto done;
         }
-        if (!PyArray_IS_C_CONTIGUOUS(array)) {
+        /* From here to the copy nothing runs Python code: `out` and the leaf are read now. */
+        if (!dims_are(array, dims, nd) || !PyArray_IS_C_CONTIGUOUS(array) ||
+            PyArray_ITEMSIZE(array) != itemsize) {
             goto mismatch;
         }
-        npy_intp nbytes = PyArray_NBYTES(array);
-        if (nbytes > room - written) {
+        char *dest = PyArray_BYTES(out);
+        npy_intp room = PyArray_NBYTES(out);
+        if (overlaps(PyArray_BYTES(array), leaf_bytes, dest, room)) {
+            PyErr_SetString(PyExc_ValueError, "pack(): out shares memory with a leaf");
+            goto done;
+        }
+        if (leaf_bytes > room - written) {
             goto mismatch;
         }
-        if (nbytes) {
-            memcpy(dest + written, PyArray_BYTES(array), (size_t)nbytes);
+        if (leaf_bytes) {
+            memcpy(dest + written, PyArray_BYTES(array), (size_t)leaf_bytes);
         }
-        written += nbytes;
+        written += leaf_bytes;
+        Py_CLEAR(leaf);
     }
-    Py_DECREF(seq);
-    return PyLong_FromSsize_t((Py_ssize_t)written);
-fail_or_mismatch:
-    if (PyErr_Occurred()) {
-        Py_DECREF(seq);
-        return NULL;
-    }
+    result = PyLong_FromSsize_t((Py_ssize_t)written);
+    goto done;
 mismatch:
+    result = PyLong_FromLong(-1);
+done:
+    Py_XDECREF(leaf);
+    Py_XDECREF(shape);
     Py_DECREF(seq);
-    return PyLong_FromLong(-1);
+    return result;
 }
+
+/* ---- views ------------------------------------------------------------------------------ */
 
 /* views(flat, n, shapes, lo, hi) -> n lists of hi - lo read-only views
  *
- * `flat`: a read-only, C-contiguous 1-d array that owns its data, holding leaves lo..hi-1 one
- * after the other. `shapes`: one tuple for every leaf, or a list of each leaf's (indexed from
- * 0, like the batch). Every replica gets its own view of every leaf; each view's base is
- * `flat`, which is read-only and owns its data, so no view can be made writable again.
+ * `flat`: exactly a numpy.ndarray of a number dtype, 1-d, C-contiguous and aligned, holding
+ * leaves lo..hi-1 one after the other. `shapes`: one tuple for every leaf, or a list of each
+ * leaf's (indexed from 0, like the batch). Every replica gets its own view of every leaf; each
+ * view's base is one _Owner of `flat`, so no view can be made writable again.
  */
 static PyObject *
-cpass_views(PyObject *self, PyObject *args)
+cpass_views(PyObject *Py_UNUSED(self), PyObject *args)
 {
-    PyArrayObject *flat;
+    PyObject *flat_obj, *shapes;
     Py_ssize_t n, lo, hi;
-    PyObject *shapes;
-    if (!PyArg_ParseTuple(args, "O!nOnn:views", &PyArray_Type, &flat, &n, &shapes, &lo, &hi)) {
+    if (!PyArg_ParseTuple(args, "OnOnn:views", &flat_obj, &n, &shapes, &lo, &hi)) {
         return NULL;
     }
+    if (check_array(flat_obj, "views()'s flat") < 0) {
+        return NULL;
+    }
+    PyArrayObject *flat = (PyArrayObject *)flat_obj;
     int uniform = PyTuple_Check(shapes);
-    if (PyArray_ISWRITEABLE(flat) || !PyArray_CHKFLAGS(flat, NPY_ARRAY_OWNDATA) ||
-        PyArray_NDIM(flat) != 1 || !PyArray_IS_C_CONTIGUOUS(flat) || n < 0 || lo < 0 ||
-        lo > hi || (!uniform && (!PyList_Check(shapes) || PyList_GET_SIZE(shapes) < hi))) {
-        PyErr_SetString(PyExc_ValueError,
-                        "views() needs a read-only 1-d array that owns its data, and shapes");
+    if (!uniform && !PyList_Check(shapes)) {
+        PyErr_SetString(PyExc_TypeError, "views(): shapes must be a tuple or a list of tuples");
         return NULL;
     }
-    PyArray_Descr *dtype = PyArray_DESCR(flat);
+    if (PyArray_NDIM(flat) != 1 || !PyArray_IS_C_CONTIGUOUS(flat) || !PyArray_ISALIGNED(flat) ||
+        n < 0 || lo < 0 || lo > hi || (!uniform && PyList_GET_SIZE(shapes) < hi)) {
+        PyErr_SetString(PyExc_ValueError,
+                        "views() needs a 1-d, C-contiguous, aligned array, a number of replicas, "
+                        "and a range of leaves its shapes cover");
+        return NULL;
+    }
     npy_intp itemsize = PyArray_ITEMSIZE(flat);
+    npy_intp room = PyArray_NBYTES(flat);
     Py_ssize_t count = hi - lo;
     /* Each leaf's dimensions (from `starts[k]` in `dims`) and byte offset, read once for all
-     * replicas. */
-    Py_ssize_t total_nd = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *shape = uniform ? shapes : PyList_GET_ITEM(shapes, lo + k);
-        if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > NPY_MAXDIMS) {
-            PyErr_SetString(PyExc_ValueError, "views(): a shape must be a tuple of ints");
+     * replicas, before anything that can run Python code. One shape for every leaf: read once,
+     * and no leaf's offset is kept (leaf k is at k times its size). */
+    npy_intp one_dims[NPY_MAXDIMS];
+    int one_nd = 0;
+    npy_intp one_bytes = 0;
+    npy_intp *dims = NULL, *offsets = NULL;
+    Py_ssize_t *starts = NULL;
+    int *ndims = NULL;
+    PyObject *result = NULL, *owner = NULL;
+    PyArray_Descr *dtype = NULL;
+    if (uniform) {
+        int fits = read_shape(shapes, one_dims, &one_nd, itemsize, &one_bytes);
+        if (fits < 0) {
             return NULL;
         }
-        total_nd += uniform ? 0 : PyTuple_GET_SIZE(shape);
-    }
-    if (uniform) {
-        total_nd = PyTuple_GET_SIZE(shapes);
-    }
-    npy_intp *dims = PyMem_Malloc(sizeof(npy_intp) * (size_t)(total_nd ? total_nd : 1));
-    npy_intp *offsets = PyMem_Malloc(sizeof(npy_intp) * (size_t)(count ? count : 1));
-    Py_ssize_t *starts = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count ? count : 1));
-    int *ndims = PyMem_Malloc(sizeof(int) * (size_t)(count ? count : 1));
-    PyObject *result = NULL;
-    if (dims == NULL || offsets == NULL || starts == NULL || ndims == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    npy_intp offset = 0;
-    Py_ssize_t next = 0;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        PyObject *shape = uniform ? shapes : PyList_GET_ITEM(shapes, lo + k);
-        int nd = (int)PyTuple_GET_SIZE(shape);
-        if (uniform && k > 0) {
-            starts[k] = 0;  /* the one shape, read for leaf 0 */
+        if (!fits || (one_bytes && count > room / one_bytes)) {
+            PyErr_SetString(PyExc_ValueError, "views(): the shapes do not fit in the array");
+            return NULL;
         }
-        else {
-            starts[k] = next;
-            for (int d = 0; d < nd; d++) {
-                npy_intp dim = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
-                if (dim == -1 && PyErr_Occurred()) {
-                    goto done;
-                }
-                if (dim < 0) {
-                    PyErr_SetString(PyExc_ValueError, "views(): a negative dimension");
-                    goto done;
-                }
-                dims[next + d] = dim;
+    }
+    else {
+        Py_ssize_t total_nd = 0;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            PyObject *shape = PyList_GET_ITEM(shapes, lo + k);
+            if (!PyTuple_Check(shape)) {
+                PyErr_SetString(PyExc_TypeError, "a shape must be a tuple of ints");
+                return NULL;
             }
-            next += nd;
+            total_nd += PyTuple_GET_SIZE(shape); /* count <= len(list), each <= len(tuple) */
         }
-        npy_intp size = 1;
-        for (int d = 0; d < nd; d++) {
-            size *= dims[starts[k] + d];
+        dims = PyMem_New(npy_intp, total_nd ? total_nd : 1);
+        offsets = PyMem_New(npy_intp, count ? count : 1);
+        starts = PyMem_New(Py_ssize_t, count ? count : 1);
+        ndims = PyMem_New(int, count ? count : 1);
+        if (dims == NULL || offsets == NULL || starts == NULL || ndims == NULL) {
+            PyErr_NoMemory();
+            goto done;
         }
-        ndims[k] = nd;
-        offsets[k] = offset;
-        offset += size * itemsize;
+        npy_intp offset = 0;
+        Py_ssize_t next = 0;
+        for (Py_ssize_t k = 0; k < count; k++) {
+            npy_intp nbytes = 0;
+            int fits = read_shape(PyList_GET_ITEM(shapes, lo + k), dims + next, &ndims[k],
+                                  itemsize, &nbytes);
+            if (fits < 0) {
+                goto done;
+            }
+            if (!fits || nbytes > room - offset) {
+                PyErr_SetString(PyExc_ValueError, "views(): the shapes do not fit in the array");
+                goto done;
+            }
+            starts[k] = next;
+            offsets[k] = offset;
+            offset += nbytes;
+            next += ndims[k];
+        }
     }
-    if (offset > PyArray_NBYTES(flat)) {
-        PyErr_SetString(PyExc_ValueError, "views(): the shapes do not fit in the array");
+    dtype = PyArray_DESCR(flat);
+    Py_INCREF(dtype);
+    char *data = PyArray_BYTES(flat);
+    owner = owner_new(flat);
+    if (owner == NULL) {
         goto done;
     }
     result = PyList_New(n);
     if (result == NULL) {
         goto done;
     }
-    char *data = PyArray_BYTES(flat);
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *row = PyList_New(count);
         if (row == NULL) {
@@ -368,26 +604,77 @@ cpass_views(PyObject *self, PyObject *args)
         for (Py_ssize_t k = 0; k < count; k++) {
             Py_INCREF(dtype); /* stolen by the call */
             PyObject *view = PyArray_NewFromDescr(
-                &PyArray_Type, dtype, ndims[k], dims + starts[k], NULL,
-                data + offsets[k], NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
+                &PyArray_Type, dtype, uniform ? one_nd : ndims[k],
+                uniform ? one_dims : dims + starts[k], NULL,
+                data + (uniform ? k * one_bytes : offsets[k]),
+                NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED, NULL);
             if (view == NULL) {
                 Py_CLEAR(result);
                 goto done;
             }
             PyList_SET_ITEM(row, k, view);
-            Py_INCREF(flat); /* stolen by the call: the view's base */
-            if (PyArray_SetBaseObject((PyArrayObject *)view, (PyObject *)flat) < 0) {
+            Py_INCREF(owner); /* stolen by the call: the view's base */
+            if (PyArray_SetBaseObject((PyArrayObject *)view, owner) < 0) {
                 Py_CLEAR(result);
                 goto done;
             }
         }
     }
 done:
+    Py_XDECREF(owner);
+    Py_XDECREF(dtype);
     PyMem_Free(dims);
     PyMem_Free(offsets);
     PyMem_Free(starts);
     PyMem_Free(ndims);
     return result;
+}
+
+/* ---- freeze ----------------------------------------------------------------------------- */
+
+/* freeze(array) -> a read-only array of the same memory, shape, strides and dtype
+ *
+ * `array`: exactly a numpy.ndarray of a number dtype. The result's base is an _Owner of
+ * `array`: it can never be made writable, and it keeps `array` (and its memory) alive.
+ */
+static PyObject *
+cpass_freeze(PyObject *Py_UNUSED(self), PyObject *arg)
+{
+    if (check_array(arg, "freeze()'s argument") < 0) {
+        return NULL;
+    }
+    PyArrayObject *array = (PyArrayObject *)arg;
+    int nd = PyArray_NDIM(array);
+    if (nd > NPY_MAXDIMS) {
+        PyErr_SetString(PyExc_ValueError, "an array has more dimensions than this build knows");
+        return NULL;
+    }
+    /* Copied before the allocations below, which may run a finalizer that reshapes it. */
+    npy_intp dims[NPY_MAXDIMS], strides[NPY_MAXDIMS];
+    for (int k = 0; k < nd; k++) {
+        dims[k] = PyArray_DIMS(array)[k];
+        strides[k] = PyArray_STRIDES(array)[k];
+    }
+    char *data = PyArray_BYTES(array);
+    PyArray_Descr *dtype = PyArray_DESCR(array);
+    Py_INCREF(dtype); /* stolen by PyArray_NewFromDescr */
+    PyObject *owner = owner_new(array);
+    if (owner == NULL) {
+        Py_DECREF(dtype);
+        return NULL;
+    }
+    /* With strides given, numpy works out the contiguity and alignment flags itself. */
+    PyObject *frozen =
+        PyArray_NewFromDescr(&PyArray_Type, dtype, nd, dims, strides, data, 0, NULL);
+    if (frozen == NULL) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    if (PyArray_SetBaseObject((PyArrayObject *)frozen, owner) < 0) { /* steals `owner` */
+        Py_DECREF(frozen);
+        return NULL;
+    }
+    return frozen;
 }
 
 static PyMethodDef cpass_methods[] = {
@@ -397,18 +684,26 @@ static PyMethodDef cpass_methods[] = {
      "pack(row, lo, hi, dtype, shapes, out) -> bytes written, or -1"},
     {"views", cpass_views, METH_VARARGS,
      "views(flat, n, shapes, lo, hi) -> n lists of read-only views"},
+    {"freeze", cpass_freeze, METH_O,
+     "freeze(array) -> a read-only array of its memory that cannot be made writable"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef cpass_module = {
-    PyModuleDef_HEAD_INIT, "_cpass",
-    "One C-level pass over a batch of numpy arrays (see _pypass.py, the same in Python).", -1,
-    cpass_methods,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_cpass",
+    .m_doc = "One C-level pass over a batch of numpy arrays (the Python pass is in "
+             "asyncreplica_numpy/_backend.py).",
+    .m_size = -1,
+    .m_methods = cpass_methods,
 };
 
 PyMODINIT_FUNC
 PyInit__cpass(void)
 {
     import_array();
+    if (PyType_Ready(&OwnerType) < 0) {
+        return NULL;
+    }
     return PyModule_Create(&cpass_module);
 }
