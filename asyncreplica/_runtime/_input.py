@@ -186,6 +186,25 @@ _END: Any = object()
 
 
 @final
+class _Tail:
+    """The padded partial step at the end of a pass with static batches.
+
+    TensorFlow ends ``for`` loops (and ``next``, ``get_next``) before it, but
+    ``get_next_as_optional`` and ``dataset.reduce`` still see it: the replicas left
+    without data get an empty batch (a scalar element: zero).
+    """
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+
+
+def _unwrap(element: Any) -> Any:
+    return element.step if isinstance(element, _Tail) else element
+
+
+@final
 class DistributedOptional:
     """What ``get_next_as_optional`` returns: an element, or none at the end of the data.
 
@@ -234,6 +253,9 @@ class DistributedIterator:
     Besides ``next()`` it has TensorFlow's ``get_next()``, ``get_next_as_optional()``
     and ``element_spec``. The end of the data raises ``StopIteration`` from both
     ``next()`` and ``get_next()`` (TF's ``get_next`` raises ``OutOfRangeError``).
+    As in TF, when ``distribute_datasets_from_function``'s data runs out in the middle
+    of a step with static batches, ``next()`` ends, but ``get_next_as_optional()``
+    still returns that last step, padded with empty batches.
     """
 
     __slots__ = ("_describe", "_elements", "_head", "_spec")
@@ -248,13 +270,23 @@ class DistributedIterator:
         return self
 
     def __next__(self) -> Any:
-        head, self._head = self._head, None
-        element = head if head is not None else next(self._elements, _END)
-        if element is _END:
+        element = self._take()
+        if element is _END or isinstance(element, _Tail):
             self._head = _END  # stays at its end
             raise StopIteration
-        if self._spec is None:
-            self._spec = self._describe_first(element)
+        return element
+
+    def raw(self) -> Iterator[Any]:
+        """The remaining elements, the padded partial step included (as a ``_Tail``)."""
+        while (element := self._take()) is not _END:
+            yield element
+        self._head = _END
+
+    def _take(self) -> Any:
+        head, self._head = self._head, None
+        element = head if head is not None else next(self._elements, _END)
+        if element is not _END and self._spec is None:
+            self._spec = self._describe_first(_unwrap(element))
         return element
 
     def _describe_first(self, element: Any) -> Any:
@@ -273,7 +305,10 @@ class DistributedIterator:
 
     def get_next_as_optional(self) -> DistributedOptional:
         """The next element in a :class:`DistributedOptional`, empty at the end."""
-        return DistributedOptional(next(self, _END), self._describe)
+        element = self._take()
+        if element is _END:
+            self._head = _END
+        return DistributedOptional(_unwrap(element), self._describe)
 
     @property
     def element_spec(self) -> Any:
@@ -293,15 +328,10 @@ class DistributedIterator:
                 self._head = next(self._elements, _END)
             if self._head is _END:
                 raise ValueError("element_spec: the dataset has no elements to describe")
-            self._spec = self._describe_first(self._head)
+            self._spec = self._describe_first(_unwrap(self._head))
         if isinstance(self._spec, TypeError):
             raise TypeError(f"element_spec: {self._spec}")
         return self._spec
-
-
-async def _resume(iterator: DistributedIterator) -> AsyncIterator[Any]:
-    for element in iterator:
-        yield element
 
 
 class _Distributed:
@@ -324,11 +354,20 @@ class _Distributed:
         return DistributedIterator(self._pass(), self._describe)
 
     def __aiter__(self) -> AsyncIterator[Any]:
+        return self._elements(tail=False)
+
+    async def _elements(self, *, tail: bool) -> AsyncIterator[Any]:
+        """One asynchronous pass; with ``tail``, the padded partial step too."""
         head = self._peeked
         if head is not None:  # element_spec peeked at a one-shot input: continue that pass
             self._peeked = None
-            return _resume(head)
-        return self._apass()
+            for element in head.raw():
+                if tail or not isinstance(element, _Tail):
+                    yield _unwrap(element)
+            return
+        async for element in self._apass():
+            if tail or not isinstance(element, _Tail):
+                yield _unwrap(element)
 
     _peeked: DistributedIterator | None = None
 
@@ -366,13 +405,15 @@ class _Distributed:
         """Fold the elements: ``state = reduce_func(state, element)`` for each one.
 
         TensorFlow's ``DistributedDataset.reduce``. ``reduce_func`` may be ``async``
-        (or return an awaitable), so that it can ``await strategy.reduce(...)``.
+        (or return an awaitable), so that it can ``await strategy.reduce(...)``. As in
+        TensorFlow it also sees the padded partial step that ends a
+        ``distribute_datasets_from_function`` pass with static batches.
 
         Returns:
             The final state (``initial_state`` for an empty dataset).
         """
         state = initial_state
-        async for element in self:
+        async for element in self._elements(tail=True):
             state = reduce_func(state, element)
             if inspect.isawaitable(state):
                 state = await state
@@ -460,7 +501,15 @@ def _lengths(batch: Any) -> tuple[int, ...] | None:
 
 
 def _empty(leaf: Any) -> Any:
-    """An empty batch like ``leaf``: its first zero rows (same rank, same dtype)."""
+    """An empty batch like ``leaf``: its first zero rows (same rank, same dtype).
+
+    An element without a batch axis (a scalar) gives zero, as TensorFlow pads it.
+
+    Raises:
+        TypeError: ``leaf`` is neither sliceable nor a number.
+    """
+    if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__getitem__"):
+        return leaf * 0
     return leaf[:0]
 
 
@@ -472,7 +521,8 @@ class _Epoch:
 
     - every batch of the pass had the same length (``batch(b, drop_remainder=True)``)
       or the elements have no batch axis (unbatched scalars): the batch size is
-      static, and the partial step is dropped, as TF ends the epoch;
+      static, and ``for`` loops end before the partial step, as TF's do (it stays
+      visible to ``get_next_as_optional`` and ``dataset.reduce``, as a ``_Tail``);
     - the batches' lengths varied (a shorter remainder batch: ``batch(b)``): the
       batch size is dynamic, and the replicas left without a batch get an empty one
       (its first zero rows, same rank), as in TF.
@@ -493,14 +543,23 @@ class _Epoch:
         batches, self.batches = self.batches, []
         return batches
 
-    def last(self) -> list[Any] | None:
-        """The padded partial step at the end of the data, or None (dropped, or none)."""
+    def last(self) -> tuple[list[Any], bool] | None:
+        """The padded partial step at the end of the data, if any, and whether it is a tail.
+
+        A tail (static batches) is what ``for`` loops end before; a dynamic one is an
+        ordinary last step. None when there is no partial step, or when its missing
+        batches cannot be made (a leaf that is neither a batch nor a number).
+        """
         batches = self.take()
-        if not batches or None in self.shapes or len(self.shapes) <= 1:
+        if not batches:
             return None
         leaves, treedef = flatten(batches[-1])
-        empty = unflatten(treedef, [_empty(leaf) for leaf in leaves])
-        return batches + [empty] * (self.num_local - len(batches))
+        try:
+            empty = unflatten(treedef, [_empty(leaf) for leaf in leaves])
+        except TypeError:
+            return None
+        dynamic = None not in self.shapes and len(self.shapes) > 1
+        return batches + [empty] * (self.num_local - len(batches)), not dynamic
 
 
 @final
@@ -545,7 +604,8 @@ class DistributedDatasetsFromFunction(_Distributed):
                 yield self._step(epoch.take())
         last = epoch.last()
         if last is not None:
-            yield self._step(last)
+            batches, tail = last
+            yield _Tail(self._step(batches)) if tail else self._step(batches)
 
     async def _apass(self) -> AsyncIterator[Any]:
         epoch = _Epoch(self._num_local)
@@ -554,7 +614,8 @@ class DistributedDatasetsFromFunction(_Distributed):
                 yield self._step(epoch.take())
         last = epoch.last()
         if last is not None:
-            yield self._step(last)
+            batches, tail = last
+            yield _Tail(self._step(batches)) if tail else self._step(batches)
 
 
 def _describe_default(value: object) -> LeafSpec:
