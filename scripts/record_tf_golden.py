@@ -77,6 +77,8 @@ def child(n: int, start: int) -> None:
         )
 
     def kind(x: Any) -> str | None:
+        if isinstance(x, tf.IndexedSlices):
+            return "IndexedSlices"
         if isinstance(x, tf_values.PerReplica):
             return "PerReplica"
         if isinstance(x, tf_values.Mirrored):
@@ -186,6 +188,48 @@ def child(n: int, start: int) -> None:
 
         def input_context(self, a: int, b: int, c: int) -> Any:
             return tf.distribute.InputContext(a, b, c)
+
+        def dataset_of(
+            self, full: Any, batch: int | None = None, drop_remainder: bool = False
+        ) -> Any:
+            ds = tf.data.Dataset.from_tensor_slices(full)
+            return ds if batch is None else ds.batch(batch, drop_remainder=drop_remainder)
+
+        def distribute(self, ds: Any) -> Any:
+            return strategy.experimental_distribute_dataset(ds)
+
+        def iterator(self, ds: Any) -> Any:
+            return iter(ds)
+
+        def spec(self, spec: Any) -> Any:
+            if isinstance(spec, tf_values.PerReplicaSpec):
+                return {"PerReplica": [self.spec(s) for s in spec._value_specs]}
+            if isinstance(spec, dict):
+                return {k: self.spec(v) for k, v in sorted(spec.items())}
+            if isinstance(spec, list | tuple) and not hasattr(spec, "_fields"):
+                return [self.spec(v) for v in spec]
+            return [spec.dtype.name, spec.shape.rank]
+
+        def cardinality(self, ds: Any) -> int:
+            return int(ds.cardinality)
+
+        def dataset_reduce(self, ds: Any, init: Any, fold: Any) -> Any:
+            return ds.reduce(to_tf(init), lambda st, x: P.drive_sync(fold(self, st, x)))
+
+        def slices(self, values: Any, indices: Any, dense_shape: Any) -> Any:
+            return tf.IndexedSlices(
+                tf.constant(values), tf.constant(indices), tf.constant(dense_shape, tf.int64)
+            )
+
+        def reduce_op(self, name: str) -> str:
+            return str(tf.distribute.ReduceOp(name).value)
+
+        def comm_options(self, **kw: Any) -> str:
+            tf.distribute.experimental.CommunicationOptions(**kw)
+            return "ok"
+
+        def length(self, v: Any) -> int:
+            return len(v)
 
     api = TfApi()
 

@@ -146,8 +146,58 @@ class ArApi:
     def input_context(self, a: int, b: int, c: int) -> Any:
         return ar.InputContext(a, b, c)
 
+    def dataset_of(self, full: Any, batch: int | None = None, drop_remainder: bool = False) -> Any:
+        """TF's ``from_tensor_slices(full)[.batch(batch, drop_remainder)]`` as a list."""
+        if batch is None:
+            size = _length(full)
+            if isinstance(full, dict):
+                return [{k: v[i] for k, v in full.items()} for i in range(size)]
+            return [full[i] for i in range(size)]
+        batches = self.batch_dataset(full, batch)
+        return [b for b in batches if _length(b) == batch] if drop_remainder else batches
+
+    def distribute(self, ds: Any) -> Any:
+        return self.strategy.experimental_distribute_dataset(ds)
+
+    def iterator(self, ds: Any) -> Any:
+        return iter(ds)
+
+    def spec(self, spec: Any) -> Any:
+        """An element_spec as [dtype, rank] per leaf (TF's batch dims may be None)."""
+        if isinstance(spec, ar.PerReplica):
+            return {"PerReplica": [self.spec(s) for s in spec.values]}
+        if isinstance(spec, dict):
+            return {k: self.spec(v) for k, v in sorted(spec.items())}
+        if isinstance(spec, list | tuple) and not hasattr(spec, "_fields"):
+            return [self.spec(v) for v in spec]
+        return [spec.dtype, len(spec.shape)]
+
+    def cardinality(self, ds: Any) -> int:
+        return int(ds.cardinality)
+
+    def dataset_reduce(self, ds: Any, init: Any, fold: Any) -> Any:
+        async def reduce_func(state: Any, x: Any) -> Any:
+            return await P.drive_async(fold(self, state, x))
+
+        return ds.reduce(init, reduce_func)
+
+    def slices(self, values: Any, indices: Any, dense_shape: Any) -> Any:
+        return ar.IndexedSlices(values, indices, dense_shape)
+
+    def reduce_op(self, name: str) -> str:
+        return ar.ReduceOp(name).value
+
+    def comm_options(self, **kw: Any) -> str:
+        ar.CommunicationOptions(**kw)
+        return "ok"
+
+    def length(self, v: Any) -> int:
+        return len(v)
+
 
 def _kind(x: Any) -> str | None:
+    if isinstance(x, ar.IndexedSlices):
+        return "IndexedSlices"
     if isinstance(x, ar.PerReplica):
         return "PerReplica"
     if isinstance(x, ar.Mirrored):

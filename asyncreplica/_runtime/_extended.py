@@ -123,7 +123,7 @@ async def reduce_leaf(
         return await backend.reduce(
             op, [leaf], None if axes is None else normalize_axes(axes, spec.shape)
         )
-    if n > 1 and op in (ReduceOp.SUM, ReduceOp.PROD):
+    if n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None)):
         raise ValueError(
             f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
             f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
@@ -135,7 +135,11 @@ async def reduce_leaf(
             return leaf  # immutable (a number) or not an array
         # The value itself, as a new writable array (never the caller's own object).
         return await backend.reduce(ReduceOp.SUM, [leaf], None)
-    return await backend.reduce(op, [leaf], normalize_axes(axes, spec.shape))
+    norm = normalize_axes(axes, spec.shape)
+    if op is ReduceOp.SUM:
+        # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF.
+        return await backend.reduce(op, [leaf] * n, norm)
+    return await backend.reduce(op, [leaf], norm)
 
 
 def _destination_count(destinations: object, num_local: int) -> int | None:
@@ -300,9 +304,10 @@ class StrategyExtended:
             for leaf in leaves:
                 index = next((k for k, b in enumerate(batch) if b is leaf), None)
                 if index is None:
-                    out.append(
-                        await self._mirror(await reduce_leaf(strategy, op, leaf, None), count)
-                    )
+                    single = await reduce_leaf(strategy, op, leaf, None)
+                    # A value that is not distributed stays one value, as in TensorFlow.
+                    plain = not isinstance(leaf, DistributedValues)
+                    out.append(single if plain else await self._mirror(single, count))
                 elif count is None:
                     # One destination: a new writable array.
                     out.append(
@@ -344,15 +349,30 @@ class StrategyExtended:
         """Copy ``value`` to ``destinations``.
 
         Several destinations give a ``Mirrored`` of read-only views; one device gives
-        a single new array, as in TensorFlow. Python numbers are returned unchanged.
+        a single new array, as in TensorFlow. Python numbers and distributed values
+        (``PerReplica``, ``Mirrored``) are returned unchanged, as TensorFlow returns them.
+
+        Args:
+            value: The value to copy.
+            destinations: A device string, a list of devices or a distributed value.
+                Unlike ``reduce_to``, an array is refused, as in TensorFlow.
 
         Raises:
-            ValueError: ``destinations`` is None.
+            ValueError: ``destinations`` is None or an array.
         """
         strategy = self._strategy
         strategy._require_cross_replica("extended.broadcast_to", "await ctx.broadcast(...)")
+        if not isinstance(destinations, str | list | tuple | DistributedValues) and hasattr(
+            destinations, "dtype"
+        ):
+            raise ValueError(
+                "broadcast_to: destinations must be a device string, a list of devices or a "
+                f"distributed value, got an array {destinations!r:.60} (as in TensorFlow, "
+                "only reduce_to takes an array, for the device it names): pass its "
+                "device, e.g. 'CPU:0'"
+            )
         count = _destination_count(destinations, strategy._num_local)
-        if _is_number(value):
+        if _is_number(value) or isinstance(value, DistributedValues):
             return value
         strategy.backend.describe(value)
         if count is None:

@@ -8,14 +8,24 @@ each replica takes the next per-replica batch (:class:`DistributedDatasetsFromFu
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
 from typing import Any, final
 
 from .._core._nest import flatten, unflatten
+from .._core._signature import LeafSpec
 from .._values import PerReplica
 
-__all__ = ["DistributedDataset", "DistributedDatasetsFromFunction", "InputContext"]
+__all__ = [
+    "UNKNOWN_CARDINALITY",
+    "DistributedDataset",
+    "DistributedDatasetsFromFunction",
+    "DistributedIterator",
+    "DistributedOptional",
+    "InputContext",
+    "UnbatchedElementError",
+]
 
 
 @final
@@ -105,11 +115,11 @@ class _Source:
     def __init__(self, dataset: Iterable[Any] | AsyncIterable[Any], api: str) -> None:
         self._dataset = dataset
         self._api = api
-        self._one_shot = _one_shot(dataset)
+        self.one_shot = _one_shot(dataset)
         self._started = False
 
     def _start(self) -> None:
-        if self._one_shot and self._started:
+        if self.one_shot and self._started:
             raise RuntimeError(
                 f"this dataset ({self._api}) was built from a one-shot iterator "
                 f"({type(self._dataset).__name__}), which the first pass consumed: a second "
@@ -134,19 +144,291 @@ class _Source:
             for batch in self._dataset:
                 yield batch
 
+    def cardinality(self) -> int:
+        """``len`` of a sized input, else :data:`UNKNOWN_CARDINALITY`."""
+        dataset = self._dataset
+        return len(dataset) if isinstance(dataset, Sized) else UNKNOWN_CARDINALITY
+
+
+#: ``cardinality`` of an input whose length is not known ahead (``tf.data.UNKNOWN_CARDINALITY``).
+UNKNOWN_CARDINALITY = -2
+
+
+class UnbatchedElementError(IndexError, TypeError):
+    """An element of ``experimental_distribute_dataset`` has no batch axis to split.
+
+    TensorFlow raises ``IndexError`` for an unbatched dataset on several replicas; this
+    error is an ``IndexError`` as TF's is, and a ``TypeError`` as asyncreplica's was.
+    """
+
 
 def _wrap(components: list[Any]) -> Any:
     """One replica's value as is (TensorFlow's one-replica rule), else a ``PerReplica``."""
     return components[0] if len(components) == 1 else PerReplica(components)
 
 
+Describe = Callable[[object], LeafSpec]
+
+
+def _spec(element: Any, describe: Describe) -> Any:
+    """The element's structure with a ``LeafSpec`` per leaf (a ``PerReplica`` of them)."""
+    leaves, treedef = flatten(element)
+    specs = [
+        PerReplica([describe(c) for c in leaf.values])
+        if isinstance(leaf, PerReplica)
+        else describe(leaf)
+        for leaf in leaves
+    ]
+    return unflatten(treedef, specs)
+
+
+_END: Any = object()
+
+
 @final
-class DistributedDataset:
+class _Tail:
+    """The padded partial step at the end of a pass with static batches.
+
+    TensorFlow ends ``for`` loops (and ``next``, ``get_next``) before it, but
+    ``get_next_as_optional`` and ``dataset.reduce`` still see it: the replicas left
+    without data get an empty batch (a scalar element: zero).
+    """
+
+    __slots__ = ("step",)
+
+    def __init__(self, step: Any) -> None:
+        self.step = step
+
+
+def _unwrap(element: Any) -> Any:
+    return element.step if isinstance(element, _Tail) else element
+
+
+@final
+class DistributedOptional:
+    """What ``get_next_as_optional`` returns: an element, or none at the end of the data.
+
+    TensorFlow's ``tf.experimental.Optional``: ``has_value()`` is a Python ``bool``
+    here (TF: a bool tensor) and ``get_value()`` of an empty optional raises
+    ``ValueError`` (TF: ``InvalidArgumentError``).
+    """
+
+    __slots__ = ("_describe", "_value")
+
+    def __init__(self, value: Any, describe: Describe) -> None:
+        self._value = value
+        self._describe = describe
+
+    def has_value(self) -> bool:
+        """Whether there is an element."""
+        return self._value is not _END
+
+    def get_value(self) -> Any:
+        """The element.
+
+        Raises:
+            ValueError: The optional is empty (the iterator was at its end).
+        """
+        if self._value is _END:
+            raise ValueError("the optional does not have a value: the iterator was at its end")
+        return self._value
+
+    @property
+    def element_spec(self) -> Any:
+        """The element's spec (see ``DistributedIterator.element_spec``).
+
+        Raises:
+            ValueError: The optional is empty.
+        """
+        return _spec(self.get_value(), self._describe)
+
+    def __repr__(self) -> str:
+        return f"DistributedOptional({'empty' if self._value is _END else self._value!r})"
+
+
+@final
+class DistributedIterator:
+    """An iterator over a distributed dataset (``iter(dataset)``), as TensorFlow's.
+
+    Besides ``next()`` it has TensorFlow's ``get_next()``, ``get_next_as_optional()``
+    and ``element_spec``. The end of the data raises ``StopIteration`` from both
+    ``next()`` and ``get_next()`` (TF's ``get_next`` raises ``OutOfRangeError``).
+    As in TF, when ``distribute_datasets_from_function``'s data runs out in the middle
+    of a step with static batches, ``next()`` ends, but ``get_next_as_optional()``
+    still returns that last step, padded with empty batches.
+    """
+
+    __slots__ = ("_describe", "_elements", "_head", "_spec")
+
+    def __init__(self, elements: Iterator[Any], describe: Describe) -> None:
+        self._elements = elements
+        self._describe = describe
+        self._head: Any = None  # a peeked element, or _END; None when none is peeked
+        self._spec: Any = None
+
+    def __iter__(self) -> DistributedIterator:
+        return self
+
+    def __next__(self) -> Any:
+        element = self._take()
+        if element is _END or isinstance(element, _Tail):
+            self._head = _END  # stays at its end
+            raise StopIteration
+        return element
+
+    def raw(self) -> Iterator[Any]:
+        """The remaining elements, the padded partial step included (as a ``_Tail``)."""
+        while (element := self._take()) is not _END:
+            yield element
+        self._head = _END
+
+    def _take(self) -> Any:
+        head, self._head = self._head, None
+        element = head if head is not None else next(self._elements, _END)
+        if element is not _END and self._spec is None:
+            self._spec = self._describe_first(_unwrap(element))
+        return element
+
+    def _describe_first(self, element: Any) -> Any:
+        try:
+            return _spec(element, self._describe)
+        except TypeError as exc:  # a leaf no backend holds: raised if element_spec is read
+            return exc
+
+    def get_next(self) -> Any:
+        """The next element.
+
+        Raises:
+            StopIteration: The data ran out (TF: ``tf.errors.OutOfRangeError``).
+        """
+        return next(self)
+
+    def get_next_as_optional(self) -> DistributedOptional:
+        """The next element in a :class:`DistributedOptional`, empty at the end."""
+        element = self._take()
+        if element is _END:
+            self._head = _END
+        return DistributedOptional(_unwrap(element), self._describe)
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of an element with an ``asyncreplica.abc.LeafSpec`` per leaf.
+
+        A distributed leaf gives a ``PerReplica`` of specs, one per local replica (TF's
+        ``PerReplicaSpec``); with one replica each leaf's spec is plain, as TF's
+        ``TensorSpec``. The shapes are those of the first element (TF writes ``None``
+        for a batch dimension it cannot know ahead). Reading it before the first
+        ``next()`` looks at the first element without consuming it.
+
+        Raises:
+            ValueError: The dataset has no elements.
+        """
+        if self._spec is None:
+            if self._head is None:
+                self._head = next(self._elements, _END)
+            if self._head is _END:
+                raise ValueError("element_spec: the dataset has no elements to describe")
+            self._spec = self._describe_first(_unwrap(self._head))
+        if isinstance(self._spec, TypeError):
+            raise TypeError(f"element_spec: {self._spec}")
+        return self._spec
+
+
+class _Distributed:
+    """What both distributed datasets share: iteration, ``element_spec``, ``reduce``."""
+
+    _source: _Source
+    _describe: Describe
+
+    def _pass(self) -> Iterator[Any]:
+        raise NotImplementedError  # pragma: no cover - each dataset defines its pass
+
+    def _apass(self) -> AsyncIterator[Any]:
+        raise NotImplementedError  # pragma: no cover
+
+    def __iter__(self) -> DistributedIterator:
+        head = self._peeked
+        if head is not None:  # element_spec peeked at a one-shot input: continue that pass
+            self._peeked = None
+            return head
+        return DistributedIterator(self._pass(), self._describe)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._elements(tail=False)
+
+    async def _elements(self, *, tail: bool) -> AsyncIterator[Any]:
+        """One asynchronous pass; with ``tail``, the padded partial step too."""
+        head = self._peeked
+        if head is not None:  # element_spec peeked at a one-shot input: continue that pass
+            self._peeked = None
+            for element in head.raw():
+                if tail or not isinstance(element, _Tail):
+                    yield _unwrap(element)
+            return
+        async for element in self._apass():
+            if tail or not isinstance(element, _Tail):
+                yield _unwrap(element)
+
+    _peeked: DistributedIterator | None = None
+
+    @property
+    def element_spec(self) -> Any:
+        """The structure of an element with an ``asyncreplica.abc.LeafSpec`` per leaf.
+
+        As :attr:`DistributedIterator.element_spec`: a distributed leaf gives a
+        ``PerReplica`` of specs (one replica: the plain spec); shapes are the first
+        element's. A re-iterable input is read up to its first element; for a
+        one-shot input the element is kept for the pass that follows.
+
+        Raises:
+            ValueError: The dataset has no elements.
+            TypeError: The input is async only: its first element cannot be read
+                synchronously.
+        """
+        if self._source.one_shot:
+            if self._peeked is None:
+                self._peeked = DistributedIterator(self._pass(), self._describe)
+            return self._peeked.element_spec
+        return DistributedIterator(self._pass(), self._describe).element_spec
+
+    @property
+    def cardinality(self) -> int:
+        """How many elements the input holds, as TensorFlow's ``cardinality``.
+
+        The length of a sized input (a list: its number of batches, as TF counts the
+        input dataset's elements, not the steps); :data:`UNKNOWN_CARDINALITY` (-2)
+        for an iterator or generator.
+        """
+        return self._source.cardinality()
+
+    async def reduce(self, initial_state: Any, reduce_func: Callable[[Any, Any], Any]) -> Any:
+        """Fold the elements: ``state = reduce_func(state, element)`` for each one.
+
+        TensorFlow's ``DistributedDataset.reduce``. ``reduce_func`` may be ``async``
+        (or return an awaitable), so that it can ``await strategy.reduce(...)``. As in
+        TensorFlow it also sees the padded partial step that ends a
+        ``distribute_datasets_from_function`` pass with static batches.
+
+        Returns:
+            The final state (``initial_state`` for an empty dataset).
+        """
+        state = initial_state
+        async for element in self._elements(tail=True):
+            state = reduce_func(state, element)
+            if inspect.isawaitable(state):
+                state = await state
+        return state
+
+
+@final
+class DistributedDataset(_Distributed):
     """Global batches split across replicas (see ``experimental_distribute_dataset``).
 
     Iterate it with ``for`` (or ``async for``) once per epoch; each element is a
-    ``PerReplica`` (in a nest, each leaf is), or the plain batch when the strategy
-    has one local replica, as in TensorFlow.
+    ``PerReplica`` (in a nest, each leaf is), or the element itself, unsplit, when
+    there is one replica, as in TensorFlow. ``iter(dataset)`` is a
+    :class:`DistributedIterator`; ``element_spec``, ``cardinality`` and ``reduce`` are
+    TensorFlow's.
     """
 
     def __init__(
@@ -154,13 +436,18 @@ class DistributedDataset:
         dataset: Iterable[Any] | AsyncIterable[Any],
         num_replicas: int,
         local: range | None = None,
+        describe: Describe | None = None,
     ) -> None:
         self._source = _Source(dataset, "experimental_distribute_dataset")
         self._num_replicas = num_replicas
         # The global ids of this process's replicas: it keeps only their slices.
         self._local = range(num_replicas) if local is None else local
+        self._describe = _describe_default if describe is None else describe
 
     def _split(self, batch: Any) -> Any:
+        n = self._num_replicas
+        if n == 1:
+            return batch  # TF's one replica: the element as it is (batched or not)
         leaves, treedef = flatten(batch)
         if leaves and not any(hasattr(leaf, "__len__") for leaf in leaves):
             # A plain list (or tuple) of numbers is one batch, not a nest of scalars.
@@ -170,31 +457,31 @@ class DistributedDataset:
             lengths.add(_batch_length(leaf))
         if len(lengths) > 1:
             raise ValueError(f"the leaves of one batch have different lengths: {sorted(lengths)}")
-        n = self._num_replicas
         size = lengths.pop() if lengths else 0
         per = math.ceil(size / n)
         bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
         split = [_wrap([leaf[a:b] for a, b in bounds]) for leaf in leaves]  # type: ignore[index]
         return unflatten(treedef, split)
 
-    def __iter__(self) -> Iterator[Any]:
+    def _pass(self) -> Iterator[Any]:
         for batch in self._source.sync():
             yield self._split(batch)
 
-    async def __aiter__(self) -> AsyncIterator[Any]:
+    async def _apass(self) -> AsyncIterator[Any]:
         async for batch in self._source.asynchronous():
             yield self._split(batch)
 
 
 def _batch_length(leaf: object) -> int:
     if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
-        raise TypeError(
+        raise UnbatchedElementError(
             "each element of a distributed dataset must be a batch (an array or a "
             f"sequence, or a nest of them) that can be split along its first axis, got "
-            f"{type(leaf).__name__} {leaf!r:.60}"
+            f"{type(leaf).__name__} {leaf!r:.60}: batch the dataset first (with several "
+            "replicas an element is a global batch)"
         )
     if getattr(leaf, "ndim", None) == 0:
-        raise TypeError(
+        raise UnbatchedElementError(
             f"each element of a distributed dataset must be a batch with a first (batch) "
             f"axis to split across replicas, got a 0-d array {leaf!r:.60}: batch the "
             "samples first, e.g. np.stack(samples), or pass [np.array([3.0])] rather than "
@@ -203,31 +490,102 @@ def _batch_length(leaf: object) -> int:
     return len(leaf)
 
 
+def _lengths(batch: Any) -> tuple[int, ...] | None:
+    """The first-axis length of each leaf; None if a leaf has no first axis (unbatched)."""
+    out = []
+    for leaf in flatten(batch)[0]:
+        if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__len__"):
+            return None
+        out.append(len(leaf))
+    return tuple(out)
+
+
 def _empty(leaf: Any) -> Any:
-    """An empty batch like ``leaf``: its first zero rows."""
+    """An empty batch like ``leaf``: its first zero rows (same rank, same dtype).
+
+    An element without a batch axis (a scalar) gives zero, as TensorFlow pads it.
+
+    Raises:
+        TypeError: ``leaf`` is neither sliceable nor a number.
+    """
+    if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__getitem__"):
+        return leaf * 0
     return leaf[:0]
 
 
+class _Epoch:
+    """One pass of ``distribute_datasets_from_function``: the batches, step by step.
+
+    The end of the data in the middle of a step follows TensorFlow, which decides by
+    whether the per-replica batch size is static. Here the data says it:
+
+    - every batch of the pass had the same length (``batch(b, drop_remainder=True)``)
+      or the elements have no batch axis (unbatched scalars): the batch size is
+      static, and ``for`` loops end before the partial step, as TF's do (it stays
+      visible to ``get_next_as_optional`` and ``dataset.reduce``, as a ``_Tail``);
+    - the batches' lengths varied (a shorter remainder batch: ``batch(b)``): the
+      batch size is dynamic, and the replicas left without a batch get an empty one
+      (its first zero rows, same rank), as in TF.
+    """
+
+    def __init__(self, num_local: int) -> None:
+        self.num_local = num_local
+        self.batches: list[Any] = []
+        self.shapes: set[tuple[int, ...] | None] = set()
+
+    def add(self, batch: Any) -> bool:
+        """Take one batch; True when a step is complete."""
+        self.batches.append(batch)
+        self.shapes.add(_lengths(batch))
+        return len(self.batches) == self.num_local
+
+    def take(self) -> list[Any]:
+        batches, self.batches = self.batches, []
+        return batches
+
+    def last(self) -> tuple[list[Any], bool] | None:
+        """The padded partial step at the end of the data, if any, and whether it is a tail.
+
+        A tail (static batches) is what ``for`` loops end before; a dynamic one is an
+        ordinary last step. None when there is no partial step, or when its missing
+        batches cannot be made (a leaf that is neither a batch nor a number).
+        """
+        batches = self.take()
+        if not batches:
+            return None
+        leaves, treedef = flatten(batches[-1])
+        try:
+            empty = unflatten(treedef, [_empty(leaf) for leaf in leaves])
+        except TypeError:
+            return None
+        dynamic = None not in self.shapes and len(self.shapes) > 1
+        return batches + [empty] * (self.num_local - len(batches)), not dynamic
+
+
 @final
-class DistributedDatasetsFromFunction:
+class DistributedDatasetsFromFunction(_Distributed):
     """Per-replica batches from ``dataset_fn`` (see ``distribute_datasets_from_function``).
 
     ``dataset_fn`` was called once for this process's input pipeline; each step,
     every local replica takes the next batch in replica order. When the input runs
-    out in the middle of a step, the remaining replicas get empty batches (length 0),
-    as in TensorFlow; the iteration ends when no replica gets a batch.
+    out in the middle of a step, TensorFlow's rule applies (see :class:`_Epoch`): a
+    static batch size (batches of one length, or unbatched elements) ends the epoch,
+    a dynamic one gives the remaining replicas empty batches. ``iter(dataset)`` is a
+    :class:`DistributedIterator`; ``element_spec``, ``cardinality`` and ``reduce``
+    are TensorFlow's.
     """
 
-    def __init__(self, dataset: Iterable[Any] | AsyncIterable[Any], num_local: int) -> None:
+    def __init__(
+        self,
+        dataset: Iterable[Any] | AsyncIterable[Any],
+        num_local: int,
+        describe: Describe | None = None,
+    ) -> None:
         self._source = _Source(dataset, "distribute_datasets_from_function")
         self._num_local = num_local
+        self._describe = _describe_default if describe is None else describe
 
     def _step(self, batches: list[Any]) -> Any:
-        n = self._num_local
-        if len(batches) < n:
-            empty_leaves, treedef = flatten(batches[-1])
-            empty = unflatten(treedef, [_empty(leaf) for leaf in empty_leaves])
-            batches = batches + [empty] * (n - len(batches))
         flat = [flatten(b) for b in batches]
         treedef = flat[0][1]
         for i, (_, t) in enumerate(flat):
@@ -239,22 +597,30 @@ class DistributedDatasetsFromFunction:
         leaves = [_wrap([f[0][j] for f in flat]) for j in range(len(flat[0][0]))]
         return unflatten(treedef, leaves)
 
-    def __iter__(self) -> Iterator[Any]:
-        batches: list[Any] = []
+    def _pass(self) -> Iterator[Any]:
+        epoch = _Epoch(self._num_local)
         for batch in self._source.sync():
-            batches.append(batch)
-            if len(batches) == self._num_local:
-                yield self._step(batches)
-                batches = []
-        if batches:
-            yield self._step(batches)
+            if epoch.add(batch):
+                yield self._step(epoch.take())
+        last = epoch.last()
+        if last is not None:
+            batches, tail = last
+            yield _Tail(self._step(batches)) if tail else self._step(batches)
 
-    async def __aiter__(self) -> AsyncIterator[Any]:
-        batches: list[Any] = []
+    async def _apass(self) -> AsyncIterator[Any]:
+        epoch = _Epoch(self._num_local)
         async for batch in self._source.asynchronous():
-            batches.append(batch)
-            if len(batches) == self._num_local:
-                yield self._step(batches)
-                batches = []
-        if batches:
-            yield self._step(batches)
+            if epoch.add(batch):
+                yield self._step(epoch.take())
+        last = epoch.last()
+        if last is not None:
+            batches, tail = last
+            yield _Tail(self._step(batches)) if tail else self._step(batches)
+
+
+def _describe_default(value: object) -> LeafSpec:
+    """Describe a leaf without a backend: its ``shape`` and ``dtype`` attributes."""
+    shape = tuple(int(d) for d in getattr(value, "shape", ()))
+    dtype = getattr(value, "dtype", None)
+    name = getattr(dtype, "name", None) or type(value).__name__
+    return LeafSpec(shape, str(name))

@@ -362,8 +362,9 @@ class Strategy:
             TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
             ValueError: Bad op or axis; replicas whose values differ in shape
                 (``axis=None``), in rank, or in the dimensions left after reducing
-                ``axis``; or ``SUM``/``PROD`` of a value that is not distributed on
-                several replicas (it would be counted once per replica).
+                ``axis``; or ``SUM`` with ``axis=None`` (or ``PROD``) of a value
+                that is not distributed on several replicas (it would be counted once
+                per replica; ``SUM`` along an ``axis`` counts it N times, as in TF).
         """
         self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
         op = ReduceOp(reduce_op)
@@ -470,8 +471,8 @@ class Strategy:
         split along its first axis into contiguous slices of ``ceil(len / n)``
         elements, filled in replica order, as TensorFlow 2.21 does: a batch of 6 over
         4 replicas gives 2, 2, 2 and 0 elements. Each element becomes a
-        ``PerReplica`` (in a nest, each leaf does); with one local replica it stays
-        the plain slice, as in TensorFlow.
+        ``PerReplica`` (in a nest, each leaf does). With one replica each element is
+        passed on as it is, batched or not, as in TensorFlow.
 
         Args:
             dataset: An iterable or async iterable of global batches. A re-iterable
@@ -482,6 +483,10 @@ class Strategy:
 
         Returns:
             A re-iterable (and, for an async input, async-iterable) dataset.
+
+        Raises:
+            UnbatchedElementError: With several replicas, an element has no batch axis
+                to split (an ``IndexError``, as TensorFlow's, and a ``TypeError``).
         """
         if options is not None:
             raise ValueError("experimental_distribute_dataset takes no options here; pass None")
@@ -491,6 +496,7 @@ class Strategy:
             dataset,
             self.num_replicas_in_sync,
             range(self._replica_offset, self._replica_offset + self._num_local),
+            self._backend.describe,
         )
 
     def distribute_datasets_from_function(
@@ -504,8 +510,11 @@ class Strategy:
         **per-replica** batches; use ``ctx.get_per_replica_batch_size(global_batch)``
         to size them and ``ctx.input_pipeline_id`` to shard. No rebatching is done:
         each step, each local replica takes the next batch, in replica order, as in
-        TensorFlow. If the input runs out in the middle of a step, the remaining
-        replicas get empty batches (length 0).
+        TensorFlow. If the input runs out in the middle of a step, TensorFlow's rule
+        for static and dynamic batch sizes applies: when every batch had the same
+        length (``drop_remainder=True``) or the elements are unbatched scalars, the
+        epoch ends there; when the lengths varied (a shorter remainder batch), the
+        remaining replicas get empty batches (length 0, same rank).
 
         Args:
             dataset_fn: ``dataset_fn(input_context)`` returns an iterable (or async
@@ -552,7 +561,7 @@ class Strategy:
                 f"dataset_fn must return an iterable of per-replica batches, got "
                 f"{type(dataset).__name__}"
             )
-        return DistributedDatasetsFromFunction(dataset, self._num_local)
+        return DistributedDatasetsFromFunction(dataset, self._num_local, self._backend.describe)
 
     def experimental_distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: object = None

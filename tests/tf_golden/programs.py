@@ -87,6 +87,16 @@ def canon(x: Any, kind: Callable[[Any], str | None], to_numpy: Callable[[Any], A
     k = kind(x)
     if k in ("PerReplica", "Mirrored"):
         return {k: [canon(c, kind, to_numpy) for c in x.values]}
+    if k == "IndexedSlices":
+        shape = x.dense_shape
+        dense = shape if isinstance(shape, tuple | list) else to_numpy(shape)
+        return {
+            "IndexedSlices": [
+                canon(x.values, kind, to_numpy),
+                canon(x.indices, kind, to_numpy),
+                [int(d) for d in np.asarray(dense).reshape(-1)],
+            ]
+        }
     if k == "array" or isinstance(x, np.ndarray | np.generic):
         a = np.asarray(to_numpy(x) if k == "array" else x)
         value: Any
@@ -881,7 +891,14 @@ def _datasets_fn(size: int, global_batch: int) -> Callable[[Any], Gen]:
 
 
 add("datasets_from_function/even", _datasets_fn(16, 8), modes=("eager",), ns=(1, 2, 4, 8))
-add("datasets_from_function/uneven", _datasets_fn(11, 8), modes=("eager",), ns=(1, 2, 4, 8))
+add(
+    "datasets_from_function/uneven",
+    _datasets_fn(11, 8),
+    modes=("eager",),
+    ns=(1, 2, 4, 8),
+    # 11 batches of 1 on 8 replicas: one length, so the epoch ends (TF: a dynamic size).
+    deliberate={"eager/N=8": "batches of one length end the epoch"},
+)
 add("datasets_from_function/not_divisible", _datasets_fn(12, 6), modes=("eager",), ns=(4, 8))
 
 
@@ -1056,6 +1073,623 @@ def _random_program(k: int) -> None:
 
 for _k in range(32):
     _random_program(_k)
+
+
+# == Third round (issue 25): static batches, sparse values, dtypes, the iterator API ==
+
+D_STATIC_BATCH = "batches of one length end the epoch"
+D_GET_NEXT_END = "`get_next()` at the end raises `StopIteration`"
+D_ONE_REPLICA_CHECKS = "One replica validates as several do"
+D_LENIENT = "accepted here and refused by TensorFlow"
+D_BROADCAST_DISTRIBUTED = "broadcast_to` of a distributed value returns it unchanged"
+D_BPP = "bytes_per_pack` must be an int"
+D_BOOL_GATHER = "Booleans are gathered"
+
+
+def dtype(name: str) -> Any:
+    """A numpy dtype by name; ``bfloat16`` from ml_dtypes (TensorFlow's own)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+# -- distribute_datasets_from_function and experimental_distribute_dataset ---------------
+
+
+def _dff(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
+    def prog(api: Any) -> Gen:
+        ds = api.datasets_from_function(lambda ctx: make(api))
+        return [api.iterate(ds), len(api.iterate(ds))]
+        yield
+
+    return prog
+
+
+_I64 = lambda size: np.arange(size, dtype=np.int64)  # noqa: E731
+add(
+    "dff/static/11_b2_drop",
+    _dff(lambda api: api.dataset_of(_I64(11), 2, True)),
+    modes=("eager",),
+)
+add(
+    "dff/static/22_b2_drop",
+    _dff(lambda api: api.dataset_of(_I64(22), 2, True)),
+    modes=("eager",),
+)
+add(
+    "dff/static/13_b3_drop_dict",
+    _dff(lambda api: api.dataset_of({"x": _I64(13), "y": _I64(13) * 2.0}, 3, True)),
+    modes=("eager",),
+)
+add("dff/unbatched/scalars_5", _dff(lambda api: api.dataset_of(_I64(5))), modes=("eager",))
+add(
+    "dff/unbatched/rows_5x2",
+    _dff(lambda api: api.dataset_of(np.arange(10.0).reshape(5, 2))),
+    modes=("eager",),
+)
+add("dff/dynamic/9_b2", _dff(lambda api: api.dataset_of(_I64(9), 2)), modes=("eager",))
+add(
+    "dff/dynamic/10_b2_divisible",
+    _dff(lambda api: api.dataset_of(_I64(10), 2)),
+    modes=("eager",),
+    deliberate={
+        "eager/N=2": D_STATIC_BATCH,
+        "eager/N=3": D_STATIC_BATCH,
+        "eager/N=4": D_STATIC_BATCH,
+        "eager/N=8": D_STATIC_BATCH,
+    },
+)
+
+
+def _edd(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
+    def prog(api: Any) -> Gen:
+        ds = api.distribute(make(api))
+        return [api.iterate(ds), len(api.iterate(ds))]
+        yield
+
+    return prog
+
+
+add("edd/unbatched/scalars_5", _edd(lambda api: api.dataset_of(_I64(5))), modes=("eager",))
+add(
+    "edd/unbatched/rows_3x2",
+    _edd(lambda api: api.dataset_of(np.arange(6.0).reshape(3, 2))),
+    modes=("eager",),
+)
+add("edd/batched_drop/10_b4", _edd(lambda api: api.dataset_of(_I64(10), 4, True)), modes=("eager",))
+
+
+# -- the iterator API -------------------------------------------------------------------
+
+
+def _iterator_prog(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
+    def prog(api: Any) -> Gen:
+        ds = make(api)
+        it = api.iterator(ds)
+        out: dict[str, Any] = {"spec": api.spec(it.element_spec)}
+        out["first"] = it.get_next()
+        opt = it.get_next_as_optional()
+        out["has"] = bool(opt.has_value())
+        out["second"] = opt.get_value() if out["has"] else None
+        rest = []
+        while True:
+            opt = it.get_next_as_optional()
+            if not bool(opt.has_value()):
+                break
+            rest.append(opt.get_value())
+        out["rest"] = rest
+        out["dataset_spec"] = api.spec(ds.element_spec)
+        out["cardinality"] = api.cardinality(ds)
+        return out
+        yield
+
+    return prog
+
+
+_edd_10_4 = lambda api: api.distribute(api.dataset_of(_I64(10), 4))  # noqa: E731
+_dff_11_2 = lambda api: api.datasets_from_function(  # noqa: E731
+    lambda ctx: api.dataset_of(_I64(11), 2, True)
+)
+add("iterator/edd", _iterator_prog(_edd_10_4), modes=("eager",))
+add(
+    "iterator/dff_static",
+    _iterator_prog(_dff_11_2),
+    modes=("eager",),
+    # 5 batches on 8 replicas: no complete step, so get_next ends at once.
+    deliberate={"eager/N=8": D_GET_NEXT_END},
+)
+
+
+@program("iterator/get_next_at_end", modes=("eager",), deliberate=D_GET_NEXT_END)
+def _get_next_end(api: Any) -> Gen:
+    it = api.iterator(api.distribute(api.dataset_of(_I64(4), 4)))
+    first = it.get_next()
+    try:
+        return [first, it.get_next()]
+    except Exception as exc:  # TF: OutOfRangeError
+        return [first, builtin_class(exc)]
+    yield
+
+
+@program("iterator/next_at_end", modes=("eager",))
+def _next_end(api: Any) -> Gen:
+    it = api.iterator(api.distribute(api.dataset_of(_I64(4), 4)))
+    first = next(it)
+    try:
+        return [first, next(it)]
+    except StopIteration as exc:
+        return [first, builtin_class(exc)]
+    yield
+
+
+@program("iterator/for_loop_over_iterator", modes=("eager",))
+def _for_iterator(api: Any) -> Gen:
+    it = api.iterator(api.distribute(api.dataset_of(_I64(8), 4)))
+    first = next(it)
+    return [first, list(it)]
+    yield
+
+
+@program("iterator/spec_nest", modes=("eager",))
+def _spec_nest(api: Any) -> Gen:
+    full = {"x": np.arange(8, dtype=np.float32), "y": np.arange(8, dtype=np.int32)}
+    ds = api.distribute(api.dataset_of(full, 4))
+    return api.spec(ds.element_spec)
+    yield
+
+
+def _dataset_reduce(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
+    def prog(api: Any) -> Gen:
+        def fold(api: Any, state: Any, x: Any) -> Gen:
+            return state + (yield api.reduce("SUM", x, 0))
+
+        return (yield api.dataset_reduce(make(api), np.int64(0), fold))
+
+    return prog
+
+
+add("dataset_reduce/edd", _dataset_reduce(_edd_10_4), modes=("eager",))
+add("dataset_reduce/dff_static", _dataset_reduce(_dff_11_2), modes=("eager",))
+
+
+@program("dataset_cardinality/dff_dynamic", modes=("eager",))
+def _dff_cardinality(api: Any) -> Gen:
+    ds = api.datasets_from_function(lambda ctx: api.dataset_of(_I64(11), 2))
+    return api.cardinality(ds)
+    yield
+
+
+# -- IndexedSlices through every cross-replica API -----------------------------------------
+
+
+def _slices_of(api: Any, r: int) -> Any:
+    values = np.full((1 + r % 2, 2), r + 1, np.float32)
+    indices = np.arange(r, r + 1 + r % 2, dtype=np.int64) % 4
+    return api.slices(values, indices, (4, 2))
+
+
+def _sparse(api: Any) -> Any:
+    return api.per_replica(lambda r, n: _slices_of(api, r))
+
+
+for _op in ("SUM", "MEAN"):
+
+    @program(f"sparse/reduce/{_op}", modes=("eager",))
+    def _sparse_reduce(api: Any, _op: str = _op) -> Gen:
+        return (yield api.reduce(_op, _sparse(api), None))
+
+    @program(f"sparse/reduce_to/{_op}/self", modes=("eager",))
+    def _sparse_reduce_to(api: Any, _op: str = _op) -> Gen:
+        g = _sparse(api)
+        return (yield api.reduce_to(_op, g, g))
+
+    @program(f"sparse/reduce_to/{_op}/device", modes=("eager",))
+    def _sparse_reduce_to_device(api: Any, _op: str = _op) -> Gen:
+        return (yield api.reduce_to(_op, _sparse(api), "CPU:0"))
+
+    @program(f"sparse/batch_reduce_to/{_op}", modes=("eager",))
+    def _sparse_batch(api: Any, _op: str = _op) -> Gen:
+        g = _sparse(api)
+        return (yield api.batch_reduce_to(_op, [(g, g)]))
+
+    @program(f"sparse/all_reduce/{_op}", modes=("eager",))
+    def _sparse_all_reduce(api: Any, _op: str = _op) -> Gen:
+        def step(api: Any, ctx: Any, x: Any) -> Gen:
+            return (yield api.all_reduce(ctx, _op, x))
+
+        return (yield api.run(step, (_sparse(api),)))
+
+
+@program("sparse/merge_call_reduce_to", modes=("eager",))
+def _sparse_merge(api: Any) -> Gen:
+    def mf(api: Any, strategy: Any, g: Any) -> Gen:
+        return (yield api.reduce_to("SUM", g, g))
+
+    def step(api: Any, ctx: Any, x: Any) -> Gen:
+        return (yield api.merge_call(ctx, mf, (x,)))
+
+    return (yield api.run(step, (_sparse(api),)))
+
+
+@program("sparse/gather", modes=("eager",))
+def _sparse_gather(api: Any) -> Gen:
+    return (yield api.gather(_sparse(api), 0))
+
+
+@program("sparse/all_gather", modes=("eager",))
+def _sparse_all_gather(api: Any) -> Gen:
+    def step(api: Any, ctx: Any, x: Any) -> Gen:
+        return (yield api.all_gather(ctx, x, 0))
+
+    return (yield api.run(step, (_sparse(api),)))
+
+
+# -- every dtype through reduce, gather, all_reduce and all_gather -------------------------
+
+_DTYPES = (
+    "bfloat16",
+    "float16",
+    "float32",
+    "float64",
+    "int8",
+    "uint8",
+    "int16",
+    "int32",
+    "int64",
+    "complex64",
+    "bool",
+)
+
+
+def _typed(name: str) -> Callable[[int, int], Any]:
+    return lambda r, n: (np.arange(4).reshape(2, 2) % 2 + r + 1).astype(dtype(name))
+
+
+# Collectives TF 2.21 refuses on several replicas (its all_reduce: bfloat16, float16/32/64,
+# int32, int64; its all_gather and gather: float16/32/64, int32, int64).
+_TF_NO_COLLECTIVE = ("int8", "uint8", "int16", "complex64")
+_INTS = ("int8", "uint8", "int16", "int32", "int64")
+
+
+def _dtype_tags(api: str, dtype: str, op: str = "", axis: Any = 0) -> dict[str, str] | None:
+    """The documented differences of a dtypes/* program (the others must agree)."""
+    tags: dict[str, str] = {}
+    if dtype == "bool" and api in ("reduce", "all_reduce") and axis is None:
+        tags = {"eager/N=1": D_ONE_REPLICA_CHECKS, "eager": D_ERRORS}
+    elif dtype == "bool" and api in ("gather", "all_gather"):
+        tags = {"eager": D_BOOL_GATHER}
+    elif dtype in _TF_NO_COLLECTIVE and api in ("all_reduce", "gather", "all_gather"):
+        tags = {"eager": D_DTYPES}
+    if dtype in _INTS and op == "MEAN" and axis is None:
+        tags["eager/N=1"] = D_INT_MEAN_ONE  # TF does no arithmetic with one replica
+    return tags or None
+
+
+for _dtype in _DTYPES:
+    for _op in ("SUM", "MEAN"):
+        for _axis_name, _axis in (("None", None), ("0", 0)):
+            add(
+                f"dtypes/reduce/{_dtype}/{_op}/axis{_axis_name}",
+                _reduce_prog(_op, _typed(_dtype), _axis),
+                modes=("eager",),
+                deliberate=_dtype_tags("reduce", _dtype, _op, _axis),
+            )
+        add(
+            f"dtypes/all_reduce/{_dtype}/{_op}",
+            _all_reduce_prog(_op, _dtype, (2,))
+            if _dtype != "bfloat16"
+            else (
+                lambda api, _op=_op: (
+                    yield api.run(
+                        lambda api, ctx, x: (yield api.all_reduce(ctx, _op, x)),
+                        (api.per_replica(_typed("bfloat16")),),
+                    )
+                )
+            ),
+            modes=("eager",),
+            deliberate=_dtype_tags("all_reduce", _dtype, _op, None),
+        )
+    add(
+        f"dtypes/gather/{_dtype}",
+        _sgather(_typed(_dtype), 0),
+        modes=("eager",),
+        deliberate=_dtype_tags("gather", _dtype),
+    )
+    add(
+        f"dtypes/all_gather/{_dtype}",
+        _gather_prog(lambda r, _d=_dtype: _typed(_d)(r, 0), 0),
+        modes=("eager",),
+        deliberate=_dtype_tags("all_gather", _dtype),
+    )
+
+
+@program("dtypes/reduce/mixed_float32_float64", modes=("eager",))
+def _mixed_float(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: np.ones(2, np.float32 if r % 2 == 0 else np.float64))
+    return (yield api.reduce("SUM", pr, None))
+
+
+@program("dtypes/reduce/mixed_int32_int64_axis0", modes=("eager",))
+def _mixed_int(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: np.ones(2, np.int32 if r % 2 == 0 else np.int64))
+    return (yield api.reduce("SUM", pr, 0))
+
+
+@program("dtypes/gather/mixed_float32_float64", modes=("eager",))
+def _mixed_gather(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: np.ones(2, np.float32 if r % 2 == 0 else np.float64))
+    return (yield api.gather(pr, 0))
+
+
+# -- plain (not distributed) values -------------------------------------------------------
+
+
+@program("plain/reduce_SUM_axis0", modes=("eager",))
+def _plain_sum_axis0(api: Any) -> Gen:
+    return (yield api.reduce("SUM", api.const(np.array([1.5, 2.5], np.float32)), 0))
+
+
+@program("plain/reduce_MEAN_axis0", modes=("eager",))
+def _plain_mean_axis0(api: Any) -> Gen:
+    return (yield api.reduce("MEAN", api.const(np.array([1.5, 2.5], np.float32)), 0))
+
+
+@program("plain/reduce_SUM_python_float", modes=("eager",))
+def _plain_sum_float(api: Any) -> Gen:
+    return (yield api.reduce("SUM", 2.5, None))
+
+
+@program("plain/reduce_SUM_python_int", modes=("eager",))
+def _plain_sum_int(api: Any) -> Gen:
+    return (yield api.reduce("SUM", 2, None))
+
+
+@program("plain/reduce_to_SUM_python_float", modes=("eager",))
+def _plain_reduce_to_float(api: Any) -> Gen:
+    return (yield api.reduce_to("SUM", 2.5, "CPU:0"))
+
+
+for _op in ("SUM", "MEAN"):
+    add(
+        f"plain/reduce_to_{_op}_dest_per_replica",
+        lambda api, _op=_op: (
+            yield api.reduce_to(_op, api.const(f32(1, 2)), api.per_replica(lambda r, n: f32(r)))
+        ),
+        modes=("eager",),
+    )
+
+
+@program("broadcast_to/per_replica_value_to_device", modes=("eager",))
+def _broadcast_pr_value(api: Any) -> Gen:
+    return (yield api.broadcast_to(api.per_replica(lambda r, n: f32(r)), "CPU:0"))
+
+
+@program(
+    "broadcast_to/per_replica_value_to_per_replica",
+    modes=("eager",),
+    deliberate=D_BROADCAST_DISTRIBUTED,
+)
+def _broadcast_pr_pr(api: Any) -> Gen:
+    pr = api.per_replica(lambda r, n: f32(r))
+    return (yield api.broadcast_to(pr, pr))
+
+
+@program("broadcast_to/array_destination", modes=("eager",))
+def _broadcast_array_dest(api: Any) -> Gen:
+    return (yield api.broadcast_to(api.const(f32(1, 2)), api.const(f32(0))))
+
+
+# -- what one replica accepts ----------------------------------------------------------------
+
+_ONE = {"eager/N=1": D_ONE_REPLICA_CHECKS}
+
+add(
+    "one_replica/all_gather_scalar",
+    _gather_prog(lambda r: np.float32(r), 0),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/all_gather_axis_out_of_range",
+    _gather_prog(lambda r: f32(r), 3),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/all_gather_axis_float",
+    _gather_prog(lambda r: f32(r), 1.0),
+    modes=("eager",),  # type: ignore[arg-type]
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/gather_axis_None",
+    _sgather(lambda r, n: f32(r), None),  # type: ignore[arg-type]
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/gather_scalar",
+    _sgather(lambda r, n: np.float32(r), 0),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/gather_axis_out_of_range",
+    _sgather(lambda r, n: f32(r), 3),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+_bools = lambda r, n: np.array([True, r == 0])  # noqa: E731
+add(
+    "one_replica/reduce_bool_SUM",
+    _reduce_prog("SUM", _bools, None),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/reduce_bool_MEAN",
+    _reduce_prog("MEAN", _bools, None),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/all_reduce_bool",
+    lambda api: (
+        yield api.run(
+            lambda api, ctx, x: (yield api.all_reduce(ctx, "SUM", x)), (api.per_replica(_bools),)
+        )
+    ),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_ERRORS},
+)
+add(
+    "one_replica/gather_bool",
+    _sgather(_bools, 0),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_BOOL_GATHER},
+)
+add(
+    "one_replica/all_gather_bool",
+    _gather_prog(lambda r: _bools(r, 0), 0),
+    modes=("eager",),
+    deliberate={**_ONE, "eager": D_BOOL_GATHER},
+)
+add(
+    "one_replica/reduce_axis_float", _reduce_prog("SUM", lambda r, n: f32(r), 1.0), modes=("eager",)
+)
+add(
+    "one_replica/reduce_axis_out_of_range",
+    _reduce_prog("SUM", lambda r, n: f32(r), 3),
+    modes=("eager",),
+)
+
+
+# -- error classes and leniency -------------------------------------------------------------
+
+
+@program("errors/run_kwargs_list", modes=("eager",), deliberate=D_ERRORS)
+def _run_kwargs_list(api: Any) -> Gen:
+    return (yield api.run(lambda api, ctx, **k: 1, (), [("a", 1)]))
+
+
+@program("errors/merge_call_args_tensor", modes=("eager",), deliberate=D_ERRORS)
+def _merge_args_tensor(api: Any) -> Gen:
+    def step(api: Any, ctx: Any) -> Gen:
+        return (yield api.merge_call(ctx, lambda api, s, *a: 1, api.const(f32(1, 2))))
+
+    return (yield api.run(step, ()))
+
+
+@program("errors/batch_reduce_to_bare_value", modes=("eager",), deliberate=D_ERRORS)
+def _batch_bare(api: Any) -> Gen:
+    a = api.per_replica(lambda r, n: f32(r))
+    return (yield api.batch_reduce_to("SUM", [a]))
+
+
+for _name, _value in (("None", None), ("str", "abc")):
+    add(
+        f"errors/all_reduce_{_name}",
+        lambda api, _value=_value: (
+            yield api.run(lambda api, ctx: (yield api.all_reduce(ctx, "SUM", _value)), ())
+        ),
+        modes=("eager",),
+        deliberate=D_ERRORS,
+    )
+
+
+@program("errors/reduce_op_None", modes=("eager",), deliberate=D_ERRORS)
+def _reduce_op_none(api: Any) -> Gen:
+    return (yield api.reduce(None, api.per_replica(lambda r, n: f32(r)), None))
+
+
+@program("errors/reduce_to_destinations_None", modes=("eager",), deliberate=D_ERRORS)
+def _reduce_to_none(api: Any) -> Gen:
+    return (yield api.reduce_to("SUM", api.per_replica(lambda r, n: f32(r)), None))
+
+
+@program("errors/broadcast_to_destinations_None", modes=("eager",), deliberate=D_ERRORS)
+def _broadcast_none(api: Any) -> Gen:
+    return (yield api.broadcast_to(api.const(f32(1)), None))
+
+
+@program("leniency/len_per_replica", modes=("eager",), deliberate=D_LENIENT)
+def _len_pr(api: Any) -> Gen:
+    return api.length(api.per_replica(lambda r, n: f32(r)))
+    yield
+
+
+@program("leniency/reduce_op_lowercase", modes=("eager",), deliberate=D_LENIENT)
+def _reduce_op_lower(api: Any) -> Gen:
+    return api.reduce_op("sum")
+    yield
+
+
+@program("leniency/reduce_op_upper", modes=("eager",))
+def _reduce_op_upper(api: Any) -> Gen:
+    return api.reduce_op("SUM")
+    yield
+
+
+@program("leniency/strategy_reduce_mixed_case_name", modes=("eager",))
+def _reduce_mixed_case(api: Any) -> Gen:
+    return (yield api.reduce("Sum", api.per_replica(lambda r, n: f32(r)), None))
+
+
+@program("leniency/bytes_per_pack_float", modes=("eager",), deliberate=D_BPP)
+def _bpp_float(api: Any) -> Gen:
+    return api.comm_options(bytes_per_pack=1.5)
+    yield
+
+
+@program("leniency/bytes_per_pack_negative", modes=("eager",))
+def _bpp_negative(api: Any) -> Gen:
+    return api.comm_options(bytes_per_pack=-1)
+    yield
+
+
+# -- (issue 25, recorded after the programs above) the padded last step of static batches --
+
+
+def _optional_steps(make: Callable[[Any], Any]) -> Callable[[Any], Gen]:
+    def prog(api: Any) -> Gen:
+        it = api.iterator(api.datasets_from_function(lambda ctx: make(api)))
+        out = []
+        while True:
+            opt = it.get_next_as_optional()
+            if not bool(opt.has_value()):
+                return out
+            out.append(opt.get_value())
+        yield
+
+    return prog
+
+
+add(
+    "iterator/optional/dff_unbatched_scalars",
+    _optional_steps(lambda api: api.dataset_of(_I64(5))),
+    modes=("eager",),
+)
+add(
+    "iterator/optional/dff_unbatched_rows",
+    _optional_steps(lambda api: api.dataset_of(np.arange(10.0).reshape(5, 2))),
+    modes=("eager",),
+)
+add(
+    "iterator/optional/dff_dynamic",
+    _optional_steps(lambda api: api.dataset_of(_I64(9), 2)),
+    modes=("eager",),
+)
+
+
+@program("dataset_reduce/dff_unbatched_scalars", modes=("eager",))
+def _reduce_scalars(api: Any) -> Gen:
+    def fold(api: Any, state: Any, x: Any) -> Gen:
+        return state + (yield api.reduce("SUM", x, None))
+
+    ds = api.datasets_from_function(lambda ctx: api.dataset_of(_I64(5)))
+    return (yield api.dataset_reduce(ds, np.int64(0), fold))
 
 
 def case_names() -> Iterator[tuple[Program, str]]:
