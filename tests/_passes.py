@@ -13,7 +13,8 @@ source, the module-level helpers and fixtures it uses (transitively), and its de
 reference nothing that could reach it: no name imported from a module outside the
 standard library and pytest, no import inside a function, no dynamic import or ``exec``,
 no fixture other than ``tmp_path``, ``tmp_path_factory``, ``capsys``, ``capfd`` and
-``monkeypatch`` (``pytester`` runs pytest in process), and no method of a class. A new
+``monkeypatch`` (``pytester`` runs pytest in process) besides the module's own (its
+``autouse`` ones included), and no method of a class. A new
 test is therefore in both passes unless it plainly is not. tests/test_passes.py checks
 the rule.
 """
@@ -44,6 +45,8 @@ ALLOWED = {"asyncreplica._launch": frozenset({"find_mpiexec"})}
 @dataclass(frozen=True)
 class _Module:
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef]
+    autouse: frozenset[str]  # fixtures every test of the module uses
+    usefixtures: bool  # its pytestmark adds fixtures by name
     unsafe: frozenset[str]  # module-level names that may reach the library
     runners: frozenset[str]  # module-level names bound to subprocess
 
@@ -69,6 +72,8 @@ def _module(path: Path) -> _Module:
     functions: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
     unsafe: set[str] = set()
     runners: set[str] = set()
+    autouse: set[str] = set()
+    usefixtures = False
     assigned: list[tuple[list[str], ast.AST]] = []
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -86,6 +91,16 @@ def _module(path: Path) -> _Module:
                     unsafe.add(bound)
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             functions[node.name] = node
+            if any(
+                isinstance(d, ast.Call)
+                and any(
+                    k.arg == "autouse"
+                    and not (isinstance(k.value, ast.Constant) and k.value.value is False)
+                    for k in d.keywords
+                )
+                for d in node.decorator_list
+            ):
+                autouse.add(node.name)
         elif isinstance(node, ast.ClassDef):
             unsafe.add(node.name)
         elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
@@ -93,6 +108,8 @@ def _module(path: Path) -> _Module:
             names = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
             if node.value is not None:
                 assigned.append((names, node.value))
+                if "pytestmark" in names and "usefixtures" in _names(node.value):
+                    usefixtures = True
     # A module-level value computed from an unsafe name (or by a helper) is unsafe too.
     changed = True
     while changed:
@@ -102,7 +119,9 @@ def _module(path: Path) -> _Module:
             if (used & (unsafe | DYNAMIC) or used & set(functions)) and not set(names) <= unsafe:
                 unsafe.update(names)
                 changed = True
-    return _Module(functions, frozenset(unsafe), frozenset(runners))
+    return _Module(
+        functions, frozenset(autouse), usefixtures, frozenset(unsafe), frozenset(runners)
+    )
 
 
 def _parametrized(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
@@ -136,10 +155,13 @@ def _parametrized(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
 def classify(path: Path, name: str) -> str:
     """``"in process"``, ``"child processes"`` or ``"no library"`` for test ``name`` of ``path``."""
     module = _module(path)
-    if name not in module.functions:
-        return "in process"  # a method, or defined elsewhere (a shared test class)
+    if name not in module.functions or module.usefixtures:
+        return (
+            "in process"  # a method, defined elsewhere (a shared test class), or fixtures by name
+        )
     seen: set[tuple[str, bool]] = set()
-    todo = [(name, True)]  # (function, whether pytest calls it: its parameters are fixtures)
+    # (function, whether pytest calls it: its parameters are fixtures)
+    todo = [(name, True), *((fixture, True) for fixture in module.autouse)]
     uses_runner = False
     while todo:
         current, by_pytest = todo.pop()
@@ -154,7 +176,7 @@ def classify(path: Path, name: str) -> str:
             ):
                 return "in process"
         used = _names(function)
-        if used & module.unsafe or used & DYNAMIC:
+        if used & module.unsafe or used & DYNAMIC or "usefixtures" in used:
             return "in process"
         uses_runner = uses_runner or bool(used & module.runners)
         fixtures: set[str] = set()

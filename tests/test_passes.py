@@ -74,6 +74,9 @@ CASES = {
     "def test_unknown_fixture(strategy):\n    _child('x')": "in process",
     "@pytest.mark.parametrize('op', [ar.ReduceOp.SUM])\ndef test_deco(op):\n    _child(str(op))": "in process",
     "class TestC:\n    def test_m(self):\n        _child('x')": "in process",
+    "@pytest.fixture(autouse=True)\ndef _reset():\n    ar.get_strategy()\n\n\n"
+    "def test_after_autouse(tmp_path):\n    _child('x')": "in process",
+    "@pytest.mark.usefixtures('strategy')\ndef test_uses(tmp_path):\n    _child('x')": "in process",
 }
 
 
@@ -82,7 +85,7 @@ def test_the_reading_of_a_test(tmp_path: Path, source: str, expected: str) -> No
     path = tmp_path / "test_case.py"
     path.write_text(HEADER + "\n\n" + source + "\n")
     tree = ast.parse(source)
-    node = tree.body[0]
+    node = tree.body[-1]
     name = node.body[0].name if isinstance(node, ast.ClassDef) else node.name  # type: ignore[attr-defined]
     assert _passes.classify(path, name) == expected
 
