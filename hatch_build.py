@@ -7,9 +7,12 @@ the one source of truth: they run interpreted when nothing was compiled, and whe
 
 The build never fails for want of a compiler. Compilation is skipped, with a one-line notice on
 stderr, when ``ASYNCREPLICA_NO_EXTENSIONS=1`` is set at build time, when no C compiler or no
-Python headers are found, or when mypyc or the compiler fails. What happened is recorded in
-``asyncreplica/_build_info.json`` (status, reason, modules, a checksum of each compiled source), which
-``asyncreplica doctor`` and the test suite read.
+Python headers are found, when the compiler fails on a two-line test file (checked first, in
+a second, before mypyc's type check spends a minute or two), or when mypyc or the compiler
+fails. What happened is recorded in ``asyncreplica/_build_info.json`` (status, a short reason,
+the compiler's or mypyc's output as ``detail``, modules, a checksum of each compiled source,
+whether the install was editable), which ``asyncreplica doctor`` and the test suite read.
+pip shows the build's notices only with ``-v``; ``asyncreplica doctor`` prints the reason.
 
 A second step compiles one hand-written C extension, the numpy backend's single pass over a
 batched all_reduce (``backends/asyncreplica_numpy/_cpass.c``, :data:`C_EXTENSIONS`), against
@@ -27,12 +30,14 @@ tree (ignored by git), because the package is imported from there.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import os
 import pathlib
 import shlex
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -66,16 +71,73 @@ def _notice(message: str) -> None:
     print(f"asyncreplica: {message}", file=sys.stderr, flush=True)  # noqa: T201
 
 
-def _missing_toolchain() -> str | None:
-    """Why no extension module can be built here, or ``None`` when a compiler and headers exist."""
-    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+REASON_CHARS = 160
+"""The most characters of a recorded reason (``doctor`` prints it on one line)."""
+
+DETAIL_CHARS = 4000
+"""The most characters of the compiler's or mypyc's output kept in the record as ``detail``."""
+
+PROBE_SOURCE = "#include <Python.h>\nint asyncreplica_probe(void) { return 0; }\n"
+"""What the compiler must compile before mypyc runs: the smallest use of the Python headers."""
+
+
+def _short(text: str) -> str:
+    """The first line of ``text``, cut to :data:`REASON_CHARS`."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= REASON_CHARS else line[: REASON_CHARS - 3] + "..."
+
+
+def _detail(text: str) -> str:
+    """The end of a build log, where the error is, cut to :data:`DETAIL_CHARS`."""
+    text = text.strip()
+    return text if len(text) <= DETAIL_CHARS else "..." + text[-DETAIL_CHARS:]
+
+
+def _failure(prefix: str, error: BaseException, log: str, marker: str) -> dict[str, str]:
+    """A record's reason (short: the first line with ``marker``, else the exception) and detail.
+
+    A build log holds warnings and whole command lines (600 characters of flags, some of
+    them ``-Werror=...``); the reason is the line that says what failed, and the log goes
+    into ``detail``.
+    """
+    lines = [line.strip() for line in log.splitlines() if marker in line]
+    what = lines[0] if lines else f"{type(error).__name__}: {error}"
+    return {"reason": f"{prefix}: {_short(what)}", "detail": _detail(f"{log}\n{error}")}
+
+
+@functools.cache
+def _toolchain_problem(cc: str, include: str) -> tuple[str, str] | None:
+    """``(reason, detail)`` when ``cc`` cannot build against ``include``, else None.
+
+    Compiles :data:`PROBE_SOURCE` as setuptools would (``cc -I include -c``), so a missing
+    or broken compiler (``CC=/bin/false``) is found in a second, not after mypyc's type check.
+    """
     words = shlex.split(cc)
     if not words or shutil.which(words[0]) is None:
-        return f"no C compiler ({words[0] if words else 'CC'!r} not found)"
-    include = sysconfig.get_paths().get("include", "")
+        return f"no C compiler ({words[0] if words else 'CC'!r} not found)", ""
     if not pathlib.Path(include, "Python.h").is_file():
-        return f"no Python headers (Python.h not in {include})"
+        return f"no Python headers (Python.h not in {include})", ""
+    with tempfile.TemporaryDirectory(prefix="asyncreplica-probe-") as tmp:
+        source = pathlib.Path(tmp, "probe.c")
+        source.write_text(PROBE_SOURCE)
+        command = [*words, "-I", include, "-c", str(source), "-o", str(source.with_suffix(".o"))]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+        except (OSError, subprocess.SubprocessError) as error:
+            return f"the C compiler {words[0]!r} cannot run: {_short(str(error))}", str(error)
+    if proc.returncode != 0:
+        output = (proc.stderr + proc.stdout).strip()
+        errors = [line for line in output.splitlines() if "error" in line.lower()]
+        said = f": {_short(errors[0])}" if errors else ""
+        reason = f"the C compiler {words[0]!r} failed on a test file (exit {proc.returncode}){said}"
+        return _short(reason), _detail(f"{shlex.join(command)}\n{output}")
     return None
+
+
+def _missing_toolchain() -> tuple[str, str] | None:
+    """Why no extension module can be built here (reason, detail), or ``None``."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    return _toolchain_problem(cc, sysconfig.get_paths().get("include", ""))
 
 
 def _digest(path: pathlib.Path) -> str:
@@ -139,11 +201,17 @@ class MypycBuildHook(BuildHookInterface):
                 stale.unlink()
         self._tmp = pathlib.Path(tempfile.mkdtemp(prefix="asyncreplica-build-"))
         out = root if editable else self._tmp / "lib"
-        info: dict[str, Any] = {"status": "", "reason": "", "modules": modules, "sources": {}}
+        info: dict[str, Any] = {
+            "status": "",
+            "reason": "",
+            "modules": modules,
+            "sources": {},
+            "editable": editable,
+        }
         if _disabled():
             info.update(status="disabled", reason=f"{ENV_VAR}=1 at build time")
         elif (missing := _missing_toolchain()) is not None:
-            info.update(status="unavailable", reason=missing)
+            info.update(status="unavailable", reason=missing[0], detail=missing[1])
         else:
             info.update(self._compile(root, modules, out, editable))
         info["c_extensions"] = self._compile_c(root, editable, build_data)
@@ -153,7 +221,7 @@ class MypycBuildHook(BuildHookInterface):
             }
             _notice(
                 f"compiled {len(modules)} modules with mypyc "
-                f"({'in place' if editable else 'into the wheel'}) in {info.pop('seconds')} s"
+                f"({'in place' if editable else 'into the wheel'}) in {info['seconds']} s"
             )
             if not editable:
                 for path in _extension_files(out, modules):
@@ -208,10 +276,12 @@ class MypycBuildHook(BuildHookInterface):
                 command.parallel = os.cpu_count() or 1
                 distribution.run_command("build_ext")
         except (Exception, SystemExit) as error:  # the install must go on without extensions
-            lines = [line for line in log.getvalue().splitlines() if line.strip()]
-            errors = [line for line in lines if ": error:" in line]
-            detail = (errors or lines or [f"{type(error).__name__}: {error}"])[0]
-            return {"status": "failed", "reason": f"mypyc build failed: {detail}"}
+            # mypy's errors say "file.py:12: error: ..."; without one, the exception says
+            # what failed (the compiler), not the log's first line (often a mypyc warning).
+            return {
+                "status": "failed",
+                **_failure("mypyc build failed", error, log.getvalue(), ": error:"),
+            }
         finally:
             os.chdir(previous)
         return {"status": "compiled", "reason": "", "seconds": round(time.monotonic() - started)}
@@ -232,7 +302,7 @@ class MypycBuildHook(BuildHookInterface):
             if _disabled():
                 record.update(status="disabled", reason=f"{ENV_VAR}=1 at build time")
             elif (missing := _missing_toolchain()) is not None:
-                record.update(status="unavailable", reason=missing)
+                record.update(status="unavailable", reason=missing[0], detail=missing[1])
             else:
                 record.update(self._build_c(root, module, source, editable, build_data))
             if record["status"] == "compiled":
@@ -283,9 +353,12 @@ class MypycBuildHook(BuildHookInterface):
             if editable:
                 shutil.copy2(built, _package_dir(root, module) / built.name)
         except (Exception, SystemExit) as error:  # the install must go on without it
-            lines = [line for line in log.getvalue().splitlines() if "error" in line.lower()]
-            detail = lines[0].strip() if lines else f"{type(error).__name__}: {error}"
-            return {"status": "failed", "reason": f"C compiler failed: {detail}"}
+            # gcc and clang say "file.c:12:5: error: ..."; the command line before it (with
+            # its -Werror=... flags) is detail, not the reason.
+            return {
+                "status": "failed",
+                **_failure("C compiler failed", error, log.getvalue(), ": error:"),
+            }
         if not editable:
             build_data["force_include"][str(built)] = built.relative_to(lib).as_posix()
             build_data["pure_python"] = False

@@ -37,6 +37,7 @@ from types import ModuleType
 __all__ = [
     "ENV_VAR",
     "Implementation",
+    "build_output",
     "c_extension_reason",
     "compiled_modules",
     "current",
@@ -97,6 +98,35 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
         return None
 
 
+def _zip_archive() -> str | None:
+    """The zip archive this package is imported from (zipimport), or None."""
+    for parent in _HERE.parents:
+        if parent.is_file():
+            return parent.name
+    return None
+
+
+def _no_record() -> str:
+    """Why there is no build record: imported from a zip, or not installed by pip."""
+    archive = _zip_archive()
+    if archive is not None:
+        return f"imported from the zip archive {archive}, where extension modules cannot load"
+    return "no build record (_build_info.json): not installed with pip"
+
+
+def _reinstall(info: dict[str, object]) -> str:
+    """The command that compiles a changed source again, for the kind of install recorded."""
+    editable = info.get("editable")
+    if editable is True:
+        return "reinstall (pip install -e .) to compile it again"
+    if editable is False:
+        return (
+            "the installed copy was edited; reinstall asyncreplica (pip install --force-reinstall) "
+            "to compile it again"
+        )
+    return "reinstall (pip install -e . for a checkout) to compile it again"
+
+
 def _read_build_info() -> dict[str, object]:
     try:
         info = json.loads(_BUILD_INFO.read_text())
@@ -136,8 +166,7 @@ def _decide() -> Implementation:
     )
     status = str(info.get("status", "unknown"))
     if status == "unknown":
-        reason = "no build record (_build_info.json): not installed with pip"
-        return Implementation(False, modules, status, reason)
+        return Implementation(False, modules, status, _no_record())
     if status != "compiled":
         reason = f"not compiled at install ({status}: {info.get('reason', '')})"
         return Implementation(False, modules, status, reason)
@@ -147,10 +176,7 @@ def _decide() -> Implementation:
     sources = raw_sources if isinstance(raw_sources, dict) else {}
     changed = _stale({str(k): str(v) for k, v in sources.items()})
     if changed is not None:
-        reason = (
-            f"{changed} changed since it was compiled; "
-            "reinstall (pip install -e .) to compile it again"
-        )
+        reason = f"{changed} changed since it was compiled; {_reinstall(info)}"
         return Implementation(False, modules, status, reason)
     return Implementation(True, modules, status, "")
 
@@ -168,7 +194,7 @@ def c_extension_reason(module: str, source: pathlib.Path) -> str | None:
     """
     info = _read_build_info()
     if not info:
-        return "no build record (_build_info.json): not installed with pip"
+        return _no_record()
     if os.environ.get(ENV_VAR, "").strip() not in ("", "0"):
         return f"{ENV_VAR}=1 at run time"
     records = info.get("c_extensions", {})
@@ -184,10 +210,23 @@ def c_extension_reason(module: str, source: pathlib.Path) -> str | None:
         changed = False  # a wheel may ship without the C source
     if changed:
         return (
-            f"{source.parent.name}/{source.name} changed since it was compiled; "
-            "reinstall (pip install -e .) to compile it again"
+            f"{source.parent.name}/{source.name} changed since it was compiled; {_reinstall(info)}"
         )
     return None
+
+
+def build_output() -> str:
+    """Where the compiler's or mypyc's output of a failed compile is, or ``""``.
+
+    The build records a short reason (what ``doctor`` prints) and keeps the output as
+    ``detail`` in the build record; this names the record when one of its details is set.
+    """
+    info = _read_build_info()
+    records = info.get("c_extensions", {})
+    details = [info.get("detail")]
+    if isinstance(records, dict):
+        details += [r.get("detail") for r in records.values() if isinstance(r, dict)]
+    return f'"detail" in {_BUILD_INFO}' if any(details) else ""
 
 
 _CURRENT: Implementation | None = None

@@ -134,6 +134,8 @@ class Diagnosis:
             interpreted).
         batch_pass: Which single pass over a batched all_reduce the numpy backend runs:
             ``"compiled (C): asyncreplica_numpy._cpass"`` or ``"interpreted: <why>"``.
+        build_output: Where the output of a compile that failed at install is kept (the
+            build record's ``detail``), or ``""``; the reasons above are its short form.
     """
 
     version: str
@@ -149,6 +151,7 @@ class Diagnosis:
     hot_path: str = ""
     compiled_modules: tuple[str, ...] = ()
     batch_pass: str = ""
+    build_output: str = ""
 
     @property
     def ok(self) -> bool:
@@ -323,6 +326,7 @@ def diagnose() -> Diagnosis:
         hot_path=_compiled.current().describe(),
         compiled_modules=_compiled.compiled_modules(),
         batch_pass=_batch_pass(),
+        build_output=_compiled.build_output(),
     )
 
 
@@ -342,8 +346,10 @@ def render_text(diagnosis: Diagnosis) -> str:
         f"platform: {d.platform}",
         f"hot path: {d.hot_path}",
         f"batch pass: {d.batch_pass}",
-        "event loops:",
     ]
+    if d.build_output:
+        lines.append(f"build output: {d.build_output}")
+    lines += ["event loops:"]
     for loop in d.loops:
         state = loop.version if loop.installed else f"not installed: pip install {loop.name}"
         suffix = " (standard library)" if loop.name == "asyncio" else ""

@@ -2,7 +2,7 @@
 
 docs/errors.md is the one source: each error's section starts at its code's anchor
 (``<a id="ar103"></a>``). This script copies each section into the package, with the
-example scripts it includes inlined and links reduced to their text, so that
+title that names each example's file dropped and links reduced to their text, so that
 ``asyncreplica explain AR103`` works after ``pip install`` without the repository.
 tests/docs/test_explain.py fails when the package's copy differs from what this script
 writes; run it after editing the page::
@@ -21,13 +21,11 @@ PAGE = ROOT / "docs" / "errors.md"
 OUT = ROOT / "asyncreplica" / "_explain"
 CODE_ANCHOR = re.compile(r'^<a id="(ar\d{3})"></a>\n', re.MULTILINE)
 ANY_ANCHOR = re.compile(r'^<a id="[^"]*"></a>\n', re.MULTILINE)
-INCLUDE = re.compile(r'^--8<-- "([^"]+)"$', re.MULTILINE)
+# The page shows each example inline, in a fence titled with its file (see
+# scripts/sync_doc_examples.py); the package has no docs/examples/, so the title goes.
+TITLED_FENCE = re.compile(r'^(\s*```python) title="[^"]*"$', re.MULTILINE)
 LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
 HEADING = re.compile(r"^## (\w+) \((AR\d{3})\)$", re.MULTILINE)
-
-
-def _inline(match: re.Match[str]) -> str:
-    return (ROOT / match[1]).read_text(encoding="utf-8").rstrip("\n")
 
 
 def render() -> dict[str, str]:
@@ -39,7 +37,7 @@ def render() -> dict[str, str]:
         end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
         body = ANY_ANCHOR.sub("", text[start.start() : end]).strip("\n")
         body = HEADING.sub(r"# \2: \1", body, count=1)
-        body = INCLUDE.sub(_inline, body)
+        body = TITLED_FENCE.sub(r"\1", body)
         body = LINK.sub(r"\1", body)
         code = start[1].upper()
         if not body.startswith(f"# {code}: "):

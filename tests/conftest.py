@@ -1,9 +1,15 @@
-"""Shared fixtures: every async test runs on asyncio, uvloop and trio."""
+"""Shared fixtures: every async test runs on asyncio, uvloop and trio.
+
+Also marks ``out_of_process`` the tests that run the library only in child processes or
+not at all (tests/_passes.py says how it reads them): the README's test command leaves
+them out of its second, interpreted pass (``-m "not out_of_process"``).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 
+import _passes  # tests/ is on sys.path, as for every module of the suite
 import pytest
 
 _LOOPS = [
@@ -23,3 +29,20 @@ _LOOPS = [
 def anyio_backend(request: pytest.FixtureRequest) -> object:
     """Run each ``@pytest.mark.anyio`` test once per event loop."""
     return request.param
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_passes.MARKER}: runs the library only in child processes or not at all, so the "
+        "interpreted pass (ASYNCREPLICA_NO_EXTENSIONS=1) leaves it out (set by tests/conftest.py)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None or "." in function.__qualname__:
+            continue  # not a module-level test function: it counts as in process
+        if _passes.out_of_process(item.path, function.__name__):
+            item.add_marker(_passes.MARKER)

@@ -115,7 +115,13 @@ def test_an_edited_source_runs_interpreted(
         "asyncreplica._core._match": _compiled._digest(match),
         "asyncreplica._core._ledger": "00000000-1",  # not what the file holds now
     }
-    info = {"status": "compiled", "reason": "", "modules": list(sources), "sources": sources}
+    info = {
+        "status": "compiled",
+        "reason": "",
+        "modules": list(sources),
+        "sources": sources,
+        "editable": True,
+    }
     decision = _decide_with(monkeypatch, tmp_path, info)
     assert not decision.compiled
     assert decision.describe() == (
@@ -300,7 +306,7 @@ def test_the_c_pass_runs_only_as_built(
     source = tmp_path / "_cpass.c"
     source.write_text("/* the C pass */\n")
     built = {"status": "compiled", "reason": "", "source": _compiled._digest(source)}
-    info = {"status": "failed", "c_extensions": {CPASS: built}}
+    info = {"status": "failed", "c_extensions": {CPASS: built}, "editable": True}
     assert _c_reason_with(monkeypatch, tmp_path, info, source) is None  # mypyc's failure aside
     assert _c_reason_with(monkeypatch, tmp_path, info, tmp_path / "absent.c") is None  # a wheel
     source.write_text("/* the C pass, edited */\n")

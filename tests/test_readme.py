@@ -54,8 +54,30 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert len(commands) == 2
     assert commands[0] == "python3 -m pip install . && asyncreplica demo"
     assert commands[1] in (ROOT / ".ci/run").read_text()
-    # the whole suite on both implementations of the hot path: compiled, then interpreted
+    # the whole suite on the compiled hot path, then on the interpreted one the tests that
+    # run the library in process (tests/_passes.py; tests/test_passes.py checks the rule)
     assert commands[1] == (
         'python3 -m pip install -e ".[test]" && python3 -m pytest'
-        " && ASYNCREPLICA_NO_EXTENSIONS=1 python3 -m pytest"
+        ' && ASYNCREPLICA_NO_EXTENSIONS=1 python3 -m pytest -m "not out_of_process"'
+    )
+
+
+def test_getting_started_gives_the_readme_test_command() -> None:
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    assert f"```sh\n{commands[1]}\n```" in page
+
+
+def test_the_readme_numbers_of_the_build_are_the_builds() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    modules = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["custom"]["modules"]
+    text = " ".join(README.split())
+    assert f"compiles {len(modules)} modules on the collective's path" in text
+    assert f"`hot path: compiled (mypyc): {len(modules)} modules`" in text
+    from asyncreplica._compiled import Implementation
+
+    assert Implementation(True, tuple(modules), "compiled", "").describe() == (
+        f"compiled (mypyc): {len(modules)} modules"
     )

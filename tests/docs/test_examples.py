@@ -1,15 +1,16 @@
-"""The documentation's examples run, and every page includes only examples that exist.
+"""The documentation's examples run, and every page shows them exactly as they run.
 
 Every code example in ``docs/*.md`` lives in ``docs/examples/`` (or a subfolder such as
-``docs/examples/errors/``) as a script that asserts what the page claims; pages include
-them with the pymdownx.snippets line ``--8<-- "docs/examples/NAME.py"``. This module runs
-each script in a fresh interpreter and checks the includes in both directions.
+``docs/examples/errors/``) as a script that asserts what the page claims. A page shows
+the script's text inline, in a fence titled with its path
+(```` ```python title="docs/examples/NAME.py" ````), so that it reads the same on the docs
+site and as plain Markdown on a code host; ``scripts/sync_doc_examples.py`` copies the
+files in. This module runs each script in a fresh interpreter, checks that each block
+equals its file, that every script is shown, and that no page holds a snippet include
+(``--8<--``), which a Markdown viewer prints as it is.
 
 Examples named ``torch_*.py`` need PyTorch, which is not in ``[test]`` (its default wheel
 brings the CUDA libraries): they are skipped, with the reason, where torch is missing.
-
-The one other include is ``docs/changelog.md``, which pulls in the repository's
-``CHANGELOG.md`` as markdown (outside any fence); ``MARKDOWN_INCLUDES`` lists it.
 
 It also checks the anchors of ``docs/errors.md``: each error's section has the anchor of
 its code (``#ar103``, what ``asyncreplica explain AR103`` prints) and of its class name in
@@ -24,6 +25,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -32,14 +34,29 @@ DOCS = ROOT / "docs"
 EXAMPLES = sorted((DOCS / "examples").rglob("*.py"))
 EXAMPLE_IDS = [p.relative_to(DOCS / "examples").as_posix() for p in EXAMPLES]
 PAGES = sorted(DOCS.glob("*.md"))
-INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$', re.MULTILINE)
+# Every Markdown file a reader opens: the README and the pages, wherever they are.
+MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
+# A pymdownx.snippets line (``--8<-- "file"``, or a bare ``--8<--`` opening a block).
+SNIPPET = re.compile(r"^\s*;?-+8<-+")
 TIMEOUT_S = 60
-# Markdown files a page may include as markdown, outside a fence: page -> target.
-MARKDOWN_INCLUDES = {"changelog.md": "CHANGELOG.md"}
 # Examples that need a package outside [test], by file-name prefix: (module, why not in [test]).
 OPTIONAL = {
     "torch_": ("torch", "its default wheel brings the CUDA libraries, too heavy for CI"),
 }
+
+
+def _sync() -> ModuleType:
+    path = ROOT / "scripts" / "sync_doc_examples.py"
+    spec = importlib.util.spec_from_file_location("sync_doc_examples", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+SYNC = _sync()
 
 
 def _missing(example: Path) -> str | None:
@@ -50,18 +67,9 @@ def _missing(example: Path) -> str | None:
     return None
 
 
-def _includes(page: Path) -> list[str]:
-    """The examples ``page`` includes (not its allowed markdown include)."""
-    allowed = MARKDOWN_INCLUDES.get(page.name)
-    return [t for t in INCLUDE.findall(page.read_text(encoding="utf-8")) if t != allowed]
-
-
-def test_markdown_includes_exist() -> None:
-    for page, target in MARKDOWN_INCLUDES.items():
-        assert (ROOT / target).is_file(), f"{target} does not exist"
-        text = (DOCS / page).read_text(encoding="utf-8")
-        assert f'--8<-- "{target}"' in text, f"docs/{page} does not include {target}"
-        assert "```" not in text, f"docs/{page} includes {target} as markdown, outside a fence"
+def _shown(page: Path) -> list[str]:
+    """The example files ``page`` shows, in order."""
+    return [block.target for block in SYNC.blocks(page.read_text(encoding="utf-8"), page.name)]
 
 
 def test_optional_examples_skip_only_where_their_package_is_missing() -> None:
@@ -96,48 +104,78 @@ def test_example_runs(example: Path) -> None:
     )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_includes_use_the_checked_syntax(page: Path) -> None:
-    # Any other spelling (single quotes, sections, inline) would escape the checks below.
-    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), start=1):
-        if "--8<--" in line:
-            assert INCLUDE.match(line), (
-                f'{page.name}:{number}: write includes as --8<-- "docs/examples/NAME.py" '
-                f"alone on a line, got {line!r}"
-            )
-
-
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_includes_point_at_existing_examples(page: Path) -> None:
-    for target in _includes(page):
-        assert (ROOT / target).is_file(), f"{page.name} includes {target!r}, which does not exist"
-        assert target.startswith("docs/examples/"), (
-            f"{page.name} includes {target!r}: examples live in docs/examples/"
-        )
-
-
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
-def test_includes_are_inside_python_fences(page: Path) -> None:
+@pytest.mark.parametrize("page", MARKDOWN, ids=[p.relative_to(ROOT).as_posix() for p in MARKDOWN])
+def test_no_snippet_includes(page: Path) -> None:
+    # A code host or an editor shows an include line as it is, where the code should be.
     lines = page.read_text(encoding="utf-8").splitlines()
-    fence: str | None = None
-    for number, line in enumerate(lines, start=1):
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            fence = None if fence is not None else stripped[3:].strip()
-        elif (match := INCLUDE.match(line)) and match[1] != MARKDOWN_INCLUDES.get(page.name):
-            assert fence == "python", (
-                f"{page.name}:{number}: the include must sit in a ```python fenced block"
-            )
+    found = [
+        f"{page.name}:{n}: {line.strip()}" for n, line in enumerate(lines, 1) if SNIPPET.match(line)
+    ]
+    assert not found, f"show the file's text inline (scripts/sync_doc_examples.py): {found}"
 
 
-def test_every_example_is_included_by_a_page() -> None:
-    included = {target for page in PAGES for target in _includes(page)}
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_shown_examples_equal_their_files(page: Path) -> None:
+    stale = SYNC.stale(page)
+    assert not stale, f"run `python scripts/sync_doc_examples.py`: {stale}"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=EXAMPLE_IDS)
+def test_examples_can_be_shown_inline(example: Path) -> None:
+    # A line of backticks would close the page's fence early.
+    text = example.read_text(encoding="utf-8")
+    assert "```" not in text, f"{example.name} holds ```, which would end the page's fence"
+
+
+def test_every_example_is_shown_by_a_page() -> None:
+    shown = {target for page in PAGES for target in _shown(page)}
     orphans = [
         str(p.relative_to(ROOT))
         for p in EXAMPLES
-        if str(p.relative_to(ROOT).as_posix()) not in included
+        if str(p.relative_to(ROOT).as_posix()) not in shown
     ]
-    assert not orphans, f"examples no page includes: {orphans}"
+    assert not orphans, f"examples no page shows: {orphans}"
+
+
+def test_python_fences_that_name_a_file_are_example_blocks() -> None:
+    # A typo in the opener (single quotes, another path) would escape the checks above.
+    loose = re.compile(r"^\s*```\s*py(?:thon)?\b.*\btitle=")
+    for page in PAGES:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if loose.match(line):
+                assert SYNC.OPENER.match(line), (
+                    f'{page.name}:{number}: write ```python title="docs/examples/NAME.py"'
+                    f", got {line.strip()!r}"
+                )
+
+
+def test_sync_rewrites_a_stale_block_and_keeps_its_indentation() -> None:
+    target = "docs/examples/quickstart.py"
+    page = f'Text.\n\n  ```python title="{target}"\n  old\n\n  code\n  ```\n\nMore.\n'
+    [block] = SYNC.blocks(page)
+    assert block.target == target
+    assert block.lines != SYNC.expected(block)
+    new = SYNC.synced(page)
+    [block] = SYNC.blocks(new)
+    assert block.lines == SYNC.expected(block)
+    body = "\n".join(line.removeprefix("  ") for line in block.lines) + "\n"
+    assert body == (ROOT / target).read_text(encoding="utf-8")
+    assert new.startswith("Text.\n\n  ```python title=")
+    assert new.endswith("\n  ```\n\nMore.\n")
+    assert "\n\n" in body  # blank lines of the file stay blank, without the indentation
+    assert all(line == "" or line.startswith("  ") for line in block.lines)
+
+
+def test_changelog_page_points_at_the_changelog() -> None:
+    # docs/_ext/hooks.py shows CHANGELOG.md's text on the site; plain Markdown links to it.
+    text = (DOCS / "changelog.md").read_text(encoding="utf-8")
+    assert "](../CHANGELOG.md)" in text
+    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "_ext" / "hooks.py")
+    assert spec is not None
+    assert spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    assert hooks.SHOWN_FROM_ROOT == {"changelog.md": "CHANGELOG.md"}
 
 
 # docs/errors.md anchors ---------------------------------------------------------------
@@ -182,11 +220,11 @@ def test_errors_page_has_the_anchor(anchor: str) -> None:
 
 @pytest.mark.parametrize("anchor", ERROR_ANCHORS)
 def test_every_error_section_has_a_broken_and_a_fixed_example(anchor: str) -> None:
-    included = set(_includes(ERRORS_PAGE))
+    shown = set(_shown(ERRORS_PAGE))
     for kind in ("broken", "fixed"):
         target = f"docs/examples/errors/{anchor}_{kind}.py"
         assert (ROOT / target).is_file(), f"{target} does not exist"
-        assert target in included, f"docs/errors.md does not include {target}"
+        assert target in shown, f"docs/errors.md does not show {target}"
 
 
 def test_every_public_exception_has_an_anchor() -> None:

@@ -1,8 +1,9 @@
 """The documentation site builds cleanly, and every page is reachable from its navigation.
 
-``mkdocs build --strict`` fails on a broken link, a missing snippet (the snippets
-extension runs with ``check_paths``), a page left out of the nav, or a docstring the
-API reference cannot render. It needs the ``[docs]`` extra; without mkdocs the build
+``mkdocs build --strict`` fails on a broken link, a page left out of the nav, or a
+docstring the API reference cannot render. The built HTML is checked too: the API
+reference's doctest examples are code blocks with their ``>>>`` prompts, each "Returns:"
+section is one row, and pages show their examples and the changelog. It needs the ``[docs]`` extra; without mkdocs the build
 test is skipped and says so. The nav checks need nothing beyond the standard library.
 """
 
@@ -55,11 +56,13 @@ def test_the_nav_lists_only_existing_pages_once() -> None:
     assert not absent, f"the nav lists pages that do not exist: {absent}"
 
 
-@pytest.mark.slow
-def test_mkdocs_build_strict(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once with ``mkdocs build --strict``; the folder of its HTML."""
     for module in ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers", "ruff"):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed: pip install -e '.[docs]' to build the site")
+    out = tmp_path_factory.mktemp("site") / "site"
     proc = subprocess.run(
         [
             sys.executable,
@@ -70,9 +73,9 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
             "--config-file",
             str(CONFIG),
             "--site-dir",
-            str(tmp_path / "site"),
+            str(out),
         ],
-        cwd=ROOT,  # snippets resolve "docs/examples/..." and "CHANGELOG.md" from here
+        cwd=ROOT,  # the hooks and the API reference resolve their paths from here
         capture_output=True,
         text=True,
         timeout=BUILD_TIMEOUT_S,
@@ -83,9 +86,77 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         f"mkdocs build --strict failed ({proc.returncode})\n"
         f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
     )
-    assert (tmp_path / "site" / "reference" / "asyncreplica" / "index.html").is_file()
     # The [docs] extra brings Ruff, so long signatures are wrapped, not one scrolling line.
     assert "Formatting signatures requires" not in proc.stdout + proc.stderr
+    return out
+
+
+def _reference_pages(site: Path) -> dict[str, str]:
+    pages = {p.parent.name: p.read_text("utf-8") for p in (site / "reference").glob("*/index.html")}
+    assert "asyncreplica" in pages, sorted(pages)
+    return pages
+
+
+@pytest.mark.slow
+def test_mkdocs_build_strict(site: Path) -> None:
+    assert (site / "reference" / "asyncreplica" / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_doctest_examples_render_as_code_with_their_prompts(site: Path) -> None:
+    # Markdown reads ">>>" as three nested blockquotes and drops the prompts; the griffe
+    # extension fences each doctest block as pycon.
+    for name, html in _reference_pages(site).items():
+        assert not re.search(r"<blockquote>\s*<blockquote>", html), f"{name}: nested blockquotes"
+        outside_code = re.sub(r'<div class="highlight">.*?</div>', "", html, flags=re.S)
+        assert "&gt;&gt;&gt;" not in outside_code, f"{name}: a >>> prompt outside a code block"
+        assert not re.search(r"<p>import ", outside_code), f"{name}: a doctest without prompts"
+    html = _reference_pages(site)["asyncreplica"]
+    # the package's own example, first on its page, with its prompts
+    first = html.index('<div class="highlight">')
+    assert html.index("asyncreplica: tf.distribute") < first
+    assert re.match(
+        r'<div class="highlight"><pre><span></span><code><span class="gp">&gt;&gt;&gt; </span>'
+        r'<span class="kn">import</span>',
+        html[first:],
+    )
+    prompts = len(re.findall(r'<span class="gp">&gt;&gt;&gt; </span>', html))
+    assert prompts >= 30, f"only {prompts} >>> prompts on the asyncreplica page"
+
+
+RETURNS_TABLE = re.compile(
+    r'<span class="doc-section-title">Returns:</span></p>\s*<table>.*?<tbody>(.*?)</tbody>', re.S
+)
+
+
+@pytest.mark.slow
+def test_each_returns_section_is_one_row(site: Path) -> None:
+    # griffe reads each line of a "Returns:" section as its own value unless
+    # returns_multiple_items is off (mkdocs.yml): a wrapped sentence became 2-3 rows.
+    count = 0
+    for name, html in _reference_pages(site).items():
+        for body in RETURNS_TABLE.findall(html):
+            count += 1
+            rows = body.count('<tr class="doc-section-item">')
+            assert rows == 1, f"{name}: a Returns table of {rows} rows: {body[:600]}"
+    assert count >= 20, f"found only {count} Returns tables"
+    html = _reference_pages(site)["asyncreplica"]
+    at = html.index('id="asyncreplica.ReplicaContext.all_reduce"')
+    body = RETURNS_TABLE.search(html, at)
+    assert body is not None
+    assert "each\nreplica&#39;s own view" in body[1] or "each\nreplica's own view" in body[1]
+
+
+@pytest.mark.slow
+def test_pages_show_their_examples_and_the_changelog(site: Path) -> None:
+    # The example files are inline in the pages, titled with their path; the changelog
+    # page shows CHANGELOG.md (docs/_ext/hooks.py).
+    home = (site / "index.html").read_text("utf-8")
+    assert '<span class="filename">docs/examples/quickstart.py</span>' in home
+    assert "--8&lt;--" not in home
+    changelog = (site / "changelog" / "index.html").read_text("utf-8")
+    assert ">Unreleased<" in changelog
+    assert "Keep a Changelog" in changelog
 
 
 def test_rst_markup_extension_rewrites_roles_and_literal_blocks() -> None:
@@ -99,6 +170,16 @@ def test_rst_markup_extension_rewrites_roles_and_literal_blocks() -> None:
     assert convert(text) == "See `Backend` and `anyio.run`:\n\n    code"
     assert convert("Example::\n\n    x = 1") == "**Example:**\n\n    x = 1"
     assert convert("::\n\n    x = 1") == "\n\n    x = 1"
+    # A doctest block becomes a pycon fence at its own indentation (inside an "Example:"
+    # section too); one in a literal block or a fence stays as it is.
+    assert convert("Run:\n\n>>> f(1)\n2\n\nThen.") == "Run:\n\n```pycon\n>>> f(1)\n2\n```\n\nThen."
+    assert convert("Example:\n    >>> f(1)\n    2") == (
+        "Example:\n    ```pycon\n    >>> f(1)\n    2\n    ```"
+    )
+    literal = "Like this::\n\n    >>> f(1)\n    2\n\nAfter."
+    assert convert(literal) == "Like this:\n\n    >>> f(1)\n    2\n\nAfter."
+    fenced = "```python\n>>> f(1)\n```"
+    assert convert(fenced) == fenced
 
 
 def test_the_docs_extra_brings_a_signature_formatter() -> None:
