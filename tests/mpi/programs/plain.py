@@ -28,12 +28,12 @@ async def attempt(what: str, call: object) -> None:
 async def main(counts: list[int]) -> None:
     local = counts[RANK] if len(counts) > 1 else counts[0]
     strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(local)])
-    await attempt("mean", strategy.reduce("MEAN", np.float64(0.5), axis=None))
-    await attempt("max", strategy.reduce("MAX", np.float64(RANK), axis=None))
-    await attempt("reduce_to", strategy.extended.reduce_to("MEAN", np.float64(0.5), "CPU:0"))
+    await attempt("mean", strategy.reduce("MEAN", np.array(0.5), axis=None))
+    await attempt("max", strategy.reduce("MAX", np.array(float(RANK)), axis=None))
+    await attempt("reduce_to", strategy.extended.reduce_to("MEAN", np.array(0.5), "CPU:0"))
 
     async def merge_fn(s: ar.Strategy) -> object:
-        return await s.reduce("MEAN", np.float64(2.0), axis=None)
+        return await s.reduce("MEAN", np.array(2.0), axis=None)
 
     async def step() -> object:
         ctx = ar.get_replica_context()
@@ -46,7 +46,7 @@ async def main(counts: list[int]) -> None:
         lambda: np.full((2, 3), ar.get_replica_context().replica_id_in_sync_group)
     )
     await attempt("gather", strategy.gather(rows, axis=0))
-    await attempt("sum", strategy.reduce("SUM", np.float64(1.0), axis=None))
+    await attempt("sum", strategy.reduce("SUM", np.array(1.0), axis=None))
     report(
         f"bcast {np.asarray(await strategy.extended.broadcast_to(np.ones(2), 'CPU:0')).tolist()}"
     )
