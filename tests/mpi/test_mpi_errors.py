@@ -92,6 +92,9 @@ def test_plain_values_reduce_as_in_one_process(
         for what, result in want.items():
             assert lines[what] == result, (rank, what, logs[rank])
         assert lines["bcast"] == "[1.0, 1.0]", logs[rank]  # a copy, not summed over processes
+        # a dtype the local backend refuses: TypeError everywhere, the processes in step
+        assert lines["bool"] == "raised TypeError", logs[rank]
+        assert logs[rank].endswith("done\n"), logs[rank]
 
 
 @pytest.mark.parametrize(("n", "counts"), [(2, "1"), (3, "1"), (2, "2,1"), (2, "2")])

@@ -10,11 +10,14 @@ collectives (``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``,
 ``barrier``, named collectives, ``merge_call`` with cross-replica calls in its
 ``merge_fn``), then cross-replica calls on the run's results and on plain values
 (``strategy.reduce``, ``gather``, ``extended.reduce_to`` / ``batch_reduce_to`` /
-``broadcast_to``), some with a fault (a replica that calls another collective or skips
-one, a ``SUM`` of a plain value). Each program runs under both strategies, and this
-process's part of each result must equal the oracle's: integers and every float of a
-layout with one replica per process bit for bit, other floats within the documented
-tolerance; an error must be of the oracle's class with the same global replica ids.
+``broadcast_to``, ``experimental_local_results``,
+``experimental_distribute_values_from_function``), some with a fault (a replica that
+calls another collective or skips one, a ``SUM`` of a plain value, a ``bool``
+reduction). Each program runs under both strategies, and this process's part of each
+result must equal the oracle's: integers and every float of a layout with one replica
+per process bit for bit, other floats within the documented tolerance (NaN equal to
+NaN); an error must be of the oracle's class with its position, name and fields, and
+every process must raise the same class with the same global replica ids.
 
 Prints ``rank=R layout=... cases=N checks=M`` per layout, ``rank=R MISMATCH ...`` lines
 (then exits 1) for each difference, and ``rank=R done`` at the end.
@@ -130,6 +133,7 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "plain",
                 "plain_gather",
                 "local",
+                "values_fn",
             )
         )
         case.posts.append(
@@ -286,6 +290,14 @@ async def posts(
             out.append(await strategy.extended.broadcast_to(plain, destinations="CPU:0"))
         elif kind == "local":
             out.append(list(strategy.experimental_local_results(value)))
+        elif kind == "values_fn":
+            # experimental_distribute_values_from_function regroups by global replica id
+            per = strategy.experimental_distribute_values_from_function(
+                lambda c, d=dtype, c2=cols, j=j: make(
+                    d, (2, c2), case.number, j, c.replica_id_in_sync_group
+                )
+            )
+            out.append([await strategy.reduce(op, per, axis=None), await strategy.gather(per, 0)])
         else:
             mine, oracle = layout_plain(
                 counts, dtype, cols, op if kind == "plain" else "", case.number, j

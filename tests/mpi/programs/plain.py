@@ -31,6 +31,8 @@ async def main(counts: list[int]) -> None:
     await attempt("mean", strategy.reduce("MEAN", np.array(0.5), axis=None))
     await attempt("max", strategy.reduce("MAX", np.array(float(RANK)), axis=None))
     await attempt("reduce_to", strategy.extended.reduce_to("MEAN", np.array(0.5), "CPU:0"))
+    # refused by the local backend's rules, on every process, before any data moves
+    await attempt("bool", strategy.reduce("MAX", np.ones(2, bool), axis=None))
 
     async def merge_fn(s: ar.Strategy) -> object:
         return await s.reduce("MEAN", np.array(2.0), axis=None)
