@@ -379,9 +379,9 @@ class Strategy:
 
         Args:
             value: A ``PerReplica`` value or a nest of them; plain leaves come back
-                unchanged (as in TensorFlow), but under ``MultiWorkerMirroredStrategy``
-                with a process of one replica, where a plain leaf is this process's
-                value on each of its replicas and is gathered across processes.
+                unchanged (as in TensorFlow). Under ``MultiWorkerMirroredStrategy``
+                where some process has one replica, a plain leaf is this process's
+                value on each of its replicas, gathered across processes.
             axis: The axis to concatenate along; negative counts from the end.
 
         Returns:
