@@ -57,6 +57,7 @@ from ._protocol import (
     differing_fields,
     error_fields,
     fingerprint,
+    first_refusal,
     key_text,
     outcome_message,
     position_code,
@@ -922,7 +923,7 @@ class MPIProcessGroup(ProcessGroup):
         process that reached the collective, with that process's signature), and the
         position and name of the collective the processes wait at.
         """
-        refused = next((d for d in details if d.get("refused")), None)
+        refused = first_refusal(details)
         if refused is not None:
             name, text = refused["refused"]
             raise REFUSALS.get(name, ValueError)(

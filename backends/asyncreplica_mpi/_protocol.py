@@ -328,12 +328,31 @@ def refusal_fields(error: Exception) -> dict[str, Any]:
     }
 
 
-#: The classes a refusal may carry between processes (anything else: ValueError).
+#: The classes a refusal may carry between processes (anything else: ValueError), in
+#: the order one process checks: the runtime's checks of the arguments (ValueError)
+#: before the backend's of the values (its dtypes: TypeError).
 REFUSALS: dict[str, type[Exception]] = {
     "ValueError": ValueError,
-    "TypeError": TypeError,
     "NotImplementedError": NotImplementedError,
+    "TypeError": TypeError,
 }
+
+
+def first_refusal(details: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The refusal every process raises: the one one process would find first.
+
+    When processes refuse for different reasons (one has several replicas of a plain
+    value, another a dtype its backend refuses), the earlier check wins, then the
+    lower rank.
+    """
+    refused = [d for d in details if d.get("refused")]
+    order = list(REFUSALS)
+
+    def rank(detail: Mapping[str, Any]) -> tuple[int, int]:
+        name = detail["refused"][0]
+        return (order.index(name) if name in order else 0, int(detail["rank"]))
+
+    return min(refused, key=rank) if refused else None
 
 
 def _path_texts(details: Sequence[Mapping[str, Any]]) -> dict[int, str]:

@@ -18,6 +18,7 @@ import pytest
 from asyncreplica_mpi._protocol import (
     describe_exception,
     differing_fields,
+    first_refusal,
     signature_fields,
 )
 from hypothesis import given, settings
@@ -155,6 +156,19 @@ def test_a_replica_that_exits_gives_the_same_attributes_everywhere(n: int, tmp_p
     }
     for rank in range(n):
         assert _fields(logs[rank]) == want, logs[rank]
+
+
+def test_the_refusal_one_process_finds_first_wins() -> None:
+    # 1 + 3 replicas, a plain bool SUM: process 0 (one replica) finds the dtype refused,
+    # process 1 (three) the ambiguous SUM; one process checks the arguments first.
+    details = [
+        {"rank": 0, "refused": ["TypeError", "cannot reduce values of dtype bool"]},
+        {"rank": 1, "refused": ["ValueError", "A non-DistributedValues value ..."]},
+    ]
+    found = first_refusal(details)
+    assert found is not None
+    assert found["rank"] == 1
+    assert first_refusal([{"rank": 0}, {"rank": 1}]) is None
 
 
 def test_an_exception_group_is_described_by_its_exceptions() -> None:

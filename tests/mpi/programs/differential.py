@@ -11,7 +11,7 @@ collectives (``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``,
 ``merge_fn``), then cross-replica calls on the run's results and on plain values
 (``strategy.reduce``, ``gather``, ``extended.reduce_to`` / ``batch_reduce_to`` /
 ``broadcast_to``, ``experimental_local_results``,
-``experimental_distribute_values_from_function``), some with a fault (a replica that
+``experimental_distribute_values_from_function``, ``experimental_distribute_dataset``), some with a fault (a replica that
 calls another collective or skips one, a ``SUM`` of a plain value, a ``bool``
 reduction). Each program runs under both strategies, and this process's part of each
 result must equal the oracle's: integers and every float of a layout with one replica
@@ -134,6 +134,7 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "plain_gather",
                 "local",
                 "values_fn",
+                "dataset",
             )
         )
         case.posts.append(
@@ -290,6 +291,12 @@ async def posts(
             out.append(await strategy.extended.broadcast_to(plain, destinations="CPU:0"))
         elif kind == "local":
             out.append(list(strategy.experimental_local_results(value)))
+        elif kind == "dataset":
+            # every process iterates the same global batch and keeps its replicas' slices
+            total = strategy.num_replicas_in_sync
+            batch = make(dtype, (2 * total + 1, cols), case.number, j)  # an uneven split
+            for part in strategy.experimental_distribute_dataset([batch]):
+                out.append(list(strategy.experimental_local_results(part)))
         elif kind == "values_fn":
             # experimental_distribute_values_from_function regroups by global replica id
             per = strategy.experimental_distribute_values_from_function(
@@ -422,7 +429,7 @@ async def run_case(mw: ar.Strategy, oracle: ar.Strategy, case: Case, check: Chec
     for i, nest in enumerate(mine):
         check.nest(f"{where} replica {check.first + i}", nest, everyone[check.first + i])
     for k, (a, b) in enumerate(zip(extra, oracle_extra, strict=True)):
-        if case.posts[k][0] == "local":
+        if case.posts[k][0] in ("local", "dataset"):
             b = b[check.first : check.first + check.counts[RANK]]
         check.nest(f"{where} post {k}", a, b)
 
