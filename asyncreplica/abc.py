@@ -30,8 +30,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
-from typing import ClassVar, TypeVar
+from typing import ClassVar, NoReturn, TypeVar
 
+from ._core._match import RULES as MATCH_RULES
+from ._core._match import differing_fields as signature_differences
+from ._core._nest import treedef_key
+from ._core._report import key_text
 from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
 
@@ -39,12 +43,16 @@ __all__ = [
     "Backend",
     "CallSite",
     "CollectiveKind",
+    "MATCH_RULES",
     "LeafSpec",
     "ProcessGroup",
     "ReduceOp",
     "Signature",
     "available_backends",
+    "key_text",
     "register_backend",
+    "signature_differences",
+    "treedef_key",
 ]
 
 _T = TypeVar("_T")
@@ -201,6 +209,8 @@ class ProcessGroup(abc.ABC):
     #: The global id of this process's first replica, and the global replica count.
     offset: int
     num_replicas: int
+    #: How many replicas each process runs, in rank order.
+    replica_counts: tuple[int, ...]
 
     def wrap(self, local: Backend) -> Backend:
         """The backend that combines ``local``'s values across this group's processes.
@@ -209,6 +219,16 @@ class ProcessGroup(abc.ABC):
         dispatches every collective to the backend returned here.
         """
         raise NotImplementedError(f"{type(self).__name__} does not wrap a local backend")
+
+    async def refuse(self, error: Exception) -> NoReturn:
+        """Refuse a cross-replica operation that the other processes may be making.
+
+        This process found ``error`` before it could take part (a ``SUM`` of a plain
+        value that stands for several replicas, say). It still takes part in the
+        agreement, so that every process raises ``error``'s class with the same
+        message, instead of the others waiting for it. The default raises ``error``.
+        """
+        raise error
 
     @abc.abstractmethod
     def begin_run(self) -> None:

@@ -35,6 +35,7 @@ __all__ = [
     "NodeFinder",
     "TreeDef",
     "flatten",
+    "treedef_key",
     "is_nest",
     "map_structure",
     "register_node_finder",
@@ -246,6 +247,33 @@ def map_structure(fn: Callable[[object], object], value: object) -> object:
     """Apply ``fn`` to every leaf of ``value`` and rebuild the structure."""
     leaves, treedef = flatten(value)
     return unflatten(treedef, [fn(leaf) for leaf in leaves])
+
+
+def treedef_key(treedef: TreeDef) -> object:
+    """``treedef`` as plain (JSON-able) data that is equal exactly when treedefs are ``==``.
+
+    For comparing the structures of other processes' collectives (MPI): each node is
+    ``[container type's module.qualname, its aux data, children]``; a mapping's
+    :class:`KeyOrder`, which treedefs never compare, is left out.
+    """
+    if treedef is None:
+        return None
+    kind, aux, children = treedef
+    return [
+        f"{kind.__module__}.{kind.__qualname__}",
+        _aux_key(aux),
+        [treedef_key(child) for child in children],
+    ]
+
+
+def _aux_key(aux: object) -> object:
+    if isinstance(aux, KeyOrder):
+        return None  # never compared (see KeyOrder)
+    if isinstance(aux, tuple):
+        return [_aux_key(item) for item in aux]
+    if aux is None or isinstance(aux, str | int | float):
+        return aux
+    return repr(aux)
 
 
 def treedef_str(treedef: TreeDef, leaves: Iterator[str] | None = None) -> str:

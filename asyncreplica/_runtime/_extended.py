@@ -117,29 +117,44 @@ async def reduce_leaf(
             )
         return await backend.reduce(op, components, norm)
     spec = describe(leaf)
-    if strategy._group is not None and n == 1:
-        # Under MPI a process with one replica holds plain values (run unwraps
-        # them, as TensorFlow's multi-worker strategy does): this process's value.
-        return await backend.reduce(
-            op, [leaf], None if axes is None else normalize_axes(axes, spec.shape)
-        )
-    if n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None)):
-        raise ValueError(
-            f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
-            f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
-            f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
-            "of strategy.run) or use MEAN."
-        )
+    # SUM along an axis is N times the value's sum, as in TF; SUM without an axis and
+    # PROD of one value on several replicas are ambiguous.
+    ambiguous = n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None))
+    group = strategy._group
+    if group is not None and min(group.replica_counts) == 1:
+        # Under MPI a process with one replica holds plain values (run unwraps them,
+        # as TensorFlow's multi-worker strategy does): wherever one process has one
+        # replica, a plain value stands for this process's value on each of its
+        # replicas, and the reduction crosses processes (docs/scale-out.md).
+        plain_axes = None if axes is None else normalize_axes(axes, spec.shape)
+        if ambiguous:
+            await group.refuse(_ambiguous(leaf, op, n))  # raises on every process
+        return await backend.reduce(op, [leaf] * n, plain_axes)
+    if ambiguous:
+        raise _ambiguous(leaf, op, n)
+    # A plain value is one value, as in one process (under MPI too, where every process
+    # has several replicas): the local backend copies or reduces it, nothing crosses.
+    local = strategy._local_backend
     if axes is None:
         if _is_number(leaf) or isinstance(leaf, IndexedSlices):
             return leaf  # immutable (a number) or not an array
         # The value itself, as a new writable array (never the caller's own object).
-        return await backend.reduce(ReduceOp.SUM, [leaf], None)
+        return await local.reduce(ReduceOp.SUM, [leaf], None)
     norm = normalize_axes(axes, spec.shape)
     if op is ReduceOp.SUM:
-        # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF.
-        return await backend.reduce(op, [leaf] * n, norm)
-    return await backend.reduce(op, [leaf], norm)
+        # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
+        # (N of every process: the same number as in one process).
+        return await local.reduce(op, [leaf] * strategy.num_replicas_in_sync, norm)
+    return await local.reduce(op, [leaf], norm)
+
+
+def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:
+    return ValueError(
+        f"A non-DistributedValues value {leaf!r:.60} cannot be reduced with the given "
+        f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
+        f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
+        "of strategy.run) or use MEAN."
+    )
 
 
 def _destination_count(destinations: object, num_local: int) -> int | None:
@@ -376,7 +391,9 @@ class StrategyExtended:
             return value
         strategy.backend.describe(value)
         if count is None:
-            return await strategy.backend.reduce(ReduceOp.SUM, [value], None)
+            # A copy on this process (under MPI, the wrapped backend's would sum it
+            # across processes).
+            return await strategy._local_backend.reduce(ReduceOp.SUM, [value], None)
         return await self._mirror(value, count)
 
     async def update(

@@ -102,6 +102,8 @@ class Strategy:
         # The tracer of the runs to come (set by strategy.trace()); None when off.
         self._tracer: Tracer | None = None
         self._backend = backend
+        # The backend of this process's replicas alone (under MPI, the wrapped one).
+        self._local_backend = backend
         self._communication_options = communication_options
         self._check_call_sites = check_call_sites
         self._extended = StrategyExtended(self)
@@ -378,7 +380,9 @@ class Strategy:
 
         Args:
             value: A ``PerReplica`` value or a nest of them; plain leaves come back
-                unchanged (as in TensorFlow).
+                unchanged (as in TensorFlow). Under ``MultiWorkerMirroredStrategy``
+                where some process has one replica, a plain leaf is this process's
+                value on each of its replicas, gathered across processes.
             axis: The axis to concatenate along; negative counts from the end.
 
         Returns:
@@ -402,10 +406,16 @@ class Strategy:
                 and any(isinstance(c, IndexedSlices) for c in leaf.values)
             ):
                 raise NotImplementedError("gather does not support IndexedSlices")
-            if not isinstance(leaf, DistributedValues):
-                out.append(leaf)
+            group = self._group
+            if isinstance(leaf, DistributedValues):
+                components = [self._component(i, leaf) for i in range(self._num_local)]
+            elif group is not None and min(group.replica_counts) == 1:
+                # A process with one replica holds plain values (run unwraps them): a
+                # plain value is this process's value on each of its replicas.
+                components = [leaf] * self._num_local
+            else:
+                out.append(leaf)  # one value, as in one process
                 continue
-            components = [self._component(i, leaf) for i in range(self._num_local)]
             axes = set()
             for c in components:
                 shape = self._backend.describe(c).shape
@@ -739,9 +749,13 @@ class MultiWorkerMirroredStrategy(Strategy):
             stall_warning_seconds,
         )
         self._group = group
+        self._local_backend = local
         self._replica_offset = group.offset
         self._num_global = int(group.num_replicas)
         self.cluster_resolver = _ClusterResolver(group.rank, group.size)
+        from .._tracing import trace_from_environment  # ASYNCREPLICA_TRACE=FILE
+
+        trace_from_environment(self, rank=group.rank)  # one file per process
 
     @property
     def num_replicas_in_sync(self) -> int:

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .._runtime._strategy import Strategy
     from .._runtime._trace import Tracer
 
-__all__ = ["ENV_VAR", "trace_from_environment", "traced"]
+__all__ = ["ENV_VAR", "rank_path", "trace_from_environment", "traced"]
 
 ENV_VAR = "ASYNCREPLICA_TRACE"
 """The environment variable that turns tracing on for every ``MirroredStrategy``."""
@@ -121,7 +121,7 @@ def traced(
 _ENV_TRACERS: dict[str, ChromeTracer] = {}
 
 
-def trace_from_environment(strategy: Strategy) -> None:
+def trace_from_environment(strategy: Strategy, *, rank: int | None = None) -> None:
     """Trace ``strategy``'s runs into ``$ASYNCREPLICA_TRACE`` if that variable is set.
 
     Every strategy traced to one file shares one tracer. The file is written after
@@ -129,13 +129,26 @@ def trace_from_environment(strategy: Strategy) -> None:
 
     Args:
         strategy: A newly created strategy.
+        rank: Under MPI, this process's rank: each process writes its own file, the
+            variable's name with ``.rank<R>`` before its extension
+            (``trace.json`` gives ``trace.rank1.json``).
     """
     target = os.environ.get(ENV_VAR)
     if not target:
         return
+    if rank is not None:
+        target = rank_path(target, rank)
     path = os.path.abspath(target)
     tracer = _ENV_TRACERS.get(path)
     if tracer is None:
         tracer = _ENV_TRACERS[path] = ChromeTracer(autosave=path)
         atexit.register(tracer.save)
     _attach(strategy, tracer)
+
+
+def rank_path(path: str, rank: int) -> str:
+    """``path`` with ``.rank<R>`` before its extension (``.json.gz`` kept whole)."""
+    head, name = os.path.split(path)
+    stem, dot, extension = name.partition(".")
+    named = f"{stem}.rank{rank}{dot}{extension}" if dot else f"{name}.rank{rank}"
+    return os.path.join(head, named)

@@ -27,6 +27,7 @@ from typing import Any
 
 import anyio.lowlevel
 import numpy as np
+from asyncreplica_numpy._backend import _combine as _local_combine
 from asyncreplica_numpy._devices import place_like, restore_host, unserved_device_error
 from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
 
@@ -55,13 +56,14 @@ _DRIVE_SECONDS = 1.0
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
-_UFUNCS = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MEAN: np.add,
-    ReduceOp.PROD: np.multiply,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-}
+
+def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """The processes' partial results combined in rank order (MEAN: their sum), new.
+
+    By the local backend's own combine (``asyncreplica_numpy``: its element-wise
+    operation for each op and dtype), the one rule the replicas of one process follow.
+    """
+    return np.asarray(_local_combine(ReduceOp.SUM if op is ReduceOp.MEAN else op, parts))
 
 
 def _native(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -291,11 +293,7 @@ class MPIBackend(Backend):
                 out = mine.reshape(-1)
             return out
         parts = await self._allgather(flat)
-        ufunc = _UFUNCS[op]
-        acc: np.ndarray[Any, Any] = parts[0].copy()
-        for part in parts[1:]:
-            ufunc(acc, part, out=acc)
-        return acc
+        return _in_rank_order(op, list(parts))
 
     async def _combine_leaves(
         self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]], *, owned: bool = False
@@ -435,21 +433,14 @@ class MPIBackend(Backend):
             return None
         # parts views the group's receive buffer, which the next exchange reuses: it is
         # read here, without awaiting, into new arrays.
-        ufunc = _UFUNCS[op]
         processes = parts.shape[0]
         out = []
         start = 0
         for leaf in leaves:
             stop = start + leaf.nbytes
             dtype = leaf.dtype
-            first = parts[0, start:stop].view(dtype)
-            if processes == 1:
-                acc = first.copy()
-            else:
-                # In rank order: (p0 op p1) op p2 ..., into a new array.
-                acc = ufunc(first, parts[1, start:stop].view(dtype))
-                for r in range(2, processes):
-                    ufunc(acc, parts[r, start:stop].view(dtype), out=acc)
+            # In rank order: (p0 op p1) op p2 ..., into a new array.
+            acc = _in_rank_order(op, [parts[r, start:stop].view(dtype) for r in range(processes)])
             start = stop
             if op is ReduceOp.MEAN:
                 acc = np.true_divide(acc, self.group.num_replicas)
@@ -536,32 +527,37 @@ class MPIBackend(Backend):
         if library is not None:
             result = await self.reduce(op, host, axis)
             return place_like(from_host_shared([result], library), components[:1])[0]
-        specs = [self.describe(c) for c in components]
-        if any(s.sparse for s in specs):
-            raise NotImplementedError(
-                "Strategy.reduce of IndexedSlices across processes is not supported; "
-                "convert them to dense arrays first"
-            )
+        exact = op is ReduceOp.MEAN and bool(components) and _integer(components[0])
+        local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
+        # This process's part first, by the local backend's rules (a dtype it refuses
+        # raises here): a process that cannot take part refuses in the agreement, so
+        # that every process raises that error and none waits for its data.
+        try:
+            specs = [self.describe(c) for c in components]
+            if any(s.sparse for s in specs):
+                raise NotImplementedError(
+                    "Strategy.reduce of IndexedSlices across processes is not supported; "
+                    "convert them to dense arrays first"
+                )
+            if exact:
+                # Exact: each process's exact sum as two int64 halves (see _halves).
+                parts = list(_exact_partial(components, axis))
+            else:
+                parts = [_native(np.asarray(await self.inner.reduce(local_op, components, axis)))]
+        except Exception as error:
+            await self.group.refuse(error)
         fields = cross_fields("reduce", op, axis, specs[:1])
+        count = len(components)
+        if op is ReduceOp.MEAN and axis is not None:
+            count = sum(int(np.prod([s.shape[a] for a in axis], dtype=np.int64)) for s in specs)
 
         async def work() -> object:
-            if op is ReduceOp.MEAN:
-                if axis is None:
-                    count = len(components)
-                else:
-                    count = sum(
-                        int(np.prod([s.shape[a] for a in axis], dtype=np.int64)) for s in specs
-                    )
-            if op is ReduceOp.MEAN and components and _integer(components[0]):
-                # Exact: each process's exact sum as two int64 halves (see _halves).
-                high, low = _exact_partial(components, axis)
-                sums = await self._combine_leaves(ReduceOp.SUM, [high, low])
+            if exact:
+                sums = await self._combine_leaves(ReduceOp.SUM, parts)
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
                 with np.errstate(invalid="ignore", divide="ignore"):  # no elements: nan
                     return _exact_quotient(sums[0], sums[1], total)
-            local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-            partial = _native(np.asarray(await self.inner.reduce(local_op, components, axis)))
-            result = (await self._combine_leaves(local_op, [partial]))[0]
+            result = (await self._combine_leaves(local_op, parts))[0]
             if op is ReduceOp.MEAN:
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
                 result = np.true_divide(result, total)
@@ -578,11 +574,14 @@ class MPIBackend(Backend):
         if library is not None:
             result = await self.gather(host, axis)
             return place_like(from_host_shared([result], library), components[:1])[0]
-        specs = [self.describe(c) for c in components]
+        try:  # this process's part first (see reduce)
+            specs = [self.describe(c) for c in components]
+            local = _native(np.asarray(await self.inner.gather(components, axis)))
+        except Exception as error:
+            await self.group.refuse(error)
         fields = cross_fields("gather", None, axis, specs[:1])
 
         async def work() -> object:
-            local = _native(np.asarray(await self.inner.gather(components, axis)))
             return np.array((await self._gather_leaves([local], axis))[0])
 
         return await self.group.cross(fields, work)

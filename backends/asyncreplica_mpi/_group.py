@@ -49,15 +49,20 @@ from ._protocol import (
     HEADER_BYTES,
     HEADER_WORDS,
     MAGIC,
+    REFUSALS,
     Status,
     at_position,
+    collective_error,
     describe_exception,
     differing_fields,
+    error_fields,
     fingerprint,
+    first_refusal,
     key_text,
     outcome_message,
     position_code,
     rebuild_signature,
+    refusal_fields,
     signature_fields,
 )
 from ._trace import TraceMerger
@@ -276,6 +281,9 @@ class MPIProcessGroup(ProcessGroup):
         self._run_ended = True  # no run in progress
         # The details of the exchange that ended the current run on every process.
         self._ended: list[dict[str, Any]] | None = None
+        # The error raised for them, raised again (the same object) by a collective
+        # queued behind that exchange: the run's one failure, not a second one.
+        self._ended_error: BaseException | None = None
         self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
@@ -792,6 +800,9 @@ class MPIProcessGroup(ProcessGroup):
             # differ: no peer posts another exchange in it, so neither may this process
             # (another replica's collective, queued behind that exchange, would pair
             # with the peers' next run and leave the processes out of step).
+            if self._ended_error is not None:
+                _consequence()
+                raise self._ended_error
             self._raise_for(self._ended)
         self._pending = (position, detail)
         if not self._number & _DRAIN_EVERY:
@@ -895,10 +906,35 @@ class MPIProcessGroup(ProcessGroup):
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
         """Raise the error every process raises for these (non-unanimous) details.
 
+        The error that ends a run is remembered: a collective queued behind the
+        exchange raises the same object again (see :meth:`_start`).
+        """
+        try:
+            self._raise_new(details)
+        except BaseException as error:
+            if self._ended is details and self._running:
+                self._ended_error = error
+            raise
+
+    def _raise_new(self, details: list[dict[str, Any]]) -> NoReturn:
+        """Raise the error every process raises for these (non-unanimous) details.
+
         Its attributes agree with its message: global replica ids (every replica of a
         process that reached the collective, with that process's signature), and the
         position and name of the collective the processes wait at.
         """
+        refused = first_refusal(details)
+        if refused is not None:
+            name, text = refused["refused"]
+            raise REFUSALS.get(name, ValueError)(
+                f"{text}\n\n({self._process(int(refused['rank']))} refused this "
+                "cross-replica operation, so every process raises this error.)"
+            )
+        failed = next((d for d in details if d.get("collective_error")), None)
+        if failed is not None:
+            # A process's own ledger found the error: every process raises it, with the
+            # same attributes (global replica ids), and this process's message.
+            raise self._global_error(failed["collective_error"], details)
         kind, message = outcome_message(details)
         signatures: dict[int, Signature] = {}
         key: Any = None
@@ -932,6 +968,81 @@ class MPIProcessGroup(ProcessGroup):
             name=name,
             message=message,
         )
+
+    def _global_error(
+        self, fields: dict[str, Any], details: list[dict[str, Any]], message: str | None = None
+    ) -> CollectiveMismatchError | ReplicaExitedError:
+        """A process's collective error (:func:`error_fields`), for every process.
+
+        Completed by every process's waiting replicas: the same attributes everywhere.
+        """
+        waiting: dict[int, Signature] = {}
+        for d in details:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+                signature = rebuild_signature(d["fields"], d.get("site"))
+                first, count = d["replicas"]
+                for replica in range(first, first + count):
+                    waiting[replica] = signature
+        if message is None:
+            message = outcome_message(details)[1]
+        if fields["class"] == "CollectiveMismatchError":
+            signatures = {
+                int(r): rebuild_signature(f, site) for r, (f, site) in fields["signatures"].items()
+            }
+            for replica, signature in waiting.items():
+                signatures.setdefault(replica, signature)
+            return CollectiveMismatchError(
+                int(fields["position"]),
+                signatures,
+                fields["fields"],
+                num_replicas=self.num_replicas,
+                name=fields["name"],
+                message=message,
+            )
+        placeholder = next(iter(waiting.values()), Signature(CollectiveKind.BARRIER))
+        for replica in fields["waiting"]:
+            waiting.setdefault(int(replica), placeholder)
+        return ReplicaExitedError(
+            int(fields["replica_id"]),
+            int(fields["position"]),
+            waiting,
+            exited_count=0,
+            exited_last=None,
+            name=fields["name"],
+            message=message,
+        )
+
+    def _complete_error(self, error: BaseException, details: list[dict[str, Any]]) -> None:
+        """Give this process's own collective error the other processes' waiting replicas.
+
+        Its attributes then equal those every other process raises.
+        """
+        found = collective_error(error)
+        fields = error_fields(error, check_call_sites=self.check_call_sites)
+        if found is None or fields is None:
+            return
+        glob = self._global_error(fields, details, message="")
+        if isinstance(found, CollectiveMismatchError) and isinstance(glob, CollectiveMismatchError):
+            found.signatures = glob.signatures
+        elif isinstance(found, ReplicaExitedError) and isinstance(glob, ReplicaExitedError):
+            found.waiting = glob.waiting
+
+    async def refuse(self, error: Exception) -> NoReturn:
+        """Take part in the agreement with a refusal: every process raises ``error``'s class."""
+        fields = refusal_fields(error)
+        detail = {
+            "describe": f"a refused cross-replica operation ({describe_exception(error)})",
+            "refused": [type(error).__name__, str(error)],
+        }
+        await self._acquire()
+        try:
+            with anyio.CancelScope(shield=True):
+                details = await self._agree(Status.COLLECTIVE, fields, detail, fingerprint(fields))
+        finally:
+            self._release()
+        if details is not None:
+            self._raise_for(details)
+        raise error
 
     def _fields(self, signature: Signature) -> _Fields:
         """What to agree on for ``signature``, whatever its position (cached).
@@ -1009,6 +1120,7 @@ class MPIProcessGroup(ProcessGroup):
         self._running = True
         self._run_ended = False
         self._ended = None
+        self._ended_error = None
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
     # exchanges and their data must leave every process in the same order.
@@ -1181,7 +1293,12 @@ class MPIProcessGroup(ProcessGroup):
                 self._run_ended = True
                 return
             status = Status.FINISHED if error is None else Status.FAILED
-            detail = {"error": None if error is None else describe_exception(error)}
+            detail: dict[str, Any] = {"error": None}
+            if error is not None:
+                detail["error"] = describe_exception(error)
+                detail["collective_error"] = error_fields(
+                    error, check_call_sites=self.check_call_sites
+                )
             await self._acquire()
             try:
                 details = await self._agree(status, None, detail, 0)
@@ -1192,6 +1309,8 @@ class MPIProcessGroup(ProcessGroup):
             self._running = False
         if details is not None and error is None:
             self._raise_for(details)
+        if details is not None and error is not None:
+            self._complete_error(error, details)
 
     def _settle_failure(self) -> None:
         """At exit after a failure following an agreement: let every process report it.
@@ -1274,6 +1393,22 @@ class MPIProcessGroup(ProcessGroup):
         for comm in (self._ctl, self._data):
             with contextlib.suppress(Exception):
                 comm.Free()
+
+
+def _consequence() -> None:
+    """The current task raises the run's error again: mark it retrieved once it ends.
+
+    Strategy.run already raised that error; a replica's helper task that nobody awaits
+    any more must not log "Task exception was never retrieved" for it.
+    """
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    if task is not None:
+        task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:

@@ -30,7 +30,18 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from asyncreplica.abc import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
+from asyncreplica import CollectiveMismatchError, ReplicaExitedError
+from asyncreplica.abc import (
+    MATCH_RULES,
+    CallSite,
+    CollectiveKind,
+    LeafSpec,
+    ReduceOp,
+    Signature,
+    signature_differences,
+    treedef_key,
+)
+from asyncreplica.abc import key_text as _key_text
 
 __all__ = [
     "HEADER",
@@ -94,17 +105,15 @@ def at_position(base: int, code: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
-def _ordinal(n: int) -> str:
-    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
-    return f"{n}{suffix}"
-
-
 def key_text(key: object) -> str:
-    """``"3rd collective (position 2)"`` or ``"collective named 'grads' (2nd use)"``."""
+    """``"3rd collective (position 2)"`` or ``"collective named 'grads' (2nd use)"``.
+
+    The text one process's reports use (``asyncreplica.abc.key_text``).
+    """
     if isinstance(key, int):
-        return f"{_ordinal(key + 1)} collective (position {key})"
+        return _key_text(key)
     if isinstance(key, tuple) and len(key) == 2:
-        return f"collective named {key[0]!r} ({_ordinal(int(key[1]) + 1)} use)"
+        return _key_text((str(key[0]), int(key[1])))
     return str(key)
 
 
@@ -180,12 +189,13 @@ def signature_fields(
     }
 
 
-def _structure(signature: Signature) -> str | None:
-    """The value's nest without its leaves (``[*, {'a': *}]``); None without a nest."""
-    if signature.structure is None:
-        return None
-    blank = tuple(LeafSpec((), "*") for _ in signature.leaves)
-    return signature._replace(leaves=blank).value_str().replace("*[]", "*")
+def _structure(signature: Signature) -> Any:
+    """The value's nest (its treedef) as plain data; None without a nest.
+
+    Equal for two processes exactly when their treedefs are equal, what the local
+    matcher compares (``asyncreplica.abc.treedef_key``).
+    """
+    return treedef_key(signature.structure)
 
 
 def _masked(signature: Signature, leaves: list[list[Any]]) -> str:
@@ -228,11 +238,121 @@ def fingerprint(fields: Mapping[str, Any]) -> int:
 
 
 def describe_exception(error: BaseException) -> str:
-    """``ValueError: the first line of its message``."""
+    """``ValueError: the first line of its message``.
+
+    An exception group (several replicas of a process failed) is described by its
+    leaf exceptions: ``ValueError: bad (and 1 more: ValueError)``.
+    """
+    if isinstance(error, BaseExceptionGroup):
+        leaves = _leaf_exceptions(error)
+        if leaves:
+            first = describe_exception(leaves[0])
+            rest = [type(e).__name__ for e in leaves[1:]]
+            if not rest:
+                return first
+            return f"{first} (and {len(rest)} more: {', '.join(dict.fromkeys(rest))})"
     text = str(error).strip().splitlines()
     first = text[0] if text else ""
     name = type(error).__name__
     return f"{name}: {first}" if first else name
+
+
+def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for error in group.exceptions:
+        if isinstance(error, BaseExceptionGroup):
+            leaves += _leaf_exceptions(error)
+        else:
+            leaves.append(error)
+    return leaves
+
+
+def collective_error(error: BaseException) -> BaseException | None:
+    """The ``CollectiveError`` a failed run raised (alone, or as every leaf of a group)."""
+    if isinstance(error, CollectiveMismatchError | ReplicaExitedError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        leaves = _leaf_exceptions(error)
+        if leaves and all(
+            isinstance(e, CollectiveMismatchError | ReplicaExitedError) for e in leaves
+        ):
+            return leaves[0]
+    return None
+
+
+def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, Any] | None:
+    """A process's own collective error as plain data, so that every process raises it.
+
+    Its attributes use global replica ids already; signatures travel as their fields
+    (see :func:`signature_fields`) with their call site.
+    """
+    found = collective_error(error)
+    if isinstance(found, CollectiveMismatchError):
+        return {
+            "class": "CollectiveMismatchError",
+            "position": found.position,
+            "name": found.name,
+            "fields": list(found.fields),
+            "signatures": {
+                str(replica): [
+                    signature_fields(sig, found.position, check_call_sites=check_call_sites),
+                    _site_text(sig.call_site),
+                ]
+                for replica, sig in found.signatures.items()
+            },
+        }
+    if isinstance(found, ReplicaExitedError):
+        return {
+            "class": "ReplicaExitedError",
+            "replica_id": found.replica_id,
+            "position": found.position,
+            "name": found.name,
+            "waiting": sorted(found.waiting),
+        }
+    return None
+
+
+def refusal_fields(error: Exception) -> dict[str, Any]:
+    """The fields a process agrees on when it refuses a cross-replica operation."""
+    return {
+        "kind": "refused",
+        "op": None,
+        "axis": None,
+        "source": None,
+        "merge_fn": None,
+        "name": None,
+        "value": describe_exception(error),
+        "leaves": [],
+        "position": "cross-replica operation",
+        "call site": None,
+    }
+
+
+#: The classes a refusal may carry between processes (anything else: ValueError), in
+#: the order one process checks: the runtime's checks of the arguments (ValueError)
+#: before the backend's of the values (its dtypes: TypeError).
+REFUSALS: dict[str, type[Exception]] = {
+    "ValueError": ValueError,
+    "NotImplementedError": NotImplementedError,
+    "TypeError": TypeError,
+}
+
+
+def first_refusal(details: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The refusal every process raises: the one one process would find first.
+
+    When processes refuse for different reasons (one has several replicas of a plain
+    value, another a dtype its backend refuses), the earlier check wins, then the
+    lower rank.
+    """
+    refused = [d for d in details if d.get("refused")]
+    order = list(REFUSALS)
+
+    def rank(detail: Mapping[str, Any]) -> tuple[int, int]:
+        name = detail["refused"][0]
+        return (order.index(name) if name in order else 0, int(detail["rank"]))
+
+    return min(refused, key=rank) if refused else None
 
 
 def _path_texts(details: Sequence[Mapping[str, Any]]) -> dict[int, str]:
@@ -305,56 +425,69 @@ def _replicas(detail: Mapping[str, Any]) -> str:
     return f"process {detail['rank']} ({ids})"
 
 
+def _tupled(value: Any) -> Any:
+    """JSON lists back as tuples (hashable, comparable as the local signature's parts)."""
+    return tuple(_tupled(v) for v in value) if isinstance(value, list) else value
+
+
+def comparable_signature(fields: Mapping[str, Any]) -> Signature:
+    """A :class:`Signature` to compare with the local matcher's rules.
+
+    It matches another exactly when their processes' collectives match by
+    ``asyncreplica.abc.MATCH_RULES``.
+
+    Built from a process's plain fields: each part stands for what the matcher compares
+    (the merge function by its code's place, the structure by its plain form, the
+    call path by its frames and the digest of the rest). Only for comparing.
+    """
+    try:
+        kind: Any = CollectiveKind(fields["kind"])
+    except ValueError:
+        kind = fields["kind"]  # a cross-replica operation (reduce, gather, refused)
+    sent = fields.get("call path")
+    call_path: tuple[CallSite, ...] = ()
+    if sent:
+        call_path = tuple(CallSite(f, int(n), fn, c) for f, n, c, fn in sent["frames"])
+        if sent["more"]:
+            call_path += (CallSite(str(sent["digest"]), int(sent["more"]), ""),)
+    return Signature(
+        kind,
+        op=fields.get("op"),
+        axis=_tupled(fields.get("axis")),
+        source=fields.get("source"),
+        merge_fn=fields.get("merge_fn"),
+        name=fields.get("name"),
+        structure=_tupled(fields.get("structure")),
+        leaves=tuple(
+            LeafSpec(tuple(shape), dtype, bool(sparse), *rest)
+            for shape, dtype, sparse, *rest in fields.get("leaves", [])
+        ),
+        call_path=call_path,
+    )
+
+
+#: The fields in the order the local matcher lists them.
+_FIELD_ORDER = [name for name, _ in MATCH_RULES] + ["call site"]
+
+
 def differing_fields(details: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The names of the fields on which the processes' collectives differ."""
-    names: list[str] = []
-    fields = [d["fields"] for d in details]
-    for key in fields[0]:
-        if any(f.get(key) != fields[0].get(key) for f in fields[1:]):
-            names.append(key)
-    if "value" in names or "leaves" in names or "structure" in names:
-        # The value's parts by the names one process uses (asyncreplica._core._match):
-        # structure, array type, dtype, shape; leaves of other nests are not compared.
-        parts = (
-            ["structure"]
-            if "structure" in names
-            else _leaf_differences([f.get("leaves") for f in fields])
-        )
-        at = min(names.index(n) for n in ("value", "structure", "leaves") if n in names)
-        names = [n for n in names if n not in ("value", "structure", "leaves")]
-        names[at:at] = parts
-    if "op" in names:
-        names[names.index("op")] = "reduce op"  # as one process names it
-    if any(f.get("name") is not None for f in fields):
-        # A named collective matches by name, whatever its call path (as in one process).
-        names = [n for n in names if n not in ("call site", "call path")]
-    if "call path" in names:
-        # One field for users, as inside one process: where the collective was called
-        # from, the whole path.
-        names[names.index("call path")] = "call site"
-        names = list(dict.fromkeys(names))
-    return names
+    """The names of the fields on which the processes' collectives differ.
 
-
-def _leaf_differences(leaves: Sequence[Any]) -> list[str]:
-    """How the processes' leaves (``[shape, dtype, sparse, array type]`` each) differ."""
-    first = leaves[0]
-    if any(not isinstance(other, list) or len(other) != len(first) for other in leaves[1:]):
-        return ["structure"]  # another number of leaves
-    # Each part's items in a leaf: the array type, (dtype, sparse), the shape.
-    parts: list[tuple[str, slice]] = [
-        ("array type", slice(3, 4)),
-        ("dtype", slice(1, 3)),
-        ("shape", slice(0, 1)),
-    ]
-    return [
-        name
-        for name, items in parts
-        if any(
-            [leaf[items] for leaf in other] != [leaf[items] for leaf in first]
-            for other in leaves[1:]
-        )
-    ]
+    By the local matcher's own code (``asyncreplica.abc.signature_differences``): the
+    same fields, the same names, the same order as inside one process. Whether call
+    sites count was decided when each process sent its fields (no call path with
+    ``check_call_sites=False`` or a name).
+    """
+    signatures = [comparable_signature(d["fields"]) for d in details]
+    names: set[str] = set()
+    for other in signatures[1:]:
+        names.update(signature_differences(signatures[0], other, check_call_sites=True))
+    ordered = sorted(names, key=_FIELD_ORDER.index)
+    if not ordered and any(
+        d["fields"].get("position") != details[0]["fields"].get("position") for d in details
+    ):
+        ordered = ["position"]  # the same collective, at another position
+    return ordered
 
 
 def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:

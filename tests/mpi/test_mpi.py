@@ -315,7 +315,8 @@ def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path
     assert rc != 0, output
     assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
     assert "(found on process 0 of 2, which runs replicas 0, 1)" in logs[0]
-    assert logs[1].startswith("raised ReplicaExitedError\nProcess 0 failed"), logs[1]
+    # The same class and attributes (global ids) on every process.
+    assert logs[1].startswith("raised CollectiveMismatchError\nProcess 0 failed"), logs[1]
     assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]
 
 
@@ -472,10 +473,11 @@ def test_errors_inside_one_process_use_global_replica_ids(tmp_path: Path) -> Non
     ), logs[1]
     assert "  * replica 3 returned after all_reduce(SUM)" in logs[1]
     assert "(found on process 1 of 2, which runs replicas 2, 3)" in logs[1]
+    # The same attributes (global ids) on every process: every replica waits but 3.
     assert _attributes(logs[1]) == {
         "replica_id": 3,
         "position": 1,
-        "waiting": [2],
+        "waiting": [0, 1, 2],
         "report": [2, 3],
     }
     assert logs[0].startswith("raised ReplicaExitedError\nProcess 1 failed"), logs[0]
@@ -484,9 +486,9 @@ def test_errors_inside_one_process_use_global_replica_ids(tmp_path: Path) -> Non
         "collective, but replica 2 is waiting"
     ) in logs[0]
     assert _attributes(logs[0]) == {
-        "replica_id": 2,
+        "replica_id": 3,
         "position": 1,
-        "waiting": [0, 1],
+        "waiting": [0, 1, 2],
         "report": [0, 1],
     }
 
@@ -497,13 +499,10 @@ def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> 
     assert logs[1].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[1]
     assert "  * replica 2 called all_reduce(SUM) on float64[3]" in logs[1]
     assert "  * replica 3 called all_reduce(SUM) on float64[4]" in logs[1]
-    assert _attributes(logs[1]) == {"position": 0, "signatures": [2, 3], "report": [2, 3]}
-    assert _attributes(logs[0]) == {
-        "replica_id": 2,
-        "position": 0,
-        "waiting": [0, 1],
-        "report": [0, 1],
-    }
+    # The same class and attributes (global ids) on every process.
+    assert _attributes(logs[1]) == {"position": 0, "signatures": [0, 1, 2, 3], "report": [2, 3]}
+    assert logs[0].startswith("raised CollectiveMismatchError\nProcess 1 failed"), logs[0]
+    assert _attributes(logs[0]) == {"position": 0, "signatures": [0, 1, 2, 3], "report": [0, 1]}
 
 
 @pytest.mark.parametrize(

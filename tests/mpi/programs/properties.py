@@ -171,7 +171,7 @@ def named_order(error: BaseException) -> bool:
     return (
         isinstance(error, ar.CollectiveMismatchError)
         and first.startswith("Processes disagree about their collective named")
-        and first.endswith(": name, position differ.")
+        and first.endswith(": name differs.")  # the fields one process names
     )
 
 

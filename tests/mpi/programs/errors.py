@@ -1,0 +1,90 @@
+"""Errors that every process must raise alike (run under mpiexec).
+
+Usage: ``mpiexec -n P python errors.py SCENARIO``. Logs, per process, the class of
+what ``run`` raised and its attributes (global replica ids) as JSON, then its message.
+
+Scenarios:
+
+* ``queued``: one replica per process; each starts a named ``all_reduce`` in a task,
+  then makes an unnamed one whose op differs on the last process: the named one,
+  queued behind the mismatching exchange, must not add a second failure.
+* ``raise``: 2 replicas per process; every replica of the last process raises
+  ``ValueError``: the others name the exception type.
+* ``exited``: 2 replicas per process; the last replica returns early while every
+  other waits at a collective: the same ``ReplicaExitedError`` attributes everywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import anyio
+import numpy as np
+from _report import report
+from mpi4py import MPI
+
+import asyncreplica as ar
+
+SIZE = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+
+
+async def queued() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+
+    async def named() -> object:
+        await asyncio.sleep(0)  # once the unnamed one below is at the group
+        return await ctx.all_reduce("SUM", np.ones(2), name="loss")
+
+    # (a task of the replica's own, as asyncio programs make them)
+    task = asyncio.ensure_future(named())
+    await ctx.all_reduce("MAX" if RANK == SIZE - 1 else "SUM", np.ones(3))
+    return await task
+
+
+async def raise_() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    if RANK == SIZE - 1:
+        raise ValueError(f"bad value on replica {ctx.replica_id_in_sync_group}")
+    return await ctx.all_reduce("SUM", np.ones(2))
+
+
+async def exited() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    if ctx.replica_id_in_sync_group == ctx.num_replicas_in_sync - 1:
+        return None
+    return await ctx.all_reduce("SUM", np.ones(2))
+
+
+SCENARIOS = {"queued": (queued, 1), "raise": (raise_, 2), "exited": (exited, 2)}
+
+
+async def main(name: str) -> None:
+    step, local = SCENARIOS[name]
+    strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(local)])
+    try:
+        await strategy.run(step)
+    except Exception as error:  # logged for the test
+        fields: dict[str, object] = {"class": type(error).__name__}
+        for attribute in ("replica_id", "position", "name", "fields"):
+            if hasattr(error, attribute):
+                fields[attribute] = getattr(error, attribute)
+        for attribute in ("waiting", "signatures"):
+            if hasattr(error, attribute):
+                fields[attribute] = sorted(getattr(error, attribute))
+        report(json.dumps(fields))
+        report(str(error))
+    else:
+        report("no error")
+    # the strategy is still usable: the processes are in step
+    again = await strategy.run(lambda: ar.get_replica_context().all_reduce("SUM", 1.0))
+    report(f"again {float(np.asarray(strategy.experimental_local_results(again)[0]))}")
+
+
+if __name__ == "__main__":
+    anyio.run(main, sys.argv[1])

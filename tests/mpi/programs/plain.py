@@ -1,0 +1,59 @@
+"""Plain (non-distributed) values in cross-replica calls across processes (under mpiexec).
+
+Usage: ``mpiexec -n P python plain.py K`` where ``K`` is each process's replica count:
+one number for every process (``2``), or one per process (``2,1``). Logs one line per
+call: its result as a list, or the class of the error it raised.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import anyio
+import numpy as np
+from _report import RANK, report
+
+import asyncreplica as ar
+
+
+async def attempt(what: str, call: object) -> None:
+    try:
+        result = await call  # type: ignore[misc]
+    except Exception as error:  # logged for the test
+        report(f"{what} raised {type(error).__name__}")
+    else:
+        report(f"{what} {np.asarray(result).tolist()}")
+
+
+async def main(counts: list[int]) -> None:
+    local = counts[RANK] if len(counts) > 1 else counts[0]
+    strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(local)])
+    await attempt("mean", strategy.reduce("MEAN", np.array(0.5), axis=None))
+    await attempt("max", strategy.reduce("MAX", np.array(float(RANK)), axis=None))
+    await attempt("reduce_to", strategy.extended.reduce_to("MEAN", np.array(0.5), "CPU:0"))
+    # refused by the local backend's rules, on every process, before any data moves
+    await attempt("bool", strategy.reduce("MAX", np.ones(2, bool), axis=None))
+
+    async def merge_fn(s: ar.Strategy) -> object:
+        return await s.reduce("MEAN", np.array(2.0), axis=None)
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(merge_fn)
+
+    merged = await strategy.run(step)
+    report(f"merge {np.asarray(strategy.experimental_local_results(merged)[0]).tolist()}")
+    rows = await strategy.run(
+        lambda: np.full((2, 3), ar.get_replica_context().replica_id_in_sync_group)
+    )
+    await attempt("gather", strategy.gather(rows, axis=0))
+    await attempt("sum", strategy.reduce("SUM", np.array(1.0), axis=None))
+    report(
+        f"bcast {np.asarray(await strategy.extended.broadcast_to(np.ones(2), 'CPU:0')).tolist()}"
+    )
+    report("done")
+
+
+if __name__ == "__main__":
+    anyio.run(main, [int(k) for k in sys.argv[1].split(",")])

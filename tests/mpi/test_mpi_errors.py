@@ -1,0 +1,255 @@
+"""Every process gives one process's answer, and raises the same error, alike (mpiexec).
+
+Plain values in cross-replica calls, errors found by one process's own ledger, a
+collective queued behind a failed exchange, a failing process's exception type, and
+``ASYNCREPLICA_TRACE``. The generated comparison with one process is in
+``test_mpi_differential.py``; these pin the defects it was written for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from asyncreplica_mpi._protocol import (
+    describe_exception,
+    differing_fields,
+    first_refusal,
+    signature_fields,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from asyncreplica._launch import find_mpiexec
+from asyncreplica._tracing._session import rank_path
+from asyncreplica.abc import (
+    CallSite,
+    CollectiveKind,
+    LeafSpec,
+    ReduceOp,
+    Signature,
+    signature_differences,
+)
+
+pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
+
+PROGRAMS = Path(__file__).parent / "programs"
+HANG_GUARD_S = 90
+
+
+def launch(
+    n: int, program: str, *args: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[int, dict[int, str], str]:
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpiexec not found (pip install 'asyncreplica[mpi]' brings MPICH's)")
+    environ = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    environ.pop("ASYNCREPLICA_TRACE", None)
+    environ.update(env or {})
+    proc = subprocess.run(
+        [mpiexec, "-n", str(n), sys.executable, str(PROGRAMS / program), *args],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env=environ,
+        check=False,
+    )
+    logs = {}
+    for rank in range(n):
+        log = tmp_path / f"rank{rank}.log"
+        logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
+    return proc.returncode, logs, proc.stdout + proc.stderr
+
+
+# -- plain values: one process's answer ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n", "counts", "want"),
+    [
+        # Every process has several replicas: a plain value is one value, as in one
+        # process (MEAN of 0.5 is 0.5, not 0.5 * processes; SUM is ambiguous).
+        (2, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
+        (3, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
+        # One replica per process: run unwraps its value, which stands for that replica.
+        (2, "1", {"mean": "0.5", "max": "1.0", "sum": "2.0"}),
+        (3, "1", {"mean": "0.5", "max": "2.0", "sum": "3.0"}),
+        # 2 + 1: the process of one replica makes it per-replica; SUM raises ValueError
+        # on every process (never a false "reduce op differs").
+        (2, "2,1", {"mean": "0.5", "max": "1.0", "merge": "2.0", "sum": "raised ValueError"}),
+    ],
+)
+def test_plain_values_reduce_as_in_one_process(
+    n: int, counts: str, want: dict[str, str], tmp_path: Path
+) -> None:
+    rc, logs, output = launch(n, "plain.py", counts, tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        lines = dict(line.split(" ", 1) for line in logs[rank].splitlines() if " " in line)
+        for what, result in want.items():
+            assert lines[what] == result, (rank, what, logs[rank])
+        assert lines["bcast"] == "[1.0, 1.0]", logs[rank]  # a copy, not summed over processes
+        # a dtype the local backend refuses: TypeError everywhere, the processes in step
+        assert lines["bool"] == "raised TypeError", logs[rank]
+        assert logs[rank].endswith("done\n"), logs[rank]
+
+
+@pytest.mark.parametrize(("n", "counts"), [(2, "1"), (3, "1"), (2, "2,1"), (2, "2")])
+def test_gather_of_a_run_result_crosses_processes(n: int, counts: str, tmp_path: Path) -> None:
+    # With one replica per process, run returns plain values: gather must still
+    # concatenate every replica's rows (4 or 6 rows of 3, not this process's 2).
+    rc, logs, output = launch(n, "plain.py", counts, tmp_path=tmp_path)
+    assert rc == 0, output
+    total = n * int(counts) if "," not in counts else sum(map(int, counts.split(",")))
+    want = [[g] * 3 for g in range(total) for _ in range(2)]
+    for rank in range(n):
+        assert f"gather {want}\n" in logs[rank], logs[rank]
+
+
+# -- errors: the same class and attributes on every process ----------------------------
+
+
+def _fields(log: str) -> dict[str, object]:
+    return dict(json.loads(log.splitlines()[0]))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_collective_queued_behind_a_mismatch_is_not_a_second_failure(
+    n: int, tmp_path: Path
+) -> None:
+    rc, logs, output = launch(n, "errors.py", "queued", tmp_path=tmp_path)
+    assert rc == 0, output
+    fields = [_fields(logs[r]) for r in range(n)]
+    assert fields[0]["class"] == "CollectiveMismatchError", logs[0]
+    assert fields[0]["fields"] == ["reduce op"], logs[0]
+    assert all(f == fields[0] for f in fields), fields
+    for rank in range(n):
+        assert logs[rank].endswith(f"again {float(n)}\n"), logs[rank]
+    assert "never retrieved" not in output, output
+    assert "ExceptionGroup" not in output, output
+
+
+def test_the_others_name_the_failing_process_exception_type(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "errors.py", "raise", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert _fields(logs[1])["class"] == "ValueError", logs[1]
+    assert _fields(logs[0])["class"] == "ReplicaExitedError", logs[0]
+    assert "failed: ValueError: bad value on replica" in logs[0], logs[0]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_replica_that_exits_gives_the_same_attributes_everywhere(n: int, tmp_path: Path) -> None:
+    # Replica 2n-1 returns early; every other replica waits: replica_id and waiting
+    # are global and the same on the process that found it and on the others.
+    rc, logs, output = launch(n, "errors.py", "exited", tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {
+        "class": "ReplicaExitedError",
+        "replica_id": 2 * n - 1,
+        "position": 0,
+        "name": None,
+        "waiting": list(range(2 * n - 1)),
+    }
+    for rank in range(n):
+        assert _fields(logs[rank]) == want, logs[rank]
+
+
+def test_the_refusal_one_process_finds_first_wins() -> None:
+    # 1 + 3 replicas, a plain bool SUM: process 0 (one replica) finds the dtype refused,
+    # process 1 (three) the ambiguous SUM; one process checks the arguments first.
+    details = [
+        {"rank": 0, "refused": ["TypeError", "cannot reduce values of dtype bool"]},
+        {"rank": 1, "refused": ["ValueError", "A non-DistributedValues value ..."]},
+    ]
+    found = first_refusal(details)
+    assert found is not None
+    assert found["rank"] == 1
+    assert first_refusal([{"rank": 0}, {"rank": 1}]) is None
+
+
+def test_an_exception_group_is_described_by_its_exceptions() -> None:
+    group = ExceptionGroup("2 replicas failed", [ValueError("bad 2"), ValueError("bad 3")])
+    assert describe_exception(group) == "ValueError: bad 2 (and 1 more: ValueError)"
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [KeyError("k")])])
+    assert describe_exception(nested) == "KeyError: 'k'"
+
+
+# -- the matcher: processes compare by the local matcher's own code -------------------
+
+KINDS = list(CollectiveKind)
+
+
+@st.composite
+def signatures(draw: st.DrawFn) -> Signature:
+    from asyncreplica._core._nest import flatten
+
+    kind = draw(st.sampled_from(KINDS))
+    leaves = tuple(
+        LeafSpec(
+            tuple(draw(st.lists(st.integers(1, 3), max_size=2))),
+            draw(st.sampled_from(["float32", "int64"])),
+            draw(st.booleans()),
+            draw(st.sampled_from([None, "jax.Array"])),
+        )
+        for _ in range(draw(st.integers(0, 2)))
+    )
+    keys = [f"k{i}" for i in range(len(leaves))]
+    value = draw(
+        st.sampled_from(
+            [
+                [0] * len(leaves),
+                tuple([0] * len(leaves)),
+                dict.fromkeys(keys, 0),
+                dict.fromkeys(reversed(keys), 0),  # another insertion order: equal
+                None,
+            ]
+        )
+    )
+    structure = None if value is None else flatten(value)[1]
+    return Signature(
+        kind,
+        op=draw(st.sampled_from([None, ReduceOp.SUM, ReduceOp.MEAN])),
+        axis=draw(st.sampled_from([None, 0])),
+        source=draw(st.sampled_from([None, 0, 1])),
+        name=draw(st.sampled_from([None, "grads"])),
+        structure=structure,
+        leaves=leaves,
+        call_path=tuple(
+            CallSite("/p/train.py", draw(st.sampled_from([10, 11])), "step", 5)
+            for _ in range(draw(st.integers(1, 20)))
+        ),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(a=signatures(), b=signatures(), check=st.booleans())
+def test_processes_compare_exactly_as_one_process(a: Signature, b: Signature, check: bool) -> None:
+    # Every kind (barrier, merge_call too), leaves and no leaves, sparse, names, long
+    # call paths: the fields named across processes are one process's, in its order.
+    local = list(signature_differences(a, b, check_call_sites=check))
+    details = [{"fields": signature_fields(s, 0, check_call_sites=check)} for s in (a, b)]
+    assert differing_fields(details) == local
+
+
+def test_a_trace_file_per_process() -> None:
+    assert rank_path("/t/run.json", 1) == "/t/run.rank1.json"
+    assert rank_path("/t/run.json.gz", 0) == "/t/run.rank0.json.gz"
+    assert rank_path("trace", 2) == "trace.rank2"
+
+
+def test_asyncreplica_trace_records_every_process(tmp_path: Path) -> None:
+    from asyncreplica._tracing import load_trace
+
+    path = tmp_path / "run.json"
+    rc, _, output = launch(
+        2, "plain.py", "2", tmp_path=tmp_path, env={"ASYNCREPLICA_TRACE": str(path)}
+    )
+    assert rc == 0, output
+    for rank in (0, 1):
+        trace = load_trace(tmp_path / f"run.rank{rank}.json")
+        slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        assert slices, trace
