@@ -147,6 +147,8 @@ def goodbye_all(*, finalized: bool = False) -> None:
         # and a peer that exits normally receives none.
         _note_exit(error, finalized)
     groups = [g for g in _groups if not g.is_closed()]
+    for group in groups:
+        group.acknowledge()
     steps = [(g, g.farewell(error, finalized)) for g in groups]
     _drive_all(MPI, steps)
     for group in groups:

@@ -243,6 +243,7 @@ class MPIProcessGroup(ProcessGroup):
         self._agreed = False  # the current collective's agreement is made
         self._agreed_at = 0.0  # when (perf_counter), for the data transfer's timeout
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        self._acked = False  # this process acknowledged a peer's failure (at exit)
         self._failed_peers: set[int] = set()  # peers that told us they failed
         # Peers that wait on another group (strategy): (its label, where), by rank.
         self._elsewhere: dict[int, tuple[str, str]] = {}
@@ -265,6 +266,7 @@ class MPIProcessGroup(ProcessGroup):
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._freed = False
+        self._abandoned: list[Any] = []  # posted requests never completed (see abandon)
         self._serial = next(_serials)
         self._fields_cache: dict[Signature, _Fields] = {}
         self._fields_by_id: dict[int, tuple[Signature, _Fields]] = {}
@@ -520,6 +522,8 @@ class MPIProcessGroup(ProcessGroup):
         on_asyncio = asyncio._get_running_loop() is not None
         start = time.perf_counter()
         spin_until = start + _SPIN_SECONDS
+        if data and self._agreed_at:
+            start = min(start, self._agreed_at)  # a data wait counts from its agreement
         while not test():
             if time.perf_counter() >= spin_until:
                 break
@@ -858,9 +862,19 @@ class MPIProcessGroup(ProcessGroup):
                 await self._watch(request.Test, self._number - 1, request, data=True)
                 return
         except BaseException:
-            self._break("a data transfer was abandoned")
+            self.abandon(request)
             raise
+        self.abandon(request)
         self._timed_out(None, None, data=True)
+
+    def abandon(self, request: Any, *buffers: Any) -> None:
+        """A posted data transfer will not be waited for: out of step, and kept alive.
+
+        MPI may still read and write the request's ``buffers`` (an mpi4py request does
+        not hold them), so they are held until exit, when the job is aborted.
+        """
+        self._abandoned.append((request, buffers))
+        self._break("a data transfer was abandoned")
 
     async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
         try:
@@ -1003,7 +1017,7 @@ class MPIProcessGroup(ProcessGroup):
             fields = {**fields, "position": key_text(position)}
         self._break("a cross-process exchange timed out")
         if data:
-            what = f" with their data for {self._waiting_what()}"
+            what = f" for {self._waiting_what()}"
             first = "The other processes did not all send their data"
         else:
             what = "" if fields is None else f" at their {fields['position']}"
@@ -1351,6 +1365,19 @@ class MPIProcessGroup(ProcessGroup):
             finally:
                 self._release()
 
+    def acknowledge(self) -> None:
+        """At exit, before any goodbye: read the notes; acknowledge a peer's failure.
+
+        Done for every group first, so that a failed process on one group never waits
+        for the acknowledgement of a peer that waits on another group's.
+        """
+        with contextlib.suppress(Exception):
+            self._read_notes()
+        if self._peer_failure is not None and not self._failed_here and not self._acked:
+            self._acked = True
+            with contextlib.suppress(Exception):
+                self._tell_peers({"kind": "ack"})
+
     def _settle_failure(self) -> None:
         """At exit after a failure following an agreement: let every process report it.
 
@@ -1368,7 +1395,9 @@ class MPIProcessGroup(ProcessGroup):
                 time.sleep(1e-3)
             return
         assert self._peer_failure is not None
-        self._tell_peers({"kind": "ack"})
+        if not self._acked:
+            self._acked = True
+            self._tell_peers({"kind": "ack"})
         until = time.monotonic() + _ACK_SECONDS
         while time.monotonic() < until:  # the failed process ends the job meanwhile
             self._sends = [r for r in self._sends if not r.Test()]
@@ -1513,6 +1542,8 @@ class MPIProcessGroup(ProcessGroup):
         if self._freed:
             return
         self._freed = True
+        if self._abandoned:
+            return  # MPI still owns their buffers: nothing is freed (the job is aborted)
         with contextlib.suppress(Exception):  # freeing is best effort
             self._bell.Cancel()
             self._bell.Wait()
