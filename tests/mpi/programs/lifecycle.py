@@ -38,7 +38,7 @@ def logged(error: BaseException) -> None:
 
 async def wait_for_go() -> None:
     """Wait (yielding) for the peer's go message."""
-    while not WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_GO_TAG):
+    while not WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_GO_TAG):  # noqa: ASYNC110 -- MPI
         await anyio.sleep(0.01)
     WORLD.recv(source=MPI.ANY_SOURCE, tag=_GO_TAG)
 
@@ -239,6 +239,9 @@ async def leak(count: str) -> None:
         await strategy.run(one_reduce)
         del strategy
         gc.collect(0)
+    from asyncreplica_mpi import _exit
+
+    report(f"held {len(_exit._groups)} groups")
     report("done")
 
 
