@@ -230,6 +230,9 @@ class MPIProcessGroup(ProcessGroup):
         self.offset = self.offsets[self.rank]
         self.check_call_sites = check_call_sites
         self.timeout = timeout
+        # The timeout of the exchange in progress: a collective's own (its options), or
+        # the group's.
+        self._limit = timeout
         self.stall_warning_seconds = stall_warning_seconds
         # Notes from peers (side communicator): the ranks seen waiting at each exchange,
         # a peer's failure after an agreement, and the sends of our own notes.
@@ -854,9 +857,9 @@ class MPIProcessGroup(ProcessGroup):
         if _spin(request.Test):
             return
         deadline = None
-        if self.timeout is not None:
+        if self._limit is not None:
             start = self._agreed_at or time.perf_counter()
-            deadline = anyio.current_time() + max(0.0, start + self.timeout - time.perf_counter())
+            deadline = anyio.current_time() + max(0.0, start + self._limit - time.perf_counter())
         try:
             with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
                 await self._watch(request.Test, self._number - 1, request, data=True)
@@ -981,7 +984,7 @@ class MPIProcessGroup(ProcessGroup):
         Its timeout counts from here (at most 20 µs after it was posted).
         """
         pending = self._pending
-        deadline = None if self.timeout is None else anyio.current_time() + self.timeout
+        deadline = None if self._limit is None else anyio.current_time() + self._limit
         try:
             if not self._spun:
                 await self._wait(request, deadline)
@@ -1024,18 +1027,18 @@ class MPIProcessGroup(ProcessGroup):
             first = "The other processes did not all reach the same point"
         error = CollectiveTimeoutError(
             0,
-            float(self.timeout or 0),
+            float(self._limit or 0),
             {},
             {},
             message=(
-                f"{first}{what} within {self.timeout} s (this is process {self.rank} of "
+                f"{first}{what} within {self._limit:g} s (this is process {self.rank} of "
                 f"{self.size}).\n\nA process that is alive but busy (I/O, a long "
                 "computation) or stuck delays every other one. The processes are now out "
                 "of step: the job cannot continue."
             ),
         )
         self._failed_here = True
-        self._tell_peers({**self._failure_note(error), "timeout": self.timeout})
+        self._tell_peers({**self._failure_note(error), "timeout": self._limit})
         raise error from None
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
@@ -1173,7 +1176,12 @@ class MPIProcessGroup(ProcessGroup):
             self._busy = False
 
     async def collective(
-        self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
+        self,
+        signature: Signature,
+        position: Hashable,
+        local: Callable[[], Awaitable[_T]],
+        *,
+        timeout: float | None = None,
     ) -> _T:
         """Agree on ``signature`` at ``position`` with every process, then run ``local``.
 
@@ -1190,10 +1198,12 @@ class MPIProcessGroup(ProcessGroup):
             await self._acquire()
         else:
             self._busy = True
+        self._limit = self.timeout if timeout is None else timeout
         if merge:
             try:
                 await self._agree_or_raise((fields, detail, fp, position))
             finally:
+                self._limit = self.timeout
                 self._release()
             # merge_fn runs unlocked: its strategy.reduce calls take the lock themselves.
             return await local()
@@ -1231,6 +1241,7 @@ class MPIProcessGroup(ProcessGroup):
                 self._shielded = False
                 self._agreed = False
         finally:
+            self._limit = self.timeout
             self._release()
         return result
 

@@ -23,6 +23,8 @@ joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
 running                    begin run (concurrent)        refused
 running                    out of step (data timeout)    data_stall
+running                    out of step (a collective's   call_timeout
+                           own timeout)
 running                    out of step (failure after    inline_miss
                            agreement, light collective)
 running                    wait on another strategy      opposite
@@ -228,6 +230,15 @@ def test_a_stopped_peer_in_the_data_transfer_is_warned_about_and_timed_out(
     assert "within 2 s" in logs[0]
     assert "got ReplicaExitedError: Process 0 timed out after 2 s" in logs[1], output
     assert "Segmentation fault" not in output
+
+
+def test_a_collectives_own_timeout_bounds_the_wait_for_a_late_process(tmp_path: Path) -> None:
+    _, logs, output = launch("call_timeout", tmp_path=tmp_path)
+    assert "got CollectiveTimeoutError: The other processes did not all reach" in logs[0], output
+    assert "within 1 s" in logs[0]
+    waited = float(logs[0].split("waited ")[1].split()[0])
+    assert waited < 5.0, logs[0]  # 1 s, not the strategy's 20 s
+    assert "got ReplicaExitedError: Process 0 timed out after 1 s" in logs[1], output
 
 
 def test_a_failure_after_agreement_just_past_the_inline_size_is_reported(

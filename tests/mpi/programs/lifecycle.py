@@ -183,6 +183,32 @@ async def data_stall() -> None:
         go(1)
 
 
+async def call_timeout() -> None:
+    """A collective's own timeout_seconds (1 s) bounds a wait for a late process."""
+    import time
+
+    strategy = ar.MultiWorkerMirroredStrategy(
+        communication_options=ar.CommunicationOptions(timeout_seconds=20)
+    )
+
+    async def late_peer() -> float:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if RANK == 1:
+            await wait_for_go()  # late until process 0 has timed out
+        options = ar.CommunicationOptions(timeout_seconds=1)
+        return float((await ctx.all_reduce("SUM", np.ones(3), options=options))[0])
+
+    start = time.perf_counter()
+    try:
+        await strategy.run(late_peer)
+    except ar.CollectiveError as exc:
+        logged(exc)
+    if RANK == 0:
+        report(f"waited {time.perf_counter() - start:.1f}")
+        go(1)
+
+
 async def inline_miss(kind: str) -> None:
     """An integer MEAN just past the inline size; process 1 fails moving its data."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -269,6 +295,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         crash_inside,
         late,
         data_stall,
+        call_timeout,
         inline_miss,
         refused,
         leak,
