@@ -230,7 +230,7 @@ class ProcessGroup(abc.ABC):
         position: Hashable,
         local: Callable[[], Awaitable[_T]],
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- a limit the group applies itself
     ) -> _T:
         """Agree with the other processes on ``signature`` at ``position``, then run ``local``.
 

@@ -1181,7 +1181,7 @@ class MPIProcessGroup(ProcessGroup):
         position: Hashable,
         local: Callable[[], Awaitable[_T]],
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 -- applied to each wait inside
     ) -> _T:
         """Agree on ``signature`` at ``position`` with every process, then run ``local``.
 

@@ -15,7 +15,7 @@ import numpy as np
 from asyncreplica import AsyncReplicaError
 
 from ._arrival import _logger
-from ._lifecycle import Event
+from ._lifecycle import Event, State
 from ._protocol import cross_fields
 
 if TYPE_CHECKING:
@@ -67,6 +67,12 @@ class TraceMerger:
             error = None
         try:
             group._to(Event.TRACE_MERGE)
+        except AsyncReplicaError as exc:
+            if error is None and group._state is State.RUNNING:
+                raise  # the block ends inside a run: the program's mistake
+            # The group failed, closed or finalized: nothing can be exchanged on it.
+            return self._alone(trace, describe(exc))
+        try:
             details = group.agree_blocking(_FIELDS, _DETAIL, error)
         except AsyncReplicaError as exc:
             if error is None:
