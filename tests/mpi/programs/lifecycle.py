@@ -137,18 +137,50 @@ async def crash_inside() -> None:
 
 
 async def late() -> None:
-    """Process 0 gives up creating (timeout); process 1 arrives after that."""
+    """Process 0 gives up creating (timeout) just after process 1 arrived.
+
+    Process 0's give-up note is sent only once process 1 has received every arrival
+    note and is about to create the group: a process that looked for the note once,
+    then, never saw it and entered ``MPI_Comm_dup`` alone.
+    """
+    from asyncreplica_mpi import _arrival
+
     if RANK == 0:
+        give_up = _arrival._give_up
+
+        def late_give_up(*args: Any) -> None:
+            go(1)  # process 1 may come now
+            WORLD.recv(source=1, tag=_GO_TAG)  # it has every arrival note
+            give_up(*args)
+
+        _arrival._give_up = late_give_up  # type: ignore[assignment]
         options = ar.CommunicationOptions(timeout_seconds=0.5)
         try:
             ar.MultiWorkerMirroredStrategy(communication_options=options)
         except ar.CollectiveTimeoutError as exc:
             logged(exc)
-        go(1)
         return
     await wait_for_go()
+    told: list[bool] = []
+
+    class Arrived(MPI.Intracomm):  # type: ignore[misc]
+        """COMM_WORLD, telling process 0 when it first looks for the give-up note."""
+
+        def _look(self, tag: int) -> None:
+            if tag == _arrival._GAVE_UP_TAG and not told:
+                told.append(True)  # every arrival note is in
+                go(0)
+
+        def Iprobe(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 -- MPI's name
+            self._look(kwargs.get("tag", -1))
+            return super().Iprobe(*args, **kwargs)
+
+        def Irecv(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 -- MPI's name
+            self._look(kwargs.get("tag", -1))
+            return super().Irecv(*args, **kwargs)
+
     try:
-        ar.MultiWorkerMirroredStrategy()
+        ar.MultiWorkerMirroredStrategy(communicator=Arrived(WORLD))
     except ar.BackendError as exc:
         logged(exc)
 
