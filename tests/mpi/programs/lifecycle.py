@@ -171,11 +171,11 @@ async def late() -> None:
                 told.append(True)  # every arrival note is in
                 go(0)
 
-        def Iprobe(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 -- MPI's name
+        def Iprobe(self, *args: Any, **kwargs: Any) -> Any:
             self._look(kwargs.get("tag", -1))
             return super().Iprobe(*args, **kwargs)
 
-        def Irecv(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802 -- MPI's name
+        def Irecv(self, *args: Any, **kwargs: Any) -> Any:
             self._look(kwargs.get("tag", -1))
             return super().Irecv(*args, **kwargs)
 
