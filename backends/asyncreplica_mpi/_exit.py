@@ -36,12 +36,25 @@ import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from asyncreplica import BackendError, ReplicaExitedError
+
 from ._arrival import _logger, _note_exit
+from ._lifecycle import Event, State
+from ._protocol import Status, outcome_message
 
 if TYPE_CHECKING:
     from ._group import MPIProcessGroup
 
-__all__ = ["goodbye_all", "install_hooks", "process_ends", "register", "uncaught_error"]
+__all__ = [
+    "goodbye_all",
+    "install_hooks",
+    "process_ends",
+    "register",
+    "release_dropped",
+    "uncaught_error",
+]
 
 # The last uncaught exception (from sys.excepthook), told to peers at exit.
 _uncaught: list[str] = []
@@ -55,6 +68,7 @@ _said: list[bool] = []  # the goodbye was said (it is said once)
 _finalize_keyval: list[Any] = []
 
 _POLL_SECONDS = 1e-3
+_ACK_SECONDS = 10.0  # how long a failed process waits for its peers' acknowledgements
 _EXIT_STALL_SECONDS = 30.0  # without any group's own stall_warning_seconds
 
 
@@ -69,7 +83,7 @@ def register(group: MPIProcessGroup) -> None:
     install_hooks(finalize=True)
 
 
-def release(group: MPIProcessGroup) -> None:
+def _forget(group: MPIProcessGroup) -> None:
     """Stop holding ``group`` (every process released it: no goodbye is owed)."""
     with contextlib.suppress(ValueError):
         _groups.remove(group)
@@ -148,11 +162,11 @@ def goodbye_all(*, finalized: bool = False) -> None:
         _note_exit(error, finalized)
     groups = [g for g in _groups if not g.is_closed()]
     for group in groups:
-        group.acknowledge()
-    steps = [(g, g.farewell(error, finalized)) for g in groups]
+        acknowledge(group)
+    steps = [(g, farewell(g, error, finalized)) for g in groups]
     _drive_all(MPI, steps)
     for group in groups:
-        group.free(finalized=finalized)
+        free(group, finalized=finalized)
 
 
 def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
@@ -188,11 +202,9 @@ def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None,
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
         if timeout is not None and waited >= timeout:
-            print(  # noqa: T201
+            _say(
                 f"asyncreplica: {_exit_stall_message([g for g, _, _ in active], waited)}\n"
                 f"Timed out after {timeout:g} s (timeout_seconds): aborting the MPI job.",
-                file=sys.stderr,
-                flush=True,
             )
             MPI.COMM_WORLD.Abort(1)
             return
@@ -215,3 +227,171 @@ def _exit_stall_message(groups: list[MPIProcessGroup], waited: float) -> str:
         "would have sent delays this one. This is a warning, not an error: set "
         "CommunicationOptions(timeout_seconds=...) to abort the job instead."
     )
+
+
+# -- one group's end ---------------------------------------------------------------------
+
+
+def acknowledge(group: MPIProcessGroup) -> None:
+    """At exit, before any goodbye: read the notes; acknowledge a peer's failure.
+
+    Done for every group first, so that a failed process on one group never waits
+    for the acknowledgement of a peer that waits on another group's.
+    """
+    with contextlib.suppress(Exception):
+        group._read_notes()
+    if group._peer_failure is not None and not group._failed_here and not group._acked:
+        group._acked = True
+        with contextlib.suppress(Exception):
+            group._tell_peers({"kind": "ack"})
+
+
+def settle_failure(group: MPIProcessGroup) -> None:
+    """At exit after a failure following an agreement: let every process report it.
+
+    The process that failed waits (up to _ACK_SECONDS) until every peer has
+    acknowledged, from its own exit hook (so after the peer reported the error),
+    before the job is ended; a peer acknowledges, then waits to be ended.
+    """
+    if group._failed_here:
+        until = time.monotonic() + _ACK_SECONDS
+        while len(group._acks | group._failed_peers) < group.size - 1 and (
+            time.monotonic() < until
+        ):
+            with contextlib.suppress(ReplicaExitedError):
+                group._read_notes()
+            time.sleep(1e-3)
+        return
+    assert group._peer_failure is not None
+    if not group._acked:
+        group._acked = True
+        group._tell_peers({"kind": "ack"})
+    until = time.monotonic() + _ACK_SECONDS
+    while time.monotonic() < until:  # the failed process ends the job meanwhile
+        group._sends = [r for r in group._sends if not r.Test()]
+        time.sleep(1e-3)
+
+
+def farewell(
+    group: MPIProcessGroup, error: str | None, finalized: bool
+) -> Generator[Any, None, None]:
+    """This group's goodbye (at exit or MPI.Finalize): the steps of one last exchange.
+
+    A generator of requests, driven by :func:`._exit.goodbye_all` together with every
+    other group's, so that no goodbye waits for one that a peer makes later.
+    """
+    state = group._state
+    group._to(Event.FINALIZE if finalized else Event.EXIT)
+    if state is State.FAILED and group._departed:
+        return  # a peer has gone: nobody is left to say goodbye to
+    if group._in_flight and group._broken is None:
+        group._broken = "an exchange was interrupted"
+    if group._failed_here or group._peer_failure is not None:
+        settle_failure(group)
+    if group._broken is not None:
+        _say(
+            f"asyncreplica: process {group.rank}: the processes are out of step "
+            f"({group._broken}); aborting the MPI job.",
+        )
+        group._MPI.COMM_WORLD.Abort(1)
+        return
+    if group.size == 1:
+        return
+    detail: dict[str, Any] = {"error": error}
+    if finalized and error is None:
+        detail["finalized"] = True
+    request = group._post(Status.EXITED, 0)
+    yield request
+    group._in_flight = False
+    if group._unanimous():
+        return
+    try:
+        details = yield from group._details(Status.EXITED, None, detail)
+    except BackendError as exc:  # out of step: nothing can be matched
+        _say(f"asyncreplica: process {group.rank}: {exc}")
+        group._MPI.COMM_WORLD.Abort(1)
+        return
+    waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
+    if waiting:
+        _, message = outcome_message(details)
+        _say(
+            f"asyncreplica: process {group.rank} exited while other processes still "
+            f"wait for it:\n{message}",
+        )
+
+
+def free(group: MPIProcessGroup, *, finalized: bool = False) -> None:
+    """Free this group's MPI objects (after its goodbye, or once every process released it).
+
+    The bell's receive is cancelled first: a receive left posted makes UCX warn, at
+    finalize, that its buffers were not returned.
+    """
+    if group._freed:
+        return
+    group._freed = True
+    if group._abandoned:
+        return  # MPI still owns their buffers: nothing is freed (the job is aborted)
+    with contextlib.suppress(Exception):  # freeing is best effort
+        group._bell.Cancel()
+        group._bell.Wait()
+    with contextlib.suppress(Exception):
+        group._MPI.Request.Waitall(group._sends)  # eager notes: complete at once
+    group._sends = []
+    with contextlib.suppress(Exception):
+        if group._gather is not None:
+            group._gather.Free()
+    for comm in (group._ctl, group._data, group._side):
+        with contextlib.suppress(Exception):
+            comm.Free()
+
+
+def released(group: MPIProcessGroup) -> bool:
+    """Whether this process dropped its strategy (nothing here can use the group)."""
+    holder = group._holder
+    return holder is not None and holder() is None and group._state is State.JOINED
+
+
+def release(group: MPIProcessGroup) -> None:
+    """Every process dropped its strategy: free the group (no goodbye is owed)."""
+    group._to(Event.RELEASE)
+    _forget(group)
+    free(group)
+
+
+# At most this many dropped groups are released per creation (one fixed-size exchange).
+_RELEASE_SLOTS = 15
+
+
+def release_dropped(base: Any) -> None:
+    """Free the groups on ``base`` whose strategies every process has dropped.
+
+    Called by every process while creating a group (after every process arrived, so
+    the exchange completes at once): each process lists the groups it dropped (their
+    creation numbers), and the groups every process dropped are freed by all, so that
+    a job that creates a strategy per step does not run out of communicators.
+    """
+    if base.Get_size() == 1:
+        return
+    handle = base.py2f()
+    mine = [
+        g for g in _groups if g._base.py2f() == handle and g.size == base.Get_size() and released(g)
+    ][:_RELEASE_SLOTS]
+    row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
+    row[0] = len(mine)
+    row[1 : 1 + len(mine)] = [g._base_serial for g in mine]
+    rows = np.empty((base.Get_size(), _RELEASE_SLOTS + 1), np.int64)
+    request = base.Iallgather(row, rows)
+    while not request.Test():  # every process arrived: this completes at once
+        time.sleep(_POLL_SECONDS / 10)
+    common = {int(v) for v in rows[0, 1 : 1 + int(rows[0, 0])]}
+    for r in range(1, base.Get_size()):
+        common &= {int(v) for v in rows[r, 1 : 1 + int(rows[r, 0])]}
+    for group in mine:
+        if group._base_serial in common:
+            release(group)
+
+
+def _say(text: str) -> None:
+    """Write ``text`` to stderr at once (the exit hook's reports)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

@@ -3,8 +3,10 @@
 See :mod:`._protocol` for the exchange itself. This module owns the communicators
 (two duplicates of the user's: one for agreement, one for data, so that neither
 ever shares traffic with the user's own), the polling of non-blocking requests from
-the event loop, and the goodbye exchange at interpreter exit. Creating a group's
-arrival notes live in :mod:`._arrival`, merged timelines in :mod:`._trace`.
+the event loop, and the stall warnings and timeouts of every wait. Creating a group's
+arrival notes live in :mod:`._arrival`; its lifecycle table in :mod:`._lifecycle`; the
+goodbye at exit (and at ``MPI.Finalize()``) and the release of dropped groups in
+:mod:`._exit`; merged timelines in :mod:`._trace`.
 
 Cancellation: once a process has posted its part of an MPI collective it must finish
 it, or the processes fall out of step. Every wait between posting a request and its
@@ -22,7 +24,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import threading
 import time
 import weakref
@@ -102,7 +103,6 @@ _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
 _BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
-_ACK_SECONDS = 10.0
 _DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
 # The per-signature and per-position caches are cleared past this many entries.
@@ -216,7 +216,7 @@ class MPIProcessGroup(ProcessGroup):
         except BaseException:
             self._to(Event.ARRIVAL_FAILED)
             raise
-        _release_dropped(base)
+        _exit.release_dropped(base)
         self._ctl = base.Dup()
         self._data = base.Dup()
         self._side = base.Dup()  # notes: who waits where, and failures after agreement
@@ -1376,238 +1376,9 @@ class MPIProcessGroup(ProcessGroup):
             finally:
                 self._release()
 
-    def acknowledge(self) -> None:
-        """At exit, before any goodbye: read the notes; acknowledge a peer's failure.
-
-        Done for every group first, so that a failed process on one group never waits
-        for the acknowledgement of a peer that waits on another group's.
-        """
-        with contextlib.suppress(Exception):
-            self._read_notes()
-        if self._peer_failure is not None and not self._failed_here and not self._acked:
-            self._acked = True
-            with contextlib.suppress(Exception):
-                self._tell_peers({"kind": "ack"})
-
-    def _settle_failure(self) -> None:
-        """At exit after a failure following an agreement: let every process report it.
-
-        The process that failed waits (up to _ACK_SECONDS) until every peer has
-        acknowledged, from its own exit hook (so after the peer reported the error),
-        before the job is ended; a peer acknowledges, then waits to be ended.
-        """
-        if self._failed_here:
-            until = time.monotonic() + _ACK_SECONDS
-            while len(self._acks | self._failed_peers) < self.size - 1 and (
-                time.monotonic() < until
-            ):
-                with contextlib.suppress(ReplicaExitedError):
-                    self._read_notes()
-                time.sleep(1e-3)
-            return
-        assert self._peer_failure is not None
-        if not self._acked:
-            self._acked = True
-            self._tell_peers({"kind": "ack"})
-        until = time.monotonic() + _ACK_SECONDS
-        while time.monotonic() < until:  # the failed process ends the job meanwhile
-            self._sends = [r for r in self._sends if not r.Test()]
-            time.sleep(1e-3)
-
     def trace_session(self) -> TraceMerger:
         """Start a merged trace (collective: every process calls it)."""
         return TraceMerger(self)
-
-    # -- exchanges outside the event loop (the trace merge) ------------------------------
-
-    def agree_blocking(
-        self, fields: dict[str, Any], detail: dict[str, Any], error: BaseException | None
-    ) -> list[dict[str, Any]] | None:
-        """One exchange from synchronous code (``strategy.trace``'s end); details if they differ.
-
-        ``error``: the exception leaving the block, if any: this process then says
-        FAILED with it (a peer still in a run fails there at once, naming it, instead
-        of waiting for a collective this process will never issue). The wait is polled,
-        reading the peers' notes, with the stall warning and the timeout.
-        """
-        if error is None:
-            status, fp = Status.COLLECTIVE, fingerprint(fields)
-        else:
-            status, fp = Status.FAILED, 0
-            detail = {**detail, "error": describe_exception(error)}
-        request = self._start(status, detail, fp, (), None)
-        if request is None:
-            return None
-        pending = self._pending
-        self._poll(request, self._number - 1)
-        if self._unanimous():
-            self._last = pending
-            return None
-        details = self._drive_sync(self._details(status, fields, detail))
-        gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
-        if gone:
-            self._departed = gone
-            self._to(Event.PEER_EXITED)
-        return details
-
-    def _poll(self, request: Any, exchange: int) -> None:
-        """Wait for ``request`` from synchronous code: polled, with stall warning and timeout."""
-        start = time.perf_counter()
-        stall = self.stall_warning_seconds
-        warned = False
-        announced = False
-        delay = 1e-5
-        try:
-            while not request.Test():
-                self._read_notes()
-                waited = time.perf_counter() - start
-                if not announced and waited >= _ANNOUNCE_SECONDS:
-                    announced = True
-                    self._tell_peers({"kind": "waiting", "number": exchange})
-                    self._tell_other_groups(True)
-                if stall and not warned and waited >= stall:
-                    warned = True
-                    _logger.warning(self._stall_message(exchange, waited))
-                if self.timeout is not None and waited >= self.timeout:
-                    self._timed_out(None, None)
-                time.sleep(delay)
-                delay = min(delay * 2, _MAX_SLEEP)
-        except BaseException:
-            self._break("a cross-process exchange was abandoned")
-            raise
-        finally:
-            if announced:
-                self._tell_other_groups(False)
-        if warned:
-            _logger.warning(
-                f"Collective resumed: the processes completed {self._waiting_what()} after "
-                f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
-            )
-
-    def _drive_sync(self, steps: Generator[Any, None, _T]) -> _T:
-        """Drive ``steps`` (requests every process posts in step) from synchronous code."""
-        try:
-            request = next(steps)
-            while True:
-                self._poll(request, self._number - 1)
-                request = steps.send(None)
-        except StopIteration as stop:
-            result: _T = stop.value
-            return result
-
-    def farewell(self, error: str | None, finalized: bool) -> Generator[Any, None, None]:
-        """This group's goodbye (at exit or MPI.Finalize): the steps of one last exchange.
-
-        A generator of requests, driven by :func:`._exit.goodbye_all` together with every
-        other group's, so that no goodbye waits for one that a peer makes later.
-        """
-        state = self._state
-        self._to(Event.FINALIZE if finalized else Event.EXIT)
-        if state is State.FAILED and self._departed:
-            return  # a peer has gone: nobody is left to say goodbye to
-        if self._in_flight and self._broken is None:
-            self._broken = "an exchange was interrupted"
-        if self._failed_here or self._peer_failure is not None:
-            self._settle_failure()
-        if self._broken is not None:
-            print(
-                f"asyncreplica: process {self.rank}: the processes are out of step "
-                f"({self._broken}); aborting the MPI job.",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._MPI.COMM_WORLD.Abort(1)
-            return
-        if self.size == 1:
-            return
-        detail: dict[str, Any] = {"error": error}
-        if finalized and error is None:
-            detail["finalized"] = True
-        request = self._post(Status.EXITED, 0)
-        yield request
-        self._in_flight = False
-        if self._unanimous():
-            return
-        try:
-            details = yield from self._details(Status.EXITED, None, detail)
-        except BackendError as exc:  # out of step: nothing can be matched
-            print(f"asyncreplica: process {self.rank}: {exc}", file=sys.stderr, flush=True)
-            self._MPI.COMM_WORLD.Abort(1)
-            return
-        waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
-        if waiting:
-            _, message = outcome_message(details)
-            print(
-                f"asyncreplica: process {self.rank} exited while other processes still "
-                f"wait for it:\n{message}",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    def free(self, *, finalized: bool = False) -> None:
-        """Free this group's MPI objects (after its goodbye, or once every process released it).
-
-        The bell's receive is cancelled first: a receive left posted makes UCX warn, at
-        finalize, that its buffers were not returned.
-        """
-        if self._freed:
-            return
-        self._freed = True
-        if self._abandoned:
-            return  # MPI still owns their buffers: nothing is freed (the job is aborted)
-        with contextlib.suppress(Exception):  # freeing is best effort
-            self._bell.Cancel()
-            self._bell.Wait()
-        with contextlib.suppress(Exception):
-            self._MPI.Request.Waitall(self._sends)  # eager notes: complete at once
-        self._sends = []
-        with contextlib.suppress(Exception):
-            if self._gather is not None:
-                self._gather.Free()
-        for comm in (self._ctl, self._data, self._side):
-            with contextlib.suppress(Exception):
-                comm.Free()
-
-    def released(self) -> bool:
-        """Whether this process dropped its strategy (nothing here can use the group)."""
-        holder = self._holder
-        return holder is not None and holder() is None and self._state is State.JOINED
-
-    def release(self) -> None:
-        """Every process dropped its strategy: free the group (no goodbye is owed)."""
-        self._to(Event.RELEASE)
-        _exit.release(self)
-        self.free()
-
-
-# At most this many dropped groups are released per creation (one fixed-size exchange).
-_RELEASE_SLOTS = 15
-
-
-def _release_dropped(base: Any) -> None:
-    """Free the groups on ``base`` whose strategies every process has dropped.
-
-    Called by every process while creating a group (after every process arrived, so
-    the exchange completes at once): each process lists the groups it dropped (their
-    creation numbers), and the groups every process dropped are freed by all, so that
-    a job that creates a strategy per step does not run out of communicators.
-    """
-    if base.Get_size() == 1:
-        return
-    mine = [
-        g for g in _exit._groups if g._base is base and g.size == base.Get_size() and g.released()
-    ][:_RELEASE_SLOTS]
-    row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
-    row[0] = len(mine)
-    row[1 : 1 + len(mine)] = [g._base_serial for g in mine]
-    rows = np.empty((base.Get_size(), _RELEASE_SLOTS + 1), np.int64)
-    base.Allgather(row, rows)
-    common = {int(v) for v in rows[0, 1 : 1 + int(rows[0, 0])]}
-    for r in range(1, base.Get_size()):
-        common &= {int(v) for v in rows[r, 1 : 1 + int(rows[r, 0])]}
-    for group in mine:
-        if group._base_serial in common:
-            group.release()
 
 
 def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:

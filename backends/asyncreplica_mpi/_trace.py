@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -16,12 +17,16 @@ from asyncreplica import AsyncReplicaError
 
 from ._arrival import _logger
 from ._lifecycle import Event, State
-from ._protocol import cross_fields
+from ._protocol import Status, cross_fields, describe_exception, fingerprint
 
 if TYPE_CHECKING:
     from ._group import MPIProcessGroup
 
-__all__ = ["TraceMerger"]
+__all__ = ["TraceMerger", "agree_blocking"]
+
+_T = TypeVar("_T")
+_ANNOUNCE_SECONDS = 0.05  # as a wait at an exchange (see _group)
+_MAX_SLEEP = 0.001
 
 _FIELDS = cross_fields("trace merge", None, None, [])
 _DETAIL = {"describe": "the end of strategy.trace(...)"}
@@ -73,7 +78,7 @@ class TraceMerger:
             # The group failed, closed or finalized: nothing can be exchanged on it.
             return self._alone(trace, describe(exc))
         try:
-            details = group.agree_blocking(_FIELDS, _DETAIL, error)
+            details = agree_blocking(group, _FIELDS, _DETAIL, error)
         except AsyncReplicaError as exc:
             if error is None:
                 raise
@@ -84,7 +89,7 @@ class TraceMerger:
             return self._alone(trace, "another process did not reach the end of its block")
         since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
         payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
-        gathered = group._drive_sync(_gather(group, since, payload))
+        gathered = _drive_sync(group, _gather(group, since, payload))
         if gathered is None:
             return None
         sinces, docs = gathered
@@ -187,3 +192,87 @@ def _merged(
         "mpi_world_size": size,
     }
     return merged
+
+
+# -- exchanges outside the event loop --------------------------------------------------
+
+
+def agree_blocking(
+    group: MPIProcessGroup,
+    fields: dict[str, Any],
+    detail: dict[str, Any],
+    error: BaseException | None,
+) -> list[dict[str, Any]] | None:
+    """One exchange from synchronous code (``strategy.trace``'s end); details if they differ.
+
+    ``error``: the exception leaving the block, if any: this process then says
+    FAILED with it (a peer still in a run fails there at once, naming it, instead
+    of waiting for a collective this process will never issue). The wait is polled,
+    reading the peers' notes, with the stall warning and the timeout.
+    """
+    if error is None:
+        status, fp = Status.COLLECTIVE, fingerprint(fields)
+    else:
+        status, fp = Status.FAILED, 0
+        detail = {**detail, "error": describe_exception(error)}
+    request = group._start(status, detail, fp, (), None)
+    if request is None:
+        return None
+    pending = group._pending
+    _poll(group, request, group._number - 1)
+    if group._unanimous():
+        group._last = pending
+        return None
+    details = _drive_sync(group, group._details(status, fields, detail))
+    gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
+    if gone:
+        group._departed = gone
+        group._to(Event.PEER_EXITED)
+    return details
+
+
+def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
+    """Wait for ``request`` from synchronous code: polled, with stall warning and timeout."""
+    start = time.perf_counter()
+    stall = group.stall_warning_seconds
+    warned = False
+    announced = False
+    delay = 1e-5
+    try:
+        while not request.Test():
+            group._read_notes()
+            waited = time.perf_counter() - start
+            if not announced and waited >= _ANNOUNCE_SECONDS:
+                announced = True
+                group._tell_peers({"kind": "waiting", "number": exchange})
+                group._tell_other_groups(True)
+            if stall and not warned and waited >= stall:
+                warned = True
+                _logger.warning(group._stall_message(exchange, waited))
+            if group.timeout is not None and waited >= group.timeout:
+                group._timed_out(None, None)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
+    except BaseException:
+        group._break("a cross-process exchange was abandoned")
+        raise
+    finally:
+        if announced:
+            group._tell_other_groups(False)
+    if warned:
+        _logger.warning(
+            f"Collective resumed: the processes completed {group._waiting_what()} after "
+            f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
+        )
+
+
+def _drive_sync(group: MPIProcessGroup, steps: Generator[Any, None, _T]) -> _T:
+    """Drive ``steps`` (requests every process posts in step) from synchronous code."""
+    try:
+        request = next(steps)
+        while True:
+            _poll(group, request, group._number - 1)
+            request = steps.send(None)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result
