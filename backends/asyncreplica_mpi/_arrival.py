@@ -19,7 +19,7 @@ from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedErro
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive", "_note_exit"]
+__all__ = ["_arrive", "_note_exit", "drain_exit_notes"]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -206,6 +206,7 @@ def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
     """A peer's exit note arrived where its arrival note was expected: raise at once."""
     from mpi4py import MPI
 
+    _consumed.add((base.py2f(), source))
     status = MPI.Status()
     base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
     buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
@@ -227,17 +228,45 @@ def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
     )
 
 
+def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) -> None:
+    """Receive the exit notes that ``sources`` sent on ``base`` and nobody received.
+
+    At exit, after the goodbye exchange told which peers sent one: MPICH's
+    ``MPI_Finalize`` stalls on a message that was sent and never received.
+    """
+    from mpi4py import MPI
+
+    handle = base.py2f()
+    status = MPI.Status()
+    for source in sources:
+        if (handle, source) in _consumed:
+            continue
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if not base.Iprobe(source=source, tag=_ARRIVAL_TAG, status=status):
+                time.sleep(1e-3)
+                continue
+            note = np.zeros(4, np.int64)
+            base.Recv(note, source=source, tag=_ARRIVAL_TAG)
+            if int(note[1]) == _EXITED:
+                base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
+                text = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                base.Recv(text, source=source, tag=_EXIT_TEXT_TAG)
+                _consumed.add((handle, source))
+                break
+
+
 def _note_exit(error: str | None, finalized: bool) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
-    Sent on every communicator a strategy was created on, and on ``COMM_WORLD``: a
-    peer still creating a strategy there (or creating one later) raises at once.
+    Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
+    exists): a peer still creating a strategy there (or creating one later) raises at
+    once.
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    bases = dict(_created)
-    bases.setdefault(world.py2f(), (world, 0))
+    bases = dict(_created) or {world.py2f(): (world, 0)}
     why = (
         f"exited after an uncaught {error}"
         if error
@@ -269,3 +298,5 @@ def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) ->
 
 
 _pending_notes: list[Any] = []
+# (communicator handle, rank): the exit notes this process received.
+_consumed: set[tuple[int, int]] = set()

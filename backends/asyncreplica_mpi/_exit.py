@@ -40,7 +40,7 @@ import numpy as np
 
 from asyncreplica import BackendError, ReplicaExitedError
 
-from ._arrival import _logger, _note_exit
+from ._arrival import _logger, _note_exit, drain_exit_notes
 from ._lifecycle import Event, State
 from ._protocol import Status, outcome_message
 
@@ -165,6 +165,15 @@ def goodbye_all(*, finalized: bool = False) -> None:
         acknowledge(group)
     steps = [(g, farewell(g, error, finalized)) for g in groups]
     _drive_all(MPI, steps)
+    # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
+    # stalls on a message nobody received.
+    drained: set[int] = set()
+    for group in groups:
+        handle = group._base.py2f()
+        if group._noted_peers and handle not in drained:
+            drained.add(handle)
+            with contextlib.suppress(Exception):
+                drain_exit_notes(group._base, sorted(group._noted_peers))
     for group in groups:
         free(group, finalized=finalized)
 
@@ -300,10 +309,15 @@ def farewell(
     detail: dict[str, Any] = {"error": error}
     if finalized and error is None:
         detail["finalized"] = True
-    request = group._post(Status.EXITED, 0)
+    # The fingerprint says whether this process sent exit notes (see _note_exit): the
+    # peers then receive them, so that none is left unreceived at MPI_Finalize.
+    noted = 1 if error is not None else 0
+    request = group._post(Status.EXITED, noted)
     yield request
     group._in_flight = False
     if group._unanimous():
+        if noted:
+            group._noted_peers = set(range(group.size)) - {group.rank}
         return
     try:
         details = yield from group._details(Status.EXITED, None, detail)
@@ -311,6 +325,11 @@ def farewell(
         _say(f"asyncreplica: process {group.rank}: {exc}")
         group._MPI.COMM_WORLD.Abort(1)
         return
+    group._noted_peers = {
+        int(d["rank"])
+        for d in details
+        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("error")
+    }
     waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
     if waiting:
         _, message = outcome_message(details)

@@ -269,6 +269,7 @@ class MPIProcessGroup(ProcessGroup):
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._freed = False
+        self._noted_peers: set[int] = set()  # peers that sent exit notes (at exit)
         self._abandoned: list[Any] = []  # posted requests never completed (see abandon)
         self._serial = next(_serials)
         self._fields_cache: dict[Signature, _Fields] = {}

@@ -138,8 +138,9 @@ def test_exit_with_two_strategies_releases_a_peer_in_the_first(how: str, tmp_pat
     # Process 0 leaves (normally, or of an uncaught ValueError) while process 1 is in a
     # collective on the first-created strategy: its goodbye on every strategy is posted
     # at once, so process 1 is released there, whatever the order.
-    _, logs, output = launch("exit_two", how, tmp_path=tmp_path)
+    rc, logs, output = launch("exit_two", how, tmp_path=tmp_path)
     assert "got ReplicaExitedError" in logs[1], output
+    assert rc == (1 if how == "raise" else 0), output  # the dying process's status is kept
     if how == "raise":
         assert (
             "process 0 (replica 0) exited after an uncaught ValueError: process 0 dies" in logs[1]
