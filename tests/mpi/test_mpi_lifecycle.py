@@ -29,6 +29,8 @@ running                    out of step (failure after    inline_miss
                            agreement, light collective)
 running                    wait on another strategy      opposite
 joined / running           trace merge with an error     trace_raise
+running                    trace merge (refused)         merge_in_run
+failed                     begin run (refused)           exit_two
 joined                     release (dropped everywhere)  leak
 any                        ``os._exit`` (no hook runs)   os_exit
 =========================  ============================  =================================
@@ -149,6 +151,19 @@ def test_exit_with_two_strategies_releases_a_peer_in_the_first(how: str, tmp_pat
     else:
         assert "process 0 (replica 0) exited" in logs[1]
     assert "busy outside collectives" not in output
+    # The failed group refuses the next run at once.
+    assert (
+        "again ReplicaExitedError: Process 0 of this MultiWorkerMirroredStrategy has exited"
+        in (logs[1])
+    )
+
+
+def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:
+    rc, logs, output = launch("merge_in_run", str(tmp_path / "t.json"), tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        assert "got ReplicaContextError: strategy.trace(...) ended inside a run" in logs[rank]
+        assert "after 2.0" in logs[rank], output
 
 
 def test_strategies_in_opposite_orders_are_named_in_the_stall_warning(tmp_path: Path) -> None:

@@ -62,6 +62,25 @@ async def exit_two(how: str) -> None:
         await train.run(one_reduce)
     except ar.ReplicaExitedError as exc:
         logged(exc)
+    try:  # the failed group refuses at once (the FAILED state)
+        await train.run(one_reduce)
+    except ar.ReplicaExitedError as exc:
+        report(f"again {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+async def merge_in_run(path: str) -> None:
+    """A trace block that ends inside a run is refused on every process, in step."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+
+    async def traced_step() -> float:
+        with strategy.trace(path):
+            return await one_reduce()
+
+    try:
+        await strategy.run(traced_step)
+    except ar.ReplicaContextError as exc:
+        logged(exc)
+    report(f"after {await strategy.run(one_reduce)}")
 
 
 async def opposite() -> None:
@@ -319,6 +338,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
         exit_two,
+        merge_in_run,
         opposite,
         finalize_run,
         finalize_only,
