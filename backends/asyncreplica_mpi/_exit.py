@@ -33,7 +33,7 @@ import atexit
 import contextlib
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -206,6 +206,8 @@ def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None,
         active = still
         if not active:
             break
+        for group, _, _ in active:  # a peer's failure, acknowledged at once
+            acknowledge(group)
         waited = time.monotonic() - start
         if not warned and waited >= stall:
             warned = True
@@ -255,30 +257,40 @@ def acknowledge(group: MPIProcessGroup) -> None:
             group._tell_peers({"kind": "ack"})
 
 
-def settle_failure(group: MPIProcessGroup) -> None:
+class _Until:
+    """A request-like condition for :func:`_drive_all`: ``Test()`` is the predicate."""
+
+    def __init__(self, predicate: Callable[[], bool]) -> None:
+        self.Test = predicate
+
+
+def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
     """At exit after a failure following an agreement: let every process report it.
 
     The process that failed waits (up to _ACK_SECONDS) until every peer has
     acknowledged, from its own exit hook (so after the peer reported the error),
-    before the job is ended; a peer acknowledges, then waits to be ended.
+    before the job is ended; a peer acknowledges, then waits to be ended. The waits are
+    steps of the goodbye (conditions polled with every other group's), so that a
+    process acknowledges on one group while it waits on another.
     """
+    until = time.monotonic() + _ACK_SECONDS
     if group._failed_here:
-        until = time.monotonic() + _ACK_SECONDS
-        while len(group._acks | group._failed_peers) < group.size - 1 and (
-            time.monotonic() < until
-        ):
+
+        def acknowledged() -> bool:
             with contextlib.suppress(ReplicaExitedError):
                 group._read_notes()
-            time.sleep(1e-3)
+            done = len(group._acks | group._failed_peers) >= group.size - 1
+            return done or time.monotonic() >= until
+
+        yield _Until(acknowledged)
         return
-    assert group._peer_failure is not None
-    if not group._acked:
-        group._acked = True
-        group._tell_peers({"kind": "ack"})
-    until = time.monotonic() + _ACK_SECONDS
-    while time.monotonic() < until:  # the failed process ends the job meanwhile
+    acknowledge(group)
+
+    def ended() -> bool:  # the failed process ends the job meanwhile
         group._sends = [r for r in group._sends if not r.Test()]
-        time.sleep(1e-3)
+        return time.monotonic() >= until
+
+    yield _Until(ended)
 
 
 def farewell(
@@ -296,7 +308,7 @@ def farewell(
     if group._in_flight and group._broken is None:
         group._broken = "an exchange was interrupted"
     if group._failed_here or group._peer_failure is not None:
-        settle_failure(group)
+        yield from settle_failure(group)
     if group._broken is not None:
         _say(
             f"asyncreplica: process {group.rank}: the processes are out of step "
