@@ -22,9 +22,9 @@ The hooks are installed when the first group is created and, when asyncreplica i
 imported in a process an MPI launcher started, by :func:`watch` (before any strategy
 exists), so an uncaught exception before or inside a constructor reaches the peers.
 
-Every wait here is polled (never ``Wait()``): it has a stall warning and honours the
-groups' ``timeout_seconds`` (past it, the job is aborted with a message rather than
-left hanging).
+Every wait here is polled (never ``Wait()``), with a stall warning. The goodbye has no
+timeout: a peer that ends later (a last checkpoint) is not an error, and aborting the
+job would kill it mid-way.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for group in groups:
         acknowledge(group)
     steps = [(g, farewell(g, error, finalized)) for g in groups]
-    _drive_all(MPI, steps)
+    _drive_all(steps)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
     drained: set[int] = set()
@@ -178,8 +178,13 @@ def goodbye_all(*, finalized: bool = False) -> None:
         free(group, finalized=finalized)
 
 
-def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
-    """Drive every group's goodbye steps together, polling their requests."""
+def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
+    """Drive every group's goodbye steps together, polling their requests.
+
+    The wait has the stall warning, but no timeout: a peer that ends later (a last
+    checkpoint, a slower step) is not an error, and ending the job then would kill it
+    mid-way. A failure's acknowledgements are bounded by _ACK_SECONDS.
+    """
     active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
     for group, gen in steps:
         with contextlib.suppress(StopIteration):
@@ -188,8 +193,6 @@ def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None,
         return
     stalls = [g.stall_warning_seconds for g, _, _ in active if g.stall_warning_seconds]
     stall = min(stalls) if stalls else _EXIT_STALL_SECONDS
-    timeouts = [g.timeout for g, _, _ in active if g.timeout]
-    timeout = min(timeouts) if timeouts else None
     start = time.monotonic()
     warned = False
     while active:
@@ -212,13 +215,6 @@ def _drive_all(MPI: Any, steps: list[tuple[MPIProcessGroup, Generator[Any, None,
         if not warned and waited >= stall:
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
-        if timeout is not None and waited >= timeout:
-            _say(
-                f"asyncreplica: {_exit_stall_message([g for g, _, _ in active], waited)}\n"
-                f"Timed out after {timeout:g} s (timeout_seconds): aborting the MPI job.",
-            )
-            MPI.COMM_WORLD.Abort(1)
-            return
         time.sleep(_POLL_SECONDS)
     if warned:
         _logger.warning(
@@ -235,8 +231,7 @@ def _exit_stall_message(groups: list[MPIProcessGroup], waited: float) -> str:
         f"other processes to reach the end of {which} (their exit, a collective on it, or "
         "MPI.Finalize()).\n\nEvery process must exit (or finalize MPI) for the others to "
         "finish: a process that is busy, blocked, or waits for something this process "
-        "would have sent delays this one. This is a warning, not an error: set "
-        "CommunicationOptions(timeout_seconds=...) to abort the job instead."
+        "would have sent delays this one. This is a warning, not an error."
     )
 
 
