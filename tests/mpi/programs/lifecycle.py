@@ -84,8 +84,12 @@ async def merge_in_run(path: str) -> None:
 
 
 async def opposite() -> None:
-    """Two strategies used in opposite orders: each process waits on a different one."""
-    options = ar.CommunicationOptions(timeout_seconds=4)
+    """Two strategies used in opposite orders: each process waits on a different one.
+
+    Process 0 times out first (3 s; process 1's timeout is 20 s): its exit then says
+    goodbye on the strategy process 1 waits on, which releases it.
+    """
+    options = ar.CommunicationOptions(timeout_seconds=3 if RANK == 0 else 20)
     a = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
     b = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
     first, second = (a, b) if RANK == 0 else (b, a)
