@@ -99,3 +99,10 @@ __all__ = [
 
 set_public_module(__name__, globals(), __all__)
 del set_public_module
+
+# Under mpiexec: a process that ends before creating the strategy its peers create tells
+# them (asyncreplica._launch.watch); elsewhere this does nothing.
+from ._launch import watch as _watch  # noqa: E402
+
+_watch()
+del _watch

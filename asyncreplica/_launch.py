@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 
-__all__ = ["LAUNCHER_VARIABLES", "find_mpiexec", "launched_by_mpiexec"]
+__all__ = ["LAUNCHER_VARIABLES", "find_mpiexec", "launched_by_mpiexec", "watch"]
 
 #: Environment variables that MPI launchers (MPICH's hydra, Open MPI, PMIx) set in
 #: every process they start.
@@ -29,3 +29,45 @@ def find_mpiexec() -> str | None:
     """
     path = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
     return shutil.which("mpiexec", path=path)
+
+
+_watching: list[bool] = []
+
+
+def watch() -> None:
+    """Under an MPI launcher: tell the other processes when this one ends early.
+
+    Installed when asyncreplica is imported in a process an MPI launcher started. A
+    process that dies of an uncaught exception before (or inside) the constructor of
+    the strategy its peers create, or exits without creating it, would leave them
+    waiting; the "mpi" process group (loaded through its entry point, only when MPI was
+    initialised) tells them. Nothing is imported before it is needed.
+    """
+    if _watching or not launched_by_mpiexec():
+        return
+    _watching.append(True)
+    import atexit
+
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        _tell_group(value, exiting=False)
+        previous(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = hook
+    atexit.register(_tell_group, None, exiting=True)
+
+
+def _tell_group(error: BaseException | None, *, exiting: bool) -> None:
+    """Hand ``error`` (or the exit) to the "mpi" process group, once MPI is in use."""
+    if "mpi4py.MPI" not in sys.modules:
+        return  # MPI never started here: the launcher sees this process's exit itself
+    try:
+        from ._registry import load_process_group_class
+
+        group_class = load_process_group_class("mpi")
+    except Exception:  # no MPI group installed: nothing to tell
+        return
+    ends = getattr(group_class, "process_ends", None)
+    if callable(ends):
+        ends(error, exiting=exiting)

@@ -245,7 +245,12 @@ class ProcessGroup(abc.ABC):
 
     @abc.abstractmethod
     async def collective(
-        self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
+        self,
+        signature: Signature,
+        position: Hashable,
+        local: Callable[[], Awaitable[_T]],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 -- a limit the group applies itself
     ) -> _T:
         """Agree with the other processes on ``signature`` at ``position``, then run ``local``.
 
@@ -253,6 +258,8 @@ class ProcessGroup(abc.ABC):
             signature: What the local replicas called (they agreed on it).
             position: The ledger's key of the position: an index, or ``(name, k)``.
             local: The backend operation, awaited once the processes agreed.
+            timeout: This collective's ``timeout_seconds`` (its options merged with the
+                strategy's); None: the group's own.
 
         Returns:
             What ``local`` returned.

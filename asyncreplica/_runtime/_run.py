@@ -383,7 +383,10 @@ class Run:
             payloads = slot.payloads
             try:
                 slot.results = await group.collective(
-                    signature, key, lambda: call.dispatch(self, call, payloads)
+                    signature,
+                    key,
+                    lambda: call.dispatch(self, call, payloads),
+                    timeout=call.timeout or None,
                 )
             except CollectiveError as exc:
                 # The processes disagree (or one failed): the run's root cause, as a

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from asyncreplica import BackendError, CollectiveTimeoutError
+from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedError
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive"]
+__all__ = ["_arrive", "_note_exit", "drain_exit_notes"]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -32,8 +32,11 @@ __all__ = ["_arrive"]
 
 _ARRIVAL_TAG = 0x6172  # "ar"
 _GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
+_EXIT_TEXT_TAG = 0x6174  # after an exit note: why the process exits (UTF-8)
 _ARRIVED = 1
 _GAVE_UP = 2
+_EXITED = 3  # on _ARRIVAL_TAG: the process exits and creates no more groups
+_COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
 _logger = logging.getLogger("asyncreplica")
 # Per user communicator (by handle): the communicator, and how many groups this
 # process created on it.
@@ -88,6 +91,8 @@ def _arrive(
             if recvs[r].Test():
                 del recvs[r]
                 magic, kind, their_serial, value = (int(v) for v in notes[r])
+                if magic == MAGIC and kind == _EXITED:
+                    _raise_exited(base, r, rank, serial)
                 if magic != MAGIC or kind != _ARRIVED:
                     raise BackendError(
                         f"process {r} sent a malformed message while the strategy was being "
@@ -134,17 +139,153 @@ def _arrive(
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
     MPI.Request.Waitall(sends)
-    for r in range(size):  # one that arrived, then gave up waiting for a late one
-        if r != rank and base.Iprobe(source=r, tag=_GAVE_UP_TAG):
-            note = np.zeros(4, np.int64)
-            base.Recv(note, source=r, tag=_GAVE_UP_TAG)
-            if int(note[1]) == _GAVE_UP:
-                raise BackendError(
-                    f"Process {r} gave up waiting for the other processes to create "
-                    "MultiWorkerMirroredStrategy (its timeout_seconds passed) before this "
-                    f"process (process {rank}) created it; the processes are out of step."
-                )
+    _commit(base, serial, timeout, stall)
     return counts
+
+
+def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) -> None:
+    """Every process arrived here: say so, and hear each peer's decision (second phase).
+
+    A peer that gave up waiting (its timeout passed) before this process arrived sent a
+    give-up note instead of its commit: one note per peer, either one, so a late process
+    never misses it (a single probe could look before it arrived) and never enters
+    ``MPI_Comm_dup`` alone.
+
+    Raises:
+        BackendError: A peer gave up waiting before this process arrived.
+    """
+    from mpi4py import MPI
+
+    rank, size = base.Get_rank(), base.Get_size()
+    sends = _note_to_all(base, _COMMIT, serial, 0, _GAVE_UP_TAG)
+    notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
+    recvs = {r: base.Irecv(notes[r], source=r, tag=_GAVE_UP_TAG) for r in notes}
+    started = time.monotonic()
+    delay = 1e-5
+    warned = False
+    gave_up: list[int] = []
+    while recvs:
+        for r in list(recvs):
+            if recvs[r].Test():
+                del recvs[r]
+                if int(notes[r][1]) != _COMMIT:
+                    gave_up.append(r)
+        if not recvs:
+            break
+        waited = time.monotonic() - started
+        if stall and not warned and waited >= stall:
+            warned = True
+            _logger.warning(
+                f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
+                f"{waited:.1f} s for {_ranks_text(sorted(recvs))} to confirm the creation "
+                "(every process arrived)."
+            )
+        if timeout is not None and waited >= timeout:
+            for request in recvs.values():
+                with contextlib.suppress(Exception):
+                    request.Cancel()
+            _pending_notes.extend(sends)
+            raise BackendError(
+                f"Timed out after {timeout:g} s confirming the creation of "
+                f"MultiWorkerMirroredStrategy with {_ranks_text(sorted(recvs))} (every "
+                "process had arrived); the processes are out of step."
+            )
+        time.sleep(delay)
+        delay = min(delay * 2, 1e-3)
+    MPI.Request.Waitall(sends)
+    if gave_up:
+        r = gave_up[0]
+        raise BackendError(
+            f"Process {r} gave up waiting for the other processes to create "
+            "MultiWorkerMirroredStrategy (its timeout_seconds passed) before this "
+            f"process (process {rank}) created it; the processes are out of step."
+        )
+
+
+def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
+    """A peer's exit note arrived where its arrival note was expected: raise at once."""
+    from mpi4py import MPI
+
+    _consumed.add((base.py2f(), source))
+    status = MPI.Status()
+    base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
+    buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+    base.Recv(buf, source=source, tag=_EXIT_TEXT_TAG)
+    why = bytes(buf).decode("utf-8", "replace")
+    raise ReplicaExitedError(
+        0,
+        0,
+        {},
+        exited_count=0,
+        exited_last=None,
+        message=(
+            f"Process {source} {why}, without creating its MultiWorkerMirroredStrategy "
+            f"number {serial + 1} on this communicator, which this process (process "
+            f"{rank}) is creating: it never will.\n\nEvery process must create the same "
+            "strategies, in the same order; look at process "
+            f"{source}'s own output for why it ended."
+        ),
+    )
+
+
+def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) -> None:
+    """Receive the exit notes that ``sources`` sent on ``base`` and nobody received.
+
+    At exit, after the goodbye exchange told which peers sent one: MPICH's
+    ``MPI_Finalize`` stalls on a message that was sent and never received.
+    """
+    from mpi4py import MPI
+
+    handle = base.py2f()
+    status = MPI.Status()
+    for source in sources:
+        if (handle, source) in _consumed:
+            continue
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if not base.Iprobe(source=source, tag=_ARRIVAL_TAG, status=status):
+                time.sleep(1e-3)
+                continue
+            note = np.zeros(4, np.int64)
+            base.Recv(note, source=source, tag=_ARRIVAL_TAG)
+            if int(note[1]) == _EXITED:
+                base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
+                text = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                base.Recv(text, source=source, tag=_EXIT_TEXT_TAG)
+                _consumed.add((handle, source))
+                break
+
+
+def _note_exit(error: str | None, finalized: bool) -> None:
+    """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
+
+    Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
+    exists): a peer still creating a strategy there (or creating one later) raises at
+    once.
+    """
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    bases = dict(_created) or {world.py2f(): (world, 0)}
+    why = (
+        f"exited after an uncaught {error}"
+        if error
+        else "finalized MPI (MPI.Finalize())"
+        if finalized
+        else "exited"
+    )
+    text = np.frombuffer(why.encode(), np.uint8)
+    for base, serial in bases.values():
+        with contextlib.suppress(Exception):  # a freed communicator: nobody to tell
+            if base.Get_size() == 1:
+                continue
+            _pending_notes.extend(_note_to_all(base, _EXITED, serial, text.size))
+            rank = base.Get_rank()
+            _pending_notes.extend(
+                base.Isend(text, dest=r, tag=_EXIT_TEXT_TAG)
+                for r in range(base.Get_size())
+                if r != rank
+            )
 
 
 def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
@@ -157,3 +298,5 @@ def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) ->
 
 
 _pending_notes: list[Any] = []
+# (communicator handle, rank): the exit notes this process received.
+_consumed: set[tuple[int, int]] = set()

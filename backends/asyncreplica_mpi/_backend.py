@@ -200,7 +200,11 @@ class MPIBackend(Backend):
         method; the path is the same for every size).
         """
         request = getattr(self.group.data_comm, "I" + name.lower())(*args, **kwargs)
-        await self._drive(request)
+        try:
+            await self._drive(request)
+        except BaseException:
+            self.group.abandon(request, args, kwargs)  # MPI may still use the buffers
+            raise
 
     async def _drive(self, request: Any) -> None:
         """Wait for a posted transfer by testing it: the tests are what move the data.

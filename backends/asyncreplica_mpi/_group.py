@@ -3,8 +3,10 @@
 See :mod:`._protocol` for the exchange itself. This module owns the communicators
 (two duplicates of the user's: one for agreement, one for data, so that neither
 ever shares traffic with the user's own), the polling of non-blocking requests from
-the event loop, and the goodbye exchange at interpreter exit. Creating a group's
-arrival notes live in :mod:`._arrival`, merged timelines in :mod:`._trace`.
+the event loop, and the stall warnings and timeouts of every wait. Creating a group's
+arrival notes live in :mod:`._arrival`; its lifecycle table in :mod:`._lifecycle`; the
+goodbye at exit (and at ``MPI.Finalize()``) and the release of dropped groups in
+:mod:`._exit`; merged timelines in :mod:`._trace`.
 
 Cancellation: once a process has posted its part of an MPI collective it must finish
 it, or the processes fall out of step. Every wait between posting a request and its
@@ -17,15 +19,14 @@ yield to the loop, which is what makes the common case cheap.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import collections
 import contextlib
 import json
 import math
 import os
-import sys
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -43,7 +44,9 @@ from asyncreplica import (
 )
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
-from ._arrival import _arrive, _logger
+from . import _exit
+from ._arrival import _arrive, _created, _logger
+from ._lifecycle import Event, Refusal, State, advance
 from ._protocol import (
     HEADER,
     HEADER_BYTES,
@@ -105,41 +108,10 @@ _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
 _NOTE_TAG = 1
 _BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
-_ACK_SECONDS = 10.0
 _DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
 # The per-signature and per-position caches are cleared past this many entries.
 _MAX_CACHED = 4096
-
-# The last uncaught exception (from sys.excepthook), told to peers at exit.
-_uncaught: list[str] = []
-# Every group this process created, held until exit (not weakly): the goodbye at exit is
-# an exchange on each group, so every process must say it on every group, whether or
-# not its own strategy object is still referenced (one process may have collected a
-# strategy that another still holds, say in an exception's traceback).
-_groups: list[MPIProcessGroup] = []
-_hooked = False
-
-
-def _install_hooks() -> None:
-    global _hooked
-    if _hooked:
-        return
-    _hooked = True
-    previous = sys.excepthook
-
-    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        _uncaught.append(describe_exception(value))
-        previous(kind, value, tb)
-
-    sys.excepthook = hook
-    atexit.register(_goodbye_all)
-
-
-def _goodbye_all() -> None:
-    for group in sorted(_groups, key=lambda g: -g._serial):
-        group.goodbye()
-
 
 _sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 
@@ -202,6 +174,7 @@ _Agreement = tuple[dict[str, Any], dict[str, Any], int, Hashable]
 _Fields = tuple[dict[str, Any], int, dict[str, Any], bool, bool]
 
 _NO_SHIELD = contextlib.nullcontext()
+_LIVE = (State.JOINED, State.RUNNING)
 _BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
@@ -235,11 +208,20 @@ class MPIProcessGroup(ProcessGroup):
         base = MPI.COMM_WORLD if communicator is None else communicator
         if not isinstance(base, MPI.Intracomm):
             raise TypeError(f"communicator must be an mpi4py Intracomm, got {base!r}")
-        _install_hooks()
+        self._state = State.CREATED
+        _exit.install_hooks(finalize=True)
+        self._base = base
+        self._base_serial = _created.get(base.py2f(), (base, 0))[1]
+        self._holder: Callable[[], Any] | None = None  # the backend (see wrap)
         # Every process announces itself before the first collective call, so that a
         # process that never creates its strategy is named (and bounded by timeout)
         # instead of leaving the others inside MPI_Comm_dup for ever.
-        counts = _arrive(base, local_replicas, timeout, stall_warning_seconds)
+        try:
+            counts = _arrive(base, local_replicas, timeout, stall_warning_seconds)
+        except BaseException:
+            self._to(Event.ARRIVAL_FAILED)
+            raise
+        _exit.release_dropped(base)
         self._ctl = base.Dup()
         self._data = base.Dup()
         self._side = base.Dup()  # notes: who waits where, and failures after agreement
@@ -253,6 +235,9 @@ class MPIProcessGroup(ProcessGroup):
         self.offset = self.offsets[self.rank]
         self.check_call_sites = check_call_sites
         self.timeout = timeout
+        # The timeout of the exchange in progress: a collective's own (its options), or
+        # the group's.
+        self._limit = timeout
         self.stall_warning_seconds = stall_warning_seconds
         # Notes from peers (side communicator): the ranks seen waiting at each exchange,
         # a peer's failure after an agreement, and the sends of our own notes.
@@ -264,8 +249,12 @@ class MPIProcessGroup(ProcessGroup):
         self._bell_buf = np.zeros(1, np.int64)
         self._bell: Any = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
         self._agreed = False  # the current collective's agreement is made
+        self._agreed_at = 0.0  # when (perf_counter), for the data transfer's timeout
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        self._acked = False  # this process acknowledged a peer's failure (at exit)
         self._failed_peers: set[int] = set()  # peers that told us they failed
+        # Peers that wait on another group (strategy): (its label, where), by rank.
+        self._elsewhere: dict[int, tuple[str, str]] = {}
         # What the current exchange agrees on, and the last one every process made:
         # (position or None, detail), formatted only for messages.
         self._pending: tuple[Hashable, dict[str, Any]] | None = None
@@ -287,7 +276,9 @@ class MPIProcessGroup(ProcessGroup):
         self._running = False  # between begin_run and end_run
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
-        self._closed = False
+        self._freed = False
+        self._noted_peers: set[int] = set()  # peers that sent exit notes (at exit)
+        self._abandoned: list[Any] = []  # posted requests never completed (see abandon)
         self._serial = next(_serials)
         self._fields_cache: dict[Signature, _Fields] = {}
         self._fields_by_id: dict[int, tuple[Signature, _Fields]] = {}
@@ -309,13 +300,90 @@ class MPIProcessGroup(ProcessGroup):
             # (creating it is collective, like this constructor).
             with contextlib.suppress(NotImplementedError):
                 self._gather = self._ctl.Allgather_init(self._send, self._recv)
-        _groups.append(self)
+        self._owed_refusals = 0  # refused concurrent runs, told at the run's end
+        self._to(Event.ARRIVED)
+        _exit.register(self)
+
+    @staticmethod
+    def process_ends(error: BaseException | None, *, exiting: bool) -> None:
+        """Before any group exists: an uncaught ``error``, or the exit (see ``_exit``)."""
+        _exit.process_ends(error, exiting=exiting)
 
     def wrap(self, local: Backend) -> Backend:
-        """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes."""
+        """An :class:`~asyncreplica_mpi.MPIBackend`: ``local`` combined across processes.
+
+        The group holds the backend weakly: once the strategy (which holds it) is gone
+        on every process, the next strategy created on the same communicator frees
+        this group's communicators (see :func:`_release_dropped`).
+        """
         from ._backend import MPIBackend
 
-        return MPIBackend(local, self)
+        backend = MPIBackend(local, self)
+        self._holder = weakref.ref(backend)
+        return backend
+
+    # -- the lifecycle (see _lifecycle) --------------------------------------------------
+
+    def _to(self, event: Event) -> None:
+        """Move to the state after ``event`` (see :data:`._lifecycle.TABLE`), or refuse."""
+        after = advance(self._state, event)
+        if isinstance(after, Refusal):
+            self._refuse(after)
+        self._state = after
+
+    def _refuse(self, refusal: Refusal) -> NoReturn:
+        """The one raise site of every refused lifecycle event."""
+        if refusal is Refusal.CONCURRENT_RUN:
+            # The refusal is local, and on another process the same two runs may not
+            # overlap: this process owes the others one exchange for the refused run,
+            # made at the end of the run in progress (see end_run), so that every
+            # process stays in step whichever runs it refused.
+            self._owed_refusals += 1
+            raise ReplicaContextError(
+                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
+                f"progress on process {self.rank}: one strategy runs one step at a time "
+                "across processes (two concurrent runs would interleave their "
+                "collectives in a different order on each process).\n\nAwait each run "
+                "before starting the next (no asyncio.gather / task group of runs of one "
+                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
+                "step function."
+            )
+        if refusal is Refusal.FAILED:
+            self._check_usable()
+        if refusal is Refusal.MERGE_IN_RUN:
+            raise ReplicaContextError(
+                "strategy.trace(...) ended inside a run of the same strategy: the merge "
+                "of every process's timeline is collective, so it must be reached "
+                "outside Strategy.run (leave the `with` block after the run returns)."
+            )
+        what = {
+            Refusal.CLOSED: "was closed (this process is exiting)",
+            Refusal.FINALIZED: (
+                "cannot be used any more: MPI was finalized on this process (MPI.Finalize()); "
+                "every strategy said goodbye to the other processes then"
+            ),
+            Refusal.NOT_JOINED: "is still being created",
+            Refusal.FAILED: "failed",
+        }[refusal]
+        raise BackendError(f"This MultiWorkerMirroredStrategy {what} (process {self.rank}).")
+
+    def _break(self, reason: str) -> None:
+        """The processes are out of step on this group (the first reason is kept)."""
+        if self._broken is None:
+            self._broken = reason
+        self._to(Event.OUT_OF_STEP)
+
+    def label(self) -> str:
+        """``MultiWorkerMirroredStrategy #2``: this group by creation order (for messages)."""
+        return f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
+
+    def is_closed(self) -> bool:
+        """Whether this group said goodbye, was released, or MPI was finalized."""
+        return self._state is State.CLOSED or self._state is State.FINALIZED
+
+    def closed(self, *, finalized: bool) -> None:
+        """MPI was finalized without a goodbye (it was never initialised for the hook)."""
+        self._to(Event.FINALIZE if finalized else Event.EXIT)
 
     # -- look-ups -----------------------------------------------------------------------
 
@@ -375,7 +443,7 @@ class MPIProcessGroup(ProcessGroup):
         """After headers differ: every process's JSON detail, in rank order (two rounds)."""
         MPI = self._MPI
         if (self._heads[:, 0] != MAGIC).any():
-            self._broken = "a peer sent a malformed header"
+            self._break("a peer sent a malformed header")
             raise BackendError(
                 "asyncreplica received a malformed message from another process: the "
                 "processes' communicators are out of step. Restart the job."
@@ -384,7 +452,7 @@ class MPIProcessGroup(ProcessGroup):
         if (numbers != numbers[0]).any():
             # Every process sees the same headers, so every one raises this, at once:
             # pairing exchanges of different numbers would report a false disagreement.
-            self._broken = "they made different numbers of exchanges"
+            self._break("they made different numbers of exchanges")
             made = ", ".join(f"process {r}: {int(n)}" for r, n in enumerate(numbers))
             raise BackendError(
                 "The processes of this MultiWorkerMirroredStrategy are out of step: they "
@@ -433,14 +501,18 @@ class MPIProcessGroup(ProcessGroup):
         except BaseException:
             # Abandoned while posted (a timeout, or an interruption no shield stops):
             # the processes are out of step.
-            if self._broken is None:
-                self._broken = "a cross-process exchange was abandoned"
+            self._break("a cross-process exchange was abandoned")
             raise
 
     # -- waiting: notes from peers, stall warnings ------------------------------------
 
     async def _watch(
-        self, test: Callable[[], bool], exchange: int | None = None, request: Any = None
+        self,
+        test: Callable[[], bool],
+        exchange: int | None = None,
+        request: Any = None,
+        *,
+        data: bool = False,
     ) -> None:
         """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
 
@@ -454,11 +526,16 @@ class MPIProcessGroup(ProcessGroup):
         For an exchange (``exchange``: its number), a wait that passes
         ``_ANNOUNCE_SECONDS`` tells the peers that this process waits there, and one
         that passes ``stall_warning_seconds`` logs a warning naming the processes
-        that have not arrived.
+        that have not arrived. The announcement also goes to the peers of this
+        process's other groups (strategies), so that a peer waiting on another strategy
+        names where this process waits, instead of calling it busy. With ``data``, the
+        wait is for the data transfer after the agreement ``exchange``.
         """
         on_asyncio = asyncio._get_running_loop() is not None
         start = time.perf_counter()
         spin_until = start + _SPIN_SECONDS
+        if data and self._agreed_at:
+            start = min(start, self._agreed_at)  # a data wait counts from its agreement
         while not test():
             if time.perf_counter() >= spin_until:
                 break
@@ -475,6 +552,8 @@ class MPIProcessGroup(ProcessGroup):
         stall = self.stall_warning_seconds
         announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
         warned = False
+        announced = False
+        key = -1 - exchange if data and exchange is not None else exchange
         timers = exchange is not None and self.size > 1
         # The timed checks: (seconds into the wait, what to do), earliest first.
         due: list[tuple[float, str]] = []
@@ -485,27 +564,32 @@ class MPIProcessGroup(ProcessGroup):
             due.sort()
         parked = thread_multiple()
         delay = _MIN_SLEEP
-        while True:
-            self._read_notes()
-            if test():
-                break
-            waited = time.perf_counter() - start
-            while due and waited >= due[0][0]:
-                _, what = due.pop(0)
-                if what == "announce":
-                    assert exchange is not None
-                    self._tell_peers({"kind": "waiting", "number": exchange})
+        try:
+            while True:
+                self._read_notes()
+                if test():
+                    break
+                waited = time.perf_counter() - start
+                while due and waited >= due[0][0]:
+                    _, what = due.pop(0)
+                    assert key is not None
+                    if what == "announce":
+                        announced = True
+                        self._tell_peers({"kind": "waiting", "number": key})
+                        self._tell_other_groups(True)
+                    else:
+                        warned = True
+                        _logger.warning(self._stall_message(key, waited, data=data))
+                until = due[0][0] - waited if due else None
+                if parked:
+                    await self._park(request, until)
                 else:
-                    assert exchange is not None
-                    warned = True
-                    _logger.warning(self._stall_message(exchange, waited))
-            until = due[0][0] - waited if due else None
-            if parked:
-                await self._park(request, until)
-            else:
-                nap = delay if until is None else min(delay, max(until, 0.0))
-                await anyio.sleep(min(nap, _NOTES_SECONDS))
-                delay = min(delay * 2, _MAX_SLEEP)
+                    nap = delay if until is None else min(delay, max(until, 0.0))
+                    await anyio.sleep(min(nap, _NOTES_SECONDS))
+                    delay = min(delay * 2, _MAX_SLEEP)
+        finally:
+            if announced:
+                self._tell_other_groups(False)
         if warned:
             _logger.warning(
                 f"Collective resumed: the processes completed {self._waiting_what()} after "
@@ -551,15 +635,30 @@ class MPIProcessGroup(ProcessGroup):
         if bell.Test():  # it rang: listen again
             self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
 
+    def _tell_other_groups(self, waiting: bool) -> None:
+        """Tell the peers of this process's other groups that it waits here (or no more)."""
+        note = {"kind": "elsewhere", "label": self.label(), "what": self._waiting_what()}
+        if not waiting:
+            note = {"kind": "elsewhere done"}
+        for group in _exit._groups:
+            if group is not self and group.size > 1 and group._state in _LIVE:
+                with contextlib.suppress(Exception):  # best effort: it only names a place
+                    group._tell_peers(note)
+
     def _waiting_what(self) -> str:
         return _exchange_text(self._pending)
 
-    def _stall_message(self, exchange: int, waited: float) -> str:
-        """The warning for an exchange that has waited ``stall_warning_seconds``."""
+    def _stall_message(self, exchange: int, waited: float, *, data: bool = False) -> str:
+        """The warning for an exchange that has waited ``stall_warning_seconds``.
+
+        ``exchange`` is the key of the wait (``-1 - number`` for a data transfer).
+        """
         seen = self._seen_waiting.get(exchange, set())
         missing = [r for r in range(self.size) if r != self.rank and r not in seen]
         waiting = [r for r in range(self.size) if r == self.rank or r in seen]
         what = self._waiting_what()
+        if data:
+            what = f"the data transfer of {what} (every process agreed on it)"
         lines = [
             (
                 f"Collective stalled across processes: {self._process(self.rank)} has "
@@ -572,6 +671,23 @@ class MPIProcessGroup(ProcessGroup):
         for r in waiting:
             lines.append(f"  * {self._process(r)} reached it and waits")
         for r in missing:
+            elsewhere = self._elsewhere.get(r)
+            if elsewhere is not None:
+                label, there = elsewhere
+                lines.append(
+                    f"  * {self._process(r)} did not arrive: it waits at {there} of "
+                    f"{label}, another strategy, while this process waits on "
+                    f"{self.label()}. The processes use their strategies in different "
+                    "orders: each waits for the other (a deadlock, unless another task of "
+                    "one of them issues the missing collective)"
+                )
+                continue
+            if data:
+                lines.append(
+                    f"  * {self._process(r)} agreed on it but has not sent its data: it "
+                    "is stopped, blocked in a call that does not yield, or died"
+                )
+                continue
             place = (
                 f"its last exchange with the others was {_exchange_text(self._last)}"
                 if self._last is not None
@@ -648,6 +764,10 @@ class MPIProcessGroup(ProcessGroup):
                     self._peer_failure = note
             elif kind == "ack":
                 self._acks.add(source)
+            elif kind == "elsewhere":
+                self._elsewhere[source] = (str(note.get("label")), str(note.get("what")))
+            elif kind == "elsewhere done":
+                self._elsewhere.pop(source, None)
         failure = self._peer_failure
         if failure is not None and not self._failed_here:
             self._raise_peer_failure(failure)
@@ -655,12 +775,11 @@ class MPIProcessGroup(ProcessGroup):
     def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
         rank = int(failure["rank"])
         timeout = failure.get("timeout")
-        if self._broken is None:
-            self._broken = (
-                f"process {rank} timed out waiting for the others"
-                if timeout is not None
-                else f"process {rank} failed after the processes agreed on a collective"
-            )
+        self._break(
+            f"process {rank} timed out waiting for the others"
+            if timeout is not None
+            else f"process {rank} failed after the processes agreed on a collective"
+        )
         self._run_ended = True
         what = failure.get("what") or "a collective"
         first = (
@@ -718,7 +837,7 @@ class MPIProcessGroup(ProcessGroup):
         """
         if self._broken is not None or self.size == 1:
             return
-        self._broken = "this process failed after the processes agreed on a collective"
+        self._break("this process failed after the processes agreed on a collective")
         self._failed_here = True
         self._run_ended = True
         self._tell_peers(self._failure_note(error))
@@ -737,9 +856,37 @@ class MPIProcessGroup(ProcessGroup):
         }
 
     async def wait_data(self, request: Any) -> None:
-        """Wait for a posted data transfer (the caller shields it), watching for failures."""
-        if not _spin(request.Test):
-            await self._watch(request.Test, request=request)
+        """Wait for a posted data transfer (the caller shields it), watching for failures.
+
+        The wait has the exchange's stall warning and timeout, counted from the
+        agreement: a peer that stops after agreeing is named, and past
+        ``timeout_seconds`` this process raises and tells the others (the processes
+        are out of step then, as after any timeout).
+        """
+        if _spin(request.Test):
+            return
+        deadline = None
+        if self._limit is not None:
+            start = self._agreed_at or time.perf_counter()
+            deadline = anyio.current_time() + max(0.0, start + self._limit - time.perf_counter())
+        try:
+            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
+                await self._watch(request.Test, self._number - 1, request, data=True)
+                return
+        except BaseException:
+            self.abandon(request)
+            raise
+        self.abandon(request)
+        self._timed_out(None, None, data=True)
+
+    def abandon(self, request: Any, *buffers: Any) -> None:
+        """A posted data transfer will not be waited for: out of step, and kept alive.
+
+        MPI may still read and write the request's ``buffers`` (an mpi4py request does
+        not hold them), so they are held until exit, when the job is aborted.
+        """
+        self._abandoned.append((request, buffers))
+        self._break("a data transfer was abandoned")
 
     async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
         try:
@@ -747,16 +894,6 @@ class MPIProcessGroup(ProcessGroup):
             while True:
                 if not _spin(request.Test):
                     await self._wait(request, deadline)
-                request = steps.send(None)
-        except StopIteration as stop:
-            result: _T = stop.value
-            return result
-
-    def _drive_blocking(self, steps: Generator[Any, None, _T]) -> _T:
-        try:
-            request = next(steps)
-            while True:
-                request.Wait()
                 request = steps.send(None)
         except StopIteration as stop:
             result: _T = stop.value
@@ -859,7 +996,7 @@ class MPIProcessGroup(ProcessGroup):
         Its timeout counts from here (at most 20 µs after it was posted).
         """
         pending = self._pending
-        deadline = None if self.timeout is None else anyio.current_time() + self.timeout
+        deadline = None if self._limit is None else anyio.current_time() + self._limit
         try:
             if not self._spun:
                 await self._wait(request, deadline)
@@ -871,29 +1008,7 @@ class MPIProcessGroup(ProcessGroup):
                 detail = {**detail, "key": _key_json(position)}
             details = await self._drive(self._details(status, fields, detail), deadline)
         except _Expired:
-            if position is not None and fields is not None:
-                fields = {**fields, "position": key_text(position)}
-            self._broken = "a cross-process exchange timed out"
-            what = "" if fields is None else f" at their {fields['position']}"
-            error = CollectiveTimeoutError(
-                0,
-                float(self.timeout or 0),
-                {},
-                {},
-                message=(
-                    f"The other processes did not all reach the same point{what} within "
-                    f"{self.timeout} s (this is process {self.rank} of {self.size}).\n\n"
-                    "A process that is alive but busy (I/O, a long computation) or stuck "
-                    "delays every other one. The processes are now out of step: the job "
-                    "cannot continue."
-                ),
-            )
-            # The peers that still wait (they may have started waiting a little later,
-            # or wait elsewhere) raise at once, with this cause, instead of being ended
-            # by this process's exit hook before they can report anything.
-            self._failed_here = True
-            self._tell_peers({**self._failure_note(error), "timeout": self.timeout})
-            raise error from None
+            self._timed_out(position, fields)
         # Every process sees the same details and raises: the run ends everywhere.
         self._run_ended = True
         if self._running:
@@ -901,7 +1016,42 @@ class MPIProcessGroup(ProcessGroup):
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
+            self._to(Event.PEER_EXITED)
         return details
+
+    def _timed_out(
+        self, position: Hashable, fields: dict[str, Any] | None, *, data: bool = False
+    ) -> NoReturn:
+        """An exchange (or, with ``data``, the data transfer after one) timed out: raise.
+
+        The peers that still wait (they may have started waiting a little later, or
+        wait elsewhere) raise at once, with this cause, instead of being ended by this
+        process's exit hook before they can report anything.
+        """
+        if position is not None and fields is not None:
+            fields = {**fields, "position": key_text(position)}
+        self._break("a cross-process exchange timed out")
+        if data:
+            what = f" for {self._waiting_what()}"
+            first = "The other processes did not all send their data"
+        else:
+            what = "" if fields is None else f" at their {fields['position']}"
+            first = "The other processes did not all reach the same point"
+        error = CollectiveTimeoutError(
+            0,
+            float(self._limit or 0),
+            {},
+            {},
+            message=(
+                f"{first}{what} within {self._limit:g} s (this is process {self.rank} of "
+                f"{self.size}).\n\nA process that is alive but busy (I/O, a long "
+                "computation) or stuck delays every other one. The processes are now out "
+                "of step: the job cannot continue."
+            ),
+        )
+        self._failed_here = True
+        self._tell_peers({**self._failure_note(error), "timeout": self._limit})
+        raise error from None
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
         """Raise the error every process raises for these (non-unanimous) details.
@@ -1106,17 +1256,9 @@ class MPIProcessGroup(ProcessGroup):
             ReplicaContextError: A run of this group is in progress: two runs at once
                 would interleave their collectives differently on each process.
         """
-        if self._running:
-            raise ReplicaContextError(
-                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
-                f"progress on process {self.rank}: one strategy runs one step at a time "
-                "across processes (two concurrent runs would interleave their "
-                "collectives in a different order on each process).\n\nAwait each run "
-                "before starting the next (no asyncio.gather / task group of runs of one "
-                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
-                "step function."
-            )
-        self._check_usable()
+        if self._departed or self._broken is not None:
+            self._check_usable()
+        self._to(Event.BEGIN_RUN)
         self._running = True
         self._run_ended = False
         self._ended = None
@@ -1147,7 +1289,12 @@ class MPIProcessGroup(ProcessGroup):
             self._busy = False
 
     async def collective(
-        self, signature: Signature, position: Hashable, local: Callable[[], Awaitable[_T]]
+        self,
+        signature: Signature,
+        position: Hashable,
+        local: Callable[[], Awaitable[_T]],
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 -- applied to each wait inside
     ) -> _T:
         """Agree on ``signature`` at ``position`` with every process, then run ``local``.
 
@@ -1164,10 +1311,12 @@ class MPIProcessGroup(ProcessGroup):
             await self._acquire()
         else:
             self._busy = True
+        self._limit = self.timeout if timeout is None else timeout
         if merge:
             try:
                 await self._agree_or_raise((fields, detail, fp, position))
             finally:
+                self._limit = self.timeout
                 self._release()
             # merge_fn runs unlocked: its strategy.reduce calls take the lock themselves.
             return await local()
@@ -1176,15 +1325,22 @@ class MPIProcessGroup(ProcessGroup):
             # all_reduce sends its partial result along with it).
             self._deferred = (fields, detail, fp, position)
             self.current = signature
+            self._agreed = False
             try:
                 if light:
-                    result = await local()
-                    if self._deferred is not None:
-                        await self.settle()  # local() moved nothing
+                    try:
+                        result = await local()
+                        if self._deferred is not None:
+                            await self.settle()  # local() moved nothing
+                    except BaseException as exc:
+                        # A light collective's data may still follow its agreement (an
+                        # integer MEAN travels as two halves, twice its size).
+                        if self._agreed:
+                            self.failed_after_agreement(exc)
+                        raise
                 else:
                     with anyio.CancelScope(shield=True):
                         self._shielded = True
-                        self._agreed = False
                         try:
                             result = await local()
                             await self.settle()  # if local() moved nothing
@@ -1198,6 +1354,7 @@ class MPIProcessGroup(ProcessGroup):
                 self._shielded = False
                 self._agreed = False
         finally:
+            self._limit = self.timeout
             self._release()
         return result
 
@@ -1225,6 +1382,7 @@ class MPIProcessGroup(ProcessGroup):
             self._deferred = None
             await self._agree_or_raise(deferred)
             self._agreed = True
+            self._agreed_at = time.perf_counter()
 
     async def settle_with(
         self, arrays: Sequence[np.ndarray[Any, Any]]
@@ -1288,111 +1446,59 @@ class MPIProcessGroup(ProcessGroup):
         """
         if not self._running:
             return  # not this group's run (begin_run refused it)
+        details = None
         try:
             if self._run_ended or self._broken is not None or self._departed:
                 self._run_ended = True
-                return
-            status = Status.FINISHED if error is None else Status.FAILED
-            detail: dict[str, Any] = {"error": None}
-            if error is not None:
-                detail["error"] = describe_exception(error)
-                detail["collective_error"] = error_fields(
-                    error, check_call_sites=self.check_call_sites
-                )
-            await self._acquire()
-            try:
-                details = await self._agree(status, None, detail, 0)
-            finally:
-                self._release()
-            self._run_ended = True
+            else:
+                status = Status.FINISHED if error is None else Status.FAILED
+                detail: dict[str, Any] = {"error": None}
+                if error is not None:
+                    detail["error"] = describe_exception(error)
+                    detail["collective_error"] = error_fields(
+                        error, check_call_sites=self.check_call_sites
+                    )
+                await self._acquire()
+                try:
+                    details = await self._agree(status, None, detail, 0)
+                finally:
+                    self._release()
+                self._run_ended = True
+            await self._tell_refusals()
         finally:
             self._running = False
+            if self._state is State.RUNNING:
+                self._to(Event.END_RUN)
         if details is not None and error is None:
             self._raise_for(details)
         if details is not None and error is not None:
             self._complete_error(error, details)
 
-    def _settle_failure(self) -> None:
-        """At exit after a failure following an agreement: let every process report it.
+    async def _tell_refusals(self) -> None:
+        """One exchange per run refused while this one ran (see :meth:`_refuse`).
 
-        The process that failed waits (up to _ACK_SECONDS) until every peer has
-        acknowledged, from its own exit hook (so after the peer reported the error),
-        before the job is ended; a peer acknowledges, then waits to be ended.
+        Each says FAILED with the refusal: where every process refused the same run,
+        the exchanges agree and nothing happens; where a process ran it instead (its
+        runs did not overlap), that run meets this exchange and fails on every
+        process in step, naming the refusal.
         """
-        if self._failed_here:
-            until = time.monotonic() + _ACK_SECONDS
-            while len(self._acks | self._failed_peers) < self.size - 1 and (
-                time.monotonic() < until
-            ):
-                with contextlib.suppress(ReplicaExitedError):
-                    self._read_notes()
-                time.sleep(1e-3)
-            return
-        assert self._peer_failure is not None
-        self._tell_peers({"kind": "ack"})
-        until = time.monotonic() + _ACK_SECONDS
-        while time.monotonic() < until:  # the failed process ends the job meanwhile
-            self._sends = [r for r in self._sends if not r.Test()]
-            time.sleep(1e-3)
+        while self._owed_refusals and self._broken is None and not self._departed:
+            self._owed_refusals -= 1
+            detail = {
+                "error": (
+                    "ReplicaContextError: it refused a concurrent run of this strategy "
+                    "(another run was in progress there)"
+                )
+            }
+            await self._acquire()
+            try:
+                await self._agree(Status.FAILED, None, detail, 0)
+            finally:
+                self._release()
 
     def trace_session(self) -> TraceMerger:
         """Start a merged trace (collective: every process calls it)."""
         return TraceMerger(self)
-
-    def goodbye(self) -> None:
-        """At interpreter exit: one last exchange, so that no peer waits for us for ever."""
-        if self._closed:
-            return
-        self._closed = True
-        MPI = self._MPI
-        if MPI.Is_finalized():
-            return
-        if self._departed:
-            return  # a peer has gone: nobody is left to say goodbye to
-        if self._in_flight and self._broken is None:
-            self._broken = "an exchange was interrupted"
-        if self._failed_here or self._peer_failure is not None:
-            self._settle_failure()
-        if self._broken is not None:
-            print(
-                f"asyncreplica: process {self.rank}: the processes are out of step "
-                f"({self._broken}); aborting the MPI job.",
-                file=sys.stderr,
-                flush=True,
-            )
-            MPI.COMM_WORLD.Abort(1)
-            return
-        detail = {"error": _uncaught[-1] if _uncaught else None}
-        request = self._post(Status.EXITED, 0)
-        details = None
-        if request is not None:
-            request.Wait()
-            if not self._unanimous():
-                try:
-                    details = self._drive_blocking(self._details(Status.EXITED, None, detail))
-                except BackendError as exc:  # out of step: nothing can be matched
-                    print(f"asyncreplica: process {self.rank}: {exc}", file=sys.stderr, flush=True)
-                    MPI.COMM_WORLD.Abort(1)
-                    return
-        if details is not None:
-            waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
-            if waiting:
-                _, message = outcome_message(details)
-                print(
-                    f"asyncreplica: process {self.rank} exited while other processes still "
-                    f"wait for it:\n{message}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        with contextlib.suppress(Exception):  # freeing at exit is best effort
-            self._bell.Cancel()
-            self._bell.Wait()
-        with contextlib.suppress(Exception):
-            if self._gather is not None:
-                self._gather.Free()
-        for comm in (self._ctl, self._data):
-            with contextlib.suppress(Exception):
-                comm.Free()
 
 
 def _consequence() -> None:

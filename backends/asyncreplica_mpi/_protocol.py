@@ -407,6 +407,8 @@ def _what(detail: Mapping[str, Any], positions: bool, path: str | None = None) -
         return f"failed: {detail.get('error') or 'an exception'}"
     if status is Status.EXITED:
         error = detail.get("error")
+        if detail.get("finalized") and not error:
+            return "finalized MPI (MPI.Finalize())"
         return "exited" + (f" after an uncaught {error}" if error else "")
     fields = detail["fields"]
     text = f"called {detail['describe']}"

@@ -6,107 +6,273 @@ Split from :mod:`._group` (which creates a :class:`TraceMerger` per traced block
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+import sys
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+
+from asyncreplica import AsyncReplicaError
+
+from ._arrival import _logger
+from ._lifecycle import Event, State
+from ._protocol import Status, cross_fields, describe_exception, fingerprint
 
 if TYPE_CHECKING:
     from ._group import MPIProcessGroup
 
-__all__ = ["TraceMerger"]
+__all__ = ["TraceMerger", "agree_blocking"]
+
+_T = TypeVar("_T")
+_ANNOUNCE_SECONDS = 0.05  # as a wait at an exchange (see _group)
+_MAX_SLEEP = 0.001
+
+_FIELDS = cross_fields("trace merge", None, None, [])
+_DETAIL = {"describe": "the end of strategy.trace(...)"}
 
 
 class TraceMerger:
-    """Gathers every process's trace to rank 0, with clocks aligned at a barrier.
+    """Gathers every process's trace to rank 0, with clocks aligned at an exchange.
 
-    Created (collectively) when ``strategy.trace(path)`` starts; :meth:`merge` is
-    called (collectively) when it ends. It uses its own duplicate communicator, so it
-    never interleaves with the collectives' agreement.
+    Created when ``strategy.trace(path)`` starts; :meth:`merge` is called
+    (collectively) when it ends. The merge starts with an exchange on the group, like a
+    collective's agreement: a process that leaves the block with an exception says so
+    there, so a peer still inside a run fails at once naming it (instead of waiting
+    for a collective that will never come), and a peer that exited is seen exited. Its
+    waits are polled with the stall warning and the timeout, never blocked in MPI.
     """
 
     def __init__(self, group: MPIProcessGroup) -> None:
         self._group = group
-        self._comm = group._ctl.Dup()
+        # An exception already being handled around the block is not the block's own.
+        self._before = sys.exc_info()[1]
 
     def merge(self, trace: dict[str, Any], origin_ns: int) -> dict[str, Any] | None:
         """Every process's ``trace`` merged into one (on rank 0; None elsewhere).
 
         Each process's timestamps are microseconds since its own ``origin_ns``
         (``perf_counter_ns``); they are shifted so that the instant every process
-        left one barrier coincides. Processes become ``pid`` = rank, replica tracks
-        are renamed with global replica ids, and flow ids are made unique.
+        completed the merge's exchange coincides. Processes become ``pid`` = rank,
+        replica tracks are renamed with global replica ids, and flow ids are made
+        unique. When the processes cannot merge (a peer left the block with an
+        exception while this one did not, or exited, or the group failed), rank 0 gets
+        its own trace alone, and a warning says why.
+
+        Raises:
+            CollectiveError: This process left the block normally, but another process
+                did not reach the end of its block (it is in a collective, failed or
+                exited); the same error is raised in the peer's run.
         """
         import time
 
-        MPI = self._group._MPI
-        comm = self._comm
-        size, rank = comm.Get_size(), comm.Get_rank()
-        comm.Barrier()
+        group = self._group
+        error = sys.exc_info()[1]
+        if error is self._before:
+            error = None
+        try:
+            group._to(Event.TRACE_MERGE)
+        except AsyncReplicaError as exc:
+            if error is None and group._state is State.RUNNING:
+                raise  # the block ends inside a run: the program's mistake
+            # The group failed, closed or finalized: nothing can be exchanged on it.
+            return self._alone(trace, describe(exc))
+        try:
+            details = agree_blocking(group, _FIELDS, _DETAIL, error)
+        except AsyncReplicaError as exc:
+            if error is None:
+                raise
+            return self._alone(trace, describe(exc))
+        if details is not None:
+            if error is None:
+                group._raise_for(details)
+            return self._alone(trace, "another process did not reach the end of its block")
         since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
         payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
-        sinces = np.empty(size, np.float64) if rank == 0 else None
-        lengths = np.empty(size, np.int64) if rank == 0 else None
-        comm.Gather(since, sinces, root=0)
-        comm.Gather(np.array([payload.size], np.int64), lengths, root=0)
-        if rank != 0:
-            comm.Gatherv(payload, None, root=0)
-            comm.Free()
+        gathered = _drive_sync(group, _gather(group, since, payload))
+        if gathered is None:
             return None
-        assert lengths is not None
-        assert sinces is not None
-        counts = [int(n) for n in lengths]
-        displs = [sum(counts[:r]) for r in range(size)]
-        buf = np.empty(sum(counts), np.uint8)
-        comm.Gatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
-        comm.Free()
-        docs = [
-            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
-        ]
-        events: list[dict[str, Any]] = []
-        for r, doc in enumerate(docs):
-            shift = float(sinces[0] - sinces[r])
-            offset = self._group.offsets[r]
-            for event in doc["traceEvents"]:
-                event["pid"] = r
-                if "ts" in event:
-                    event["ts"] = round(event["ts"] + shift, 3)
-                if "id" in event and isinstance(event["id"], int):
-                    event["id"] = event["id"] * size + r
-                args = event.get("args")
-                if isinstance(args, dict):
-                    for key in ("replica", "dispatched_by"):
-                        if isinstance(args.get(key), int):
-                            args[key] += offset
-                if event.get("ph") == "M" and isinstance(args, dict):
-                    if event.get("name") == "process_name":
-                        args["name"] = f"MPI rank {r}"
-                    elif event.get("name") == "thread_name":
-                        name = str(args.get("name", ""))
-                        if name.startswith("replica "):
-                            index, _, rest = name[len("replica ") :].partition(" ")
-                            if index.isdigit():
-                                args["name"] = f"replica {int(index) + offset}" + (
-                                    f" {rest}" if rest else ""
-                                )
-                events.append(event)
-        # A process that began tracing before rank 0 (or a barrier left a little later
-        # there) has events before rank 0's origin: the whole trace moves so that its
-        # earliest event is at 0 (timestamps are never negative; offsets are kept).
-        start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
-        moved = max(0.0, -float(start))
-        if moved:
-            for event in events:
-                if isinstance(event.get("ts"), int | float):
-                    event["ts"] = round(event["ts"] + moved, 3)
-        merged = dict(docs[0])
-        merged["traceEvents"] = events
-        clock = "microseconds since rank 0's origin"
-        if moved:
-            clock = f"microseconds since {moved:g} us before rank 0's origin"
-        merged["otherData"] = {
-            **docs[0].get("otherData", {}),
-            "clock": f"{clock}; other ranks aligned at an MPI barrier",
-            "processes": [doc.get("otherData", {}) for doc in docs],
-            "mpi_world_size": size,
-        }
-        return merged
+        sinces, docs = gathered
+        return _merged(group, sinces, docs)
+
+    def _alone(self, trace: dict[str, Any], why: str) -> dict[str, Any] | None:
+        group = self._group
+        _logger.warning(
+            f"strategy.trace: the processes' timelines were not merged ({why}); "
+            + (
+                "this process (rank 0) writes its own alone."
+                if group.rank == 0
+                else "rank 0 writes its own."
+            )
+        )
+        if group.rank != 0:
+            return None
+        doc = dict(trace)
+        doc["otherData"] = {**trace.get("otherData", {}), "not merged": why}
+        return doc
+
+
+def describe(error: BaseException) -> str:
+    """The first line of ``error``'s message, with its type."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _gather(
+    group: MPIProcessGroup, since: np.ndarray[Any, Any], payload: np.ndarray[Any, Any]
+) -> Generator[Any, None, tuple[np.ndarray[Any, Any], list[dict[str, Any]]] | None]:
+    """Every process's clock offset and trace, to rank 0 (requests in step, polled)."""
+    MPI = group._MPI
+    comm = group._ctl
+    size, rank = group.size, group.rank
+    row = np.array([since[0], float(payload.size)], np.float64)
+    rows = np.empty((size, 2), np.float64)
+    yield comm.Iallgather(row, rows)
+    counts = [int(n) for n in rows[:, 1]]
+    displs = [sum(counts[:r]) for r in range(size)]
+    if rank != 0:
+        yield comm.Igatherv(payload, None, root=0)
+        return None
+    buf = np.empty(sum(counts), np.uint8)
+    yield comm.Igatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
+    docs = [json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)]
+    return rows[:, 0].copy(), docs
+
+
+def _merged(
+    group: MPIProcessGroup, sinces: np.ndarray[Any, Any], docs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The processes' traces as one (see :meth:`TraceMerger.merge`)."""
+    size = group.size
+    events: list[dict[str, Any]] = []
+    for r, doc in enumerate(docs):
+        shift = float(sinces[0] - sinces[r])
+        offset = group.offsets[r]
+        for event in doc["traceEvents"]:
+            event["pid"] = r
+            if "ts" in event:
+                event["ts"] = round(event["ts"] + shift, 3)
+            if "id" in event and isinstance(event["id"], int):
+                event["id"] = event["id"] * size + r
+            args = event.get("args")
+            if isinstance(args, dict):
+                for key in ("replica", "dispatched_by"):
+                    if isinstance(args.get(key), int):
+                        args[key] += offset
+            if event.get("ph") == "M" and isinstance(args, dict):
+                if event.get("name") == "process_name":
+                    args["name"] = f"MPI rank {r}"
+                elif event.get("name") == "thread_name":
+                    name = str(args.get("name", ""))
+                    if name.startswith("replica "):
+                        index, _, rest = name[len("replica ") :].partition(" ")
+                        if index.isdigit():
+                            args["name"] = f"replica {int(index) + offset}" + (
+                                f" {rest}" if rest else ""
+                            )
+            events.append(event)
+    # A process that began tracing before rank 0 (or a barrier left a little later
+    # there) has events before rank 0's origin: the whole trace moves so that its
+    # earliest event is at 0 (timestamps are never negative; offsets are kept).
+    start = min((e["ts"] for e in events if isinstance(e.get("ts"), int | float)), default=0.0)
+    moved = max(0.0, -float(start))
+    if moved:
+        for event in events:
+            if isinstance(event.get("ts"), int | float):
+                event["ts"] = round(event["ts"] + moved, 3)
+    merged = dict(docs[0])
+    merged["traceEvents"] = events
+    clock = "microseconds since rank 0's origin"
+    if moved:
+        clock = f"microseconds since {moved:g} us before rank 0's origin"
+    merged["otherData"] = {
+        **docs[0].get("otherData", {}),
+        "clock": f"{clock}; other ranks aligned at an MPI exchange",
+        "processes": [doc.get("otherData", {}) for doc in docs],
+        "mpi_world_size": size,
+    }
+    return merged
+
+
+# -- exchanges outside the event loop --------------------------------------------------
+
+
+def agree_blocking(
+    group: MPIProcessGroup,
+    fields: dict[str, Any],
+    detail: dict[str, Any],
+    error: BaseException | None,
+) -> list[dict[str, Any]] | None:
+    """One exchange from synchronous code (``strategy.trace``'s end); details if they differ.
+
+    ``error``: the exception leaving the block, if any: this process then says
+    FAILED with it (a peer still in a run fails there at once, naming it, instead
+    of waiting for a collective this process will never issue). The wait is polled,
+    reading the peers' notes, with the stall warning and the timeout.
+    """
+    if error is None:
+        status, fp = Status.COLLECTIVE, fingerprint(fields)
+    else:
+        status, fp = Status.FAILED, 0
+        detail = {**detail, "error": describe_exception(error)}
+    request = group._start(status, detail, fp, (), None)
+    if request is None:
+        return None
+    pending = group._pending
+    _poll(group, request, group._number - 1)
+    if group._unanimous():
+        group._last = pending
+        return None
+    details = _drive_sync(group, group._details(status, fields, detail))
+    gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
+    if gone:
+        group._departed = gone
+        group._to(Event.PEER_EXITED)
+    return details
+
+
+def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
+    """Wait for ``request`` from synchronous code: polled, with stall warning and timeout."""
+    start = time.perf_counter()
+    stall = group.stall_warning_seconds
+    warned = False
+    announced = False
+    delay = 1e-5
+    try:
+        while not request.Test():
+            group._read_notes()
+            waited = time.perf_counter() - start
+            if not announced and waited >= _ANNOUNCE_SECONDS:
+                announced = True
+                group._tell_peers({"kind": "waiting", "number": exchange})
+                group._tell_other_groups(True)
+            if stall and not warned and waited >= stall:
+                warned = True
+                _logger.warning(group._stall_message(exchange, waited))
+            if group.timeout is not None and waited >= group.timeout:
+                group._timed_out(None, None)
+            time.sleep(delay)
+            delay = min(delay * 2, _MAX_SLEEP)
+    except BaseException:
+        group._break("a cross-process exchange was abandoned")
+        raise
+    finally:
+        if announced:
+            group._tell_other_groups(False)
+    if warned:
+        _logger.warning(
+            f"Collective resumed: the processes completed {group._waiting_what()} after "
+            f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
+        )
+
+
+def _drive_sync(group: MPIProcessGroup, steps: Generator[Any, None, _T]) -> _T:
+    """Drive ``steps`` (requests every process posts in step) from synchronous code."""
+    try:
+        request = next(steps)
+        while True:
+            _poll(group, request, group._number - 1)
+            request = steps.send(None)
+    except StopIteration as stop:
+        result: _T = stop.value
+        return result

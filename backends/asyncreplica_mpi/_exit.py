@@ -1,0 +1,423 @@
+"""The end of a process's life: telling the other processes, so that none waits for ever.
+
+Split from :mod:`._group`. A process ends in one of three ways, and each tells its
+peers what it can:
+
+* **The interpreter exits** (normally, or of an uncaught exception): an ``atexit``
+  hook says goodbye on every group at once (one last exchange each, all posted before
+  any is waited for, so that a peer blocked in a collective on any of them is released
+  whatever the order it uses them in), and sends an *exit note* to every process on
+  every communicator a strategy was created on when it dies of an uncaught exception,
+  so that a peer still creating one (or creating one later) raises at once instead of
+  waiting in ``MPI_Comm_dup``.
+* **MPI is finalized** (``MPI.Finalize()``, explicitly): the same goodbye runs from a
+  delete callback on ``MPI_COMM_SELF``, which MPI calls at the start of its finalize,
+  while MPI still works.
+* **The process is killed, or calls** ``os._exit``: no Python code runs, so nothing
+  can be told. MPICH's launcher then ends the other processes (within about 50 ms)
+  without a message, and ``mpiexec`` exits with the dead process's status (0 after
+  ``os._exit(0)``): see docs/scale-out.md.
+
+The hooks are installed when the first group is created and, when asyncreplica is
+imported in a process an MPI launcher started, by :func:`watch` (before any strategy
+exists), so an uncaught exception before or inside a constructor reaches the peers.
+
+Every wait here is polled (never ``Wait()``), with a stall warning. The goodbye has no
+timeout: a peer that ends later (a last checkpoint) is not an error, and aborting the
+job would kill it mid-way.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import sys
+import time
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from asyncreplica import BackendError, ReplicaExitedError
+
+from ._arrival import _logger, _note_exit, drain_exit_notes
+from ._lifecycle import Event, State
+from ._protocol import Status, outcome_message
+
+if TYPE_CHECKING:
+    from ._group import MPIProcessGroup
+
+__all__ = [
+    "goodbye_all",
+    "install_hooks",
+    "process_ends",
+    "register",
+    "release_dropped",
+    "uncaught_error",
+]
+
+# The last uncaught exception (from sys.excepthook), told to peers at exit.
+_uncaught: list[str] = []
+# Every group this process created, held until exit (not weakly): the goodbye at exit is
+# an exchange on each group, so every process must say it on every group, whether or
+# not its own strategy object is still referenced (one process may have collected a
+# strategy that another still holds, say in an exception's traceback).
+_groups: list[MPIProcessGroup] = []
+_hooked: list[str] = []  # "excepthook", "atexit", "finalize": the hooks installed
+_said: list[bool] = []  # the goodbye was said (it is said once)
+_finalize_keyval: list[Any] = []
+
+_POLL_SECONDS = 1e-3
+_ACK_SECONDS = 10.0  # how long a failed process waits for its peers' acknowledgements
+_EXIT_STALL_SECONDS = 30.0  # without any group's own stall_warning_seconds
+
+
+def uncaught_error() -> str | None:
+    """``ValueError: ...``: the uncaught exception this process dies of, if any."""
+    return _uncaught[-1] if _uncaught else None
+
+
+def register(group: MPIProcessGroup) -> None:
+    """Hold ``group`` until exit (its goodbye), and install the hooks (once)."""
+    _groups.append(group)
+    install_hooks(finalize=True)
+
+
+def _forget(group: MPIProcessGroup) -> None:
+    """Stop holding ``group`` (every process released it: no goodbye is owed)."""
+    with contextlib.suppress(ValueError):
+        _groups.remove(group)
+
+
+def install_hooks(*, finalize: bool = False) -> None:
+    """Install the exception hook and the exit hook (once); with ``finalize``, MPI's too.
+
+    ``finalize`` imports mpi4py (initialising MPI): only once a group is created.
+    """
+    if "excepthook" not in _hooked:
+        _hooked.append("excepthook")
+        previous = sys.excepthook
+
+        def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+            from ._protocol import describe_exception
+
+            _uncaught.append(describe_exception(value))
+            previous(kind, value, tb)
+
+        sys.excepthook = hook
+    if "atexit" not in _hooked:
+        _hooked.append("atexit")
+        atexit.register(goodbye_all)
+    if finalize and "finalize" not in _hooked:
+        _hooked.append("finalize")
+        from mpi4py import MPI
+
+        def at_finalize(comm: Any, keyval: Any, value: Any) -> None:
+            goodbye_all(finalized=True)
+
+        keyval = MPI.Comm.Create_keyval(delete_fn=at_finalize)
+        MPI.COMM_SELF.Set_attr(keyval, 1)
+        _finalize_keyval.append(keyval)
+
+
+def process_ends(error: BaseException | None, *, exiting: bool) -> None:
+    """What :func:`asyncreplica._launch.watch` calls before any strategy exists.
+
+    ``error``: an uncaught exception (from its exception hook), recorded; ``exiting``:
+    the interpreter exits, so the goodbye (here: the exit notes) is said now. A process
+    that dies before (or inside) its first strategy's constructor so tells the others,
+    which wait for it to create its strategy.
+    """
+    if error is not None:
+        from ._protocol import describe_exception
+
+        _uncaught.append(describe_exception(error))
+    if exiting:
+        goodbye_all()
+
+
+def goodbye_all(*, finalized: bool = False) -> None:
+    """Say goodbye on every group at once, and send the exit notes (once).
+
+    Every group's goodbye exchange is posted before any is waited for, so a peer that
+    waits in a collective on any group (whichever order it uses them in) sees this
+    process exit there. The waits are polled, with a stall warning, bounded by the
+    groups' timeout.
+    """
+    if _said:
+        return
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        _said.append(True)
+        for group in _groups:
+            group.closed(finalized=True)
+        return
+    _said.append(True)
+    error = uncaught_error()
+    if error is not None:
+        # A peer still creating a strategy (or creating one later) learns that this
+        # process will create none: its arrival notes end with an exit note. Only on an
+        # uncaught exception: MPICH's MPI_Finalize fails on a message nobody received,
+        # and a peer that exits normally receives none.
+        _note_exit(error, finalized)
+    groups = [g for g in _groups if not g.is_closed()]
+    for group in groups:
+        acknowledge(group)
+    steps = [(g, farewell(g, error, finalized)) for g in groups]
+    _drive_all(steps)
+    # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
+    # stalls on a message nobody received.
+    drained: set[int] = set()
+    for group in groups:
+        handle = group._base.py2f()
+        if group._noted_peers and handle not in drained:
+            drained.add(handle)
+            with contextlib.suppress(Exception):
+                drain_exit_notes(group._base, sorted(group._noted_peers))
+    for group in groups:
+        free(group, finalized=finalized)
+
+
+def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
+    """Drive every group's goodbye steps together, polling their requests.
+
+    The wait has the stall warning, but no timeout: a peer that ends later (a last
+    checkpoint, a slower step) is not an error, and ending the job then would kill it
+    mid-way. A failure's acknowledgements are bounded by _ACK_SECONDS.
+    """
+    active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
+    for group, gen in steps:
+        with contextlib.suppress(StopIteration):
+            active.append((group, gen, next(gen)))
+    if not active:
+        return
+    stalls = [g.stall_warning_seconds for g, _, _ in active if g.stall_warning_seconds]
+    stall = min(stalls) if stalls else _EXIT_STALL_SECONDS
+    start = time.monotonic()
+    warned = False
+    while active:
+        still = []
+        for group, gen, request in active:
+            while request.Test():
+                try:
+                    request = gen.send(None)
+                except StopIteration:
+                    request = None
+                    break
+            if request is not None:
+                still.append((group, gen, request))
+        active = still
+        if not active:
+            break
+        for group, _, _ in active:  # a peer's failure, acknowledged at once
+            acknowledge(group)
+        waited = time.monotonic() - start
+        if not warned and waited >= stall:
+            warned = True
+            _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
+        time.sleep(_POLL_SECONDS)
+    if warned:
+        _logger.warning(
+            f"Exit resumed: every process said goodbye after {time.monotonic() - start:.1f} s; "
+            "the stall warning above was not a hang."
+        )
+
+
+def _exit_stall_message(groups: list[MPIProcessGroup], waited: float) -> str:
+    rank = groups[0].rank
+    which = ", ".join(g.label() for g in groups)
+    return (
+        f"Exit stalled: process {rank} is exiting and has waited {waited:.1f} s for the "
+        f"other processes to reach the end of {which} (their exit, a collective on it, or "
+        "MPI.Finalize()).\n\nEvery process must exit (or finalize MPI) for the others to "
+        "finish: a process that is busy, blocked, or waits for something this process "
+        "would have sent delays this one. This is a warning, not an error."
+    )
+
+
+# -- one group's end ---------------------------------------------------------------------
+
+
+def acknowledge(group: MPIProcessGroup) -> None:
+    """At exit, before any goodbye: read the notes; acknowledge a peer's failure.
+
+    Done for every group first, so that a failed process on one group never waits
+    for the acknowledgement of a peer that waits on another group's.
+    """
+    with contextlib.suppress(Exception):
+        group._read_notes()
+    if group._peer_failure is not None and not group._failed_here and not group._acked:
+        group._acked = True
+        with contextlib.suppress(Exception):
+            group._tell_peers({"kind": "ack"})
+
+
+class _Until:
+    """A request-like condition for :func:`_drive_all`: ``Test()`` is the predicate."""
+
+    def __init__(self, predicate: Callable[[], bool]) -> None:
+        self.Test = predicate
+
+
+def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
+    """At exit after a failure following an agreement: let every process report it.
+
+    The process that failed waits (up to _ACK_SECONDS) until every peer has
+    acknowledged, from its own exit hook (so after the peer reported the error),
+    before the job is ended; a peer acknowledges, then waits to be ended. The waits are
+    steps of the goodbye (conditions polled with every other group's), so that a
+    process acknowledges on one group while it waits on another.
+    """
+    until = time.monotonic() + _ACK_SECONDS
+    if group._failed_here:
+
+        def acknowledged() -> bool:
+            with contextlib.suppress(ReplicaExitedError):
+                group._read_notes()
+            done = len(group._acks | group._failed_peers) >= group.size - 1
+            return done or time.monotonic() >= until
+
+        yield _Until(acknowledged)
+        return
+    acknowledge(group)
+
+    def ended() -> bool:  # the failed process ends the job meanwhile
+        group._sends = [r for r in group._sends if not r.Test()]
+        return time.monotonic() >= until
+
+    yield _Until(ended)
+
+
+def farewell(
+    group: MPIProcessGroup, error: str | None, finalized: bool
+) -> Generator[Any, None, None]:
+    """This group's goodbye (at exit or MPI.Finalize): the steps of one last exchange.
+
+    A generator of requests, driven by :func:`._exit.goodbye_all` together with every
+    other group's, so that no goodbye waits for one that a peer makes later.
+    """
+    state = group._state
+    group._to(Event.FINALIZE if finalized else Event.EXIT)
+    if state is State.FAILED and group._departed:
+        return  # a peer has gone: nobody is left to say goodbye to
+    if group._in_flight and group._broken is None:
+        group._broken = "an exchange was interrupted"
+    if group._failed_here or group._peer_failure is not None:
+        yield from settle_failure(group)
+    if group._broken is not None:
+        _say(
+            f"asyncreplica: process {group.rank}: the processes are out of step "
+            f"({group._broken}); aborting the MPI job.",
+        )
+        group._MPI.COMM_WORLD.Abort(1)
+        return
+    if group.size == 1:
+        return
+    detail: dict[str, Any] = {"error": error}
+    if finalized and error is None:
+        detail["finalized"] = True
+    # The fingerprint says whether this process sent exit notes (see _note_exit): the
+    # peers then receive them, so that none is left unreceived at MPI_Finalize.
+    noted = 1 if error is not None else 0
+    request = group._post(Status.EXITED, noted)
+    yield request
+    group._in_flight = False
+    if group._unanimous():
+        if noted:
+            group._noted_peers = set(range(group.size)) - {group.rank}
+        return
+    try:
+        details = yield from group._details(Status.EXITED, None, detail)
+    except BackendError as exc:  # out of step: nothing can be matched
+        _say(f"asyncreplica: process {group.rank}: {exc}")
+        group._MPI.COMM_WORLD.Abort(1)
+        return
+    group._noted_peers = {
+        int(d["rank"])
+        for d in details
+        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("error")
+    }
+    waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
+    if waiting:
+        _, message = outcome_message(details)
+        _say(
+            f"asyncreplica: process {group.rank} exited while other processes still "
+            f"wait for it:\n{message}",
+        )
+
+
+def free(group: MPIProcessGroup, *, finalized: bool = False) -> None:
+    """Free this group's MPI objects (after its goodbye, or once every process released it).
+
+    The bell's receive is cancelled first: a receive left posted makes UCX warn, at
+    finalize, that its buffers were not returned.
+    """
+    if group._freed:
+        return
+    group._freed = True
+    if group._abandoned:
+        return  # MPI still owns their buffers: nothing is freed (the job is aborted)
+    with contextlib.suppress(Exception):  # freeing is best effort
+        group._bell.Cancel()
+        group._bell.Wait()
+    with contextlib.suppress(Exception):
+        group._MPI.Request.Waitall(group._sends)  # eager notes: complete at once
+    group._sends = []
+    with contextlib.suppress(Exception):
+        if group._gather is not None:
+            group._gather.Free()
+    for comm in (group._ctl, group._data, group._side):
+        with contextlib.suppress(Exception):
+            comm.Free()
+
+
+def released(group: MPIProcessGroup) -> bool:
+    """Whether this process dropped its strategy (nothing here can use the group)."""
+    holder = group._holder
+    return holder is not None and holder() is None and group._state is State.JOINED
+
+
+def release(group: MPIProcessGroup) -> None:
+    """Every process dropped its strategy: free the group (no goodbye is owed)."""
+    group._to(Event.RELEASE)
+    _forget(group)
+    free(group)
+
+
+# At most this many dropped groups are released per creation (one fixed-size exchange).
+_RELEASE_SLOTS = 15
+
+
+def release_dropped(base: Any) -> None:
+    """Free the groups on ``base`` whose strategies every process has dropped.
+
+    Called by every process while creating a group (after every process arrived, so
+    the exchange completes at once): each process lists the groups it dropped (their
+    creation numbers), and the groups every process dropped are freed by all, so that
+    a job that creates a strategy per step does not run out of communicators.
+    """
+    if base.Get_size() == 1:
+        return
+    handle = base.py2f()
+    mine = [
+        g for g in _groups if g._base.py2f() == handle and g.size == base.Get_size() and released(g)
+    ][:_RELEASE_SLOTS]
+    row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
+    row[0] = len(mine)
+    row[1 : 1 + len(mine)] = [g._base_serial for g in mine]
+    rows = np.empty((base.Get_size(), _RELEASE_SLOTS + 1), np.int64)
+    request = base.Iallgather(row, rows)
+    while not request.Test():  # every process arrived: this completes at once
+        time.sleep(_POLL_SECONDS / 10)
+    common = {int(v) for v in rows[0, 1 : 1 + int(rows[0, 0])]}
+    for r in range(1, base.Get_size()):
+        common &= {int(v) for v in rows[r, 1 : 1 + int(rows[r, 0])]}
+    for group in mine:
+        if group._base_serial in common:
+            release(group)
+
+
+def _say(text: str) -> None:
+    """Write ``text`` to stderr at once (the exit hook's reports)."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

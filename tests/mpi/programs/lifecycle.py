@@ -1,0 +1,367 @@
+"""A process's life around MultiWorkerMirroredStrategy (run under mpiexec, 2 processes).
+
+Usage: ``mpiexec -n 2 python lifecycle.py <scenario>``. Each scenario ends a process
+in one way (exit, an uncaught exception, ``MPI.Finalize()``, a timeout, ...) and logs
+what each process saw; the test reads the logs and the job's output. No scenario
+orders events by sleeping: a process that must wait for another waits for a message
+from it on ``COMM_WORLD`` (user tags), or for the library's own error.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import numpy as np
+from _report import RANK, report
+from mpi4py import MPI
+
+import asyncreplica as ar
+
+WORLD = MPI.COMM_WORLD
+_GO_TAG = 77  # a user message between the test's processes
+
+
+async def one_reduce() -> float:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return float((await ctx.all_reduce("SUM", np.ones(3)))[0])
+
+
+def logged(error: BaseException) -> None:
+    report(f"got {type(error).__name__}: {error}")
+
+
+async def wait_for_go() -> None:
+    """Wait (yielding) for the peer's go message."""
+    while not WORLD.Iprobe(source=MPI.ANY_SOURCE, tag=_GO_TAG):  # noqa: ASYNC110 -- MPI
+        await anyio.sleep(0.01)
+    WORLD.recv(source=MPI.ANY_SOURCE, tag=_GO_TAG)
+
+
+def go(rank: int) -> None:
+    WORLD.send("go", dest=rank, tag=_GO_TAG)
+
+
+async def exit_two(how: str) -> None:
+    """Two strategies; process 0 exits (or raises) while process 1 uses the first one."""
+    train = ar.MultiWorkerMirroredStrategy()
+    evaluate = ar.MultiWorkerMirroredStrategy()
+    await train.run(one_reduce)
+    await evaluate.run(one_reduce)
+    if RANK == 0:
+        if how == "raise":
+            raise ValueError("process 0 dies outside run")
+        report("exits")
+        return
+    try:
+        await train.run(one_reduce)
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    try:  # the failed group refuses at once (the FAILED state)
+        await train.run(one_reduce)
+    except ar.ReplicaExitedError as exc:
+        report(f"again {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+async def merge_in_run(path: str) -> None:
+    """A trace block that ends inside a run is refused on every process, in step."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+
+    async def traced_step() -> float:
+        with strategy.trace(path):
+            return await one_reduce()
+
+    try:
+        await strategy.run(traced_step)
+    except ar.ReplicaContextError as exc:
+        logged(exc)
+    report(f"after {await strategy.run(one_reduce)}")
+
+
+async def opposite() -> None:
+    """Two strategies used in opposite orders: each process waits on a different one.
+
+    Process 0 times out first (3 s; process 1's timeout is 20 s): its exit then says
+    goodbye on the strategy process 1 waits on, which releases it.
+    """
+    options = ar.CommunicationOptions(timeout_seconds=3 if RANK == 0 else 20)
+    a = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+    b = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+    first, second = (a, b) if RANK == 0 else (b, a)
+    try:
+        await first.run(one_reduce)
+        await second.run(one_reduce)
+    except ar.CollectiveError as exc:
+        logged(exc)
+
+
+async def finalize_run() -> None:
+    """Process 0 finalizes MPI; process 1 then makes another run."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        MPI.Finalize()
+        report("finalized")
+        try:
+            await strategy.run(one_reduce)
+        except ar.BackendError as exc:
+            logged(exc)
+        return
+    try:
+        await strategy.run(one_reduce)
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+
+
+async def finalize_only() -> None:
+    """A correct program in which only process 0 finalizes MPI (at its end)."""
+    a = ar.MultiWorkerMirroredStrategy()
+    b = ar.MultiWorkerMirroredStrategy()
+    report(f"result {await a.run(one_reduce)} {await b.run(one_reduce)}")
+    if RANK == 0:
+        MPI.Finalize()
+    report("done")
+
+
+async def trace_raise(path: str) -> None:
+    """Process 0 raises inside ``with strategy.trace`` but outside run; 1 is in a run."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    try:
+        with strategy.trace(path):
+            if RANK == 0:
+                raise ValueError("process 0 fails inside its trace block")
+            await strategy.run(one_reduce)
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+        raise
+
+
+async def crash_before() -> None:
+    """Process 0 dies of an uncaught exception before it creates its strategy."""
+    if RANK == 0:
+        raise ValueError("process 0 dies before its strategy")
+    try:
+        ar.MultiWorkerMirroredStrategy()
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+
+
+async def crash_inside() -> None:
+    """Process 0 dies inside the constructor (bad arguments); process 1 creates it."""
+    try:
+        ar.MultiWorkerMirroredStrategy(["CPU:0"] if RANK else ["not a device"])
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+
+
+async def late() -> None:
+    """Process 0 gives up creating (timeout) just after process 1 arrived.
+
+    Process 0's give-up note is sent only once process 1 has received every arrival
+    note and is about to create the group: a process that looked for the note once,
+    then, never saw it and entered ``MPI_Comm_dup`` alone.
+    """
+    from asyncreplica_mpi import _arrival
+
+    if RANK == 0:
+        give_up = _arrival._give_up
+
+        def late_give_up(*args: Any) -> None:
+            go(1)  # process 1 may come now
+            WORLD.recv(source=1, tag=_GO_TAG)  # it has every arrival note
+            give_up(*args)
+
+        _arrival._give_up = late_give_up  # type: ignore[assignment]
+        options = ar.CommunicationOptions(timeout_seconds=0.5)
+        try:
+            ar.MultiWorkerMirroredStrategy(communication_options=options)
+        except ar.CollectiveTimeoutError as exc:
+            logged(exc)
+        return
+    await wait_for_go()
+    told: list[bool] = []
+
+    class Arrived(MPI.Intracomm):  # type: ignore[misc]
+        """COMM_WORLD, telling process 0 when it first looks for the give-up note."""
+
+        def _look(self, tag: int) -> None:
+            if tag == _arrival._GAVE_UP_TAG and not told:
+                told.append(True)  # every arrival note is in
+                go(0)
+
+        def Iprobe(self, *args: Any, **kwargs: Any) -> Any:
+            self._look(kwargs.get("tag", -1))
+            return super().Iprobe(*args, **kwargs)
+
+        def Irecv(self, *args: Any, **kwargs: Any) -> Any:
+            self._look(kwargs.get("tag", -1))
+            return super().Irecv(*args, **kwargs)
+
+    try:
+        ar.MultiWorkerMirroredStrategy(communicator=Arrived(WORLD))
+    except ar.BackendError as exc:
+        logged(exc)
+
+
+async def data_stall() -> None:
+    """Process 1 agrees on a large all_reduce, then does not send its data."""
+    options = ar.CommunicationOptions(timeout_seconds=2)
+    strategy = ar.MultiWorkerMirroredStrategy(
+        communication_options=options, stall_warning_seconds=1
+    )
+    if RANK == 1:
+        from asyncreplica_mpi._backend import MPIBackend
+
+        move = MPIBackend._move
+
+        async def stopped(self: MPIBackend, *args: Any, **kwargs: Any) -> None:
+            await wait_for_go()  # "stopped" until process 0 has given up
+            await move(self, *args, **kwargs)
+
+        MPIBackend._move = stopped  # type: ignore[method-assign]
+
+    async def big() -> float:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return float((await ctx.all_reduce("SUM", np.ones(100_000)))[0])
+
+    try:
+        await strategy.run(big)
+    except ar.CollectiveError as exc:
+        logged(exc)
+    if RANK == 0:
+        go(1)
+
+
+async def call_timeout() -> None:
+    """A collective's own timeout_seconds (1 s) bounds a wait for a late process."""
+    import time
+
+    strategy = ar.MultiWorkerMirroredStrategy(
+        communication_options=ar.CommunicationOptions(timeout_seconds=20)
+    )
+
+    async def late_peer() -> float:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        if RANK == 1:
+            await wait_for_go()  # late until process 0 has timed out
+        options = ar.CommunicationOptions(timeout_seconds=1)
+        return float((await ctx.all_reduce("SUM", np.ones(3), options=options))[0])
+
+    start = time.perf_counter()
+    try:
+        await strategy.run(late_peer)
+    except ar.CollectiveError as exc:
+        logged(exc)
+    if RANK == 0:
+        report(f"waited {time.perf_counter() - start:.1f}")
+        go(1)
+
+
+async def inline_miss(kind: str) -> None:
+    """An integer MEAN just past the inline size; process 1 fails moving its data."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    if RANK == 1:
+        from asyncreplica_mpi._backend import MPIBackend
+
+        async def broken(self: MPIBackend, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("injected failure in the data transfer")
+
+        MPIBackend._combine_leaves = broken  # type: ignore[method-assign]
+    size = 192 if kind == "int" else 300  # int64: 1.5 KiB, halves 3 KiB; 2.3 KiB floats
+
+    async def mean() -> float:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        value = np.arange(size, dtype=np.int64 if kind == "int" else np.float64)
+        return float((await ctx.all_reduce("MEAN", value))[1])
+
+    try:
+        await strategy.run(mean)
+    except (ar.CollectiveError, RuntimeError) as exc:
+        logged(exc)
+
+
+async def refused() -> None:
+    """Process 1 runs two steps at once (the second is refused); process 0 in turn."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    if RANK == 0:
+        await strategy.run(one_reduce)
+        try:
+            await strategy.run(one_reduce)
+        except ar.ReplicaExitedError as exc:
+            logged(exc)
+    else:
+        results: list[Any] = []
+
+        async def keep(fn: Callable[[], Awaitable[Any]]) -> None:
+            try:
+                results.append(await fn())
+            except ar.ReplicaContextError as exc:
+                logged(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep, lambda: strategy.run(one_reduce))
+            tg.start_soon(keep, lambda: strategy.run(one_reduce))
+    # The strategy stays usable, in step, on both processes.
+    report(f"after {await strategy.run(one_reduce)}")
+
+
+async def leak(count: str) -> None:
+    """A strategy per step, dropped after it: the communicators must not run out."""
+    for _ in range(int(count)):
+        strategy = ar.MultiWorkerMirroredStrategy()
+        await strategy.run(one_reduce)
+        del strategy
+        gc.collect(0)
+    from asyncreplica_mpi import _exit
+
+    report(f"held {len(_exit._groups)} groups")
+    report("done")
+
+
+async def os_exit() -> None:
+    """Process 0 leaves with ``os._exit(0)`` while process 1 waits in a collective."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        report("os._exit")
+        os._exit(0)
+    report("waits")
+    await strategy.run(one_reduce)
+    report("not reached")
+
+
+SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
+    f.__name__: f
+    for f in (
+        exit_two,
+        merge_in_run,
+        opposite,
+        finalize_run,
+        finalize_only,
+        trace_raise,
+        crash_before,
+        crash_inside,
+        late,
+        data_stall,
+        call_timeout,
+        inline_miss,
+        refused,
+        leak,
+        os_exit,
+    )
+}
+
+if __name__ == "__main__":
+    import faulthandler
+
+    # The test's hang guard: a process still alive then prints where it waits, and exits.
+    faulthandler.dump_traceback_later(float(os.environ.get("LIFECYCLE_GUARD_S", "60")), exit=True)
+    anyio.run(SCENARIOS[sys.argv[1]], *sys.argv[2:])

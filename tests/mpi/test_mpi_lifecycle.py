@@ -1,0 +1,301 @@
+"""A process group's lifecycle (asyncreplica_mpi._lifecycle), cell by cell.
+
+The table itself is tested without MPI; each cell that needs processes is exercised by
+a scenario of ``programs/lifecycle.py`` under ``mpiexec -n 2`` (one launch per scenario:
+each ends a process, so no scenario can poison the next). Every launch has a hang
+guard (the programs dump their stacks and exit; the launcher's whole process group is
+killed past it), and every launch must leave no UCX warning behind.
+
+Cells and the scenario that exercises each (state, event):
+
+=========================  ============================  =================================
+state                      event                         scenario
+=========================  ============================  =================================
+created                    arrival failed (peer crashed  crash_before, crash_inside
+                           before / inside constructor)
+created                    arrival failed (peer gave up  late
+                           before this one arrived)
+created                    arrived                       every scenario
+joined / running           peer exited (exit, several    exit_two (exit, raise)
+                           strategies)
+running                    peer finalized MPI            finalize_run
+joined                     finalize (then exit)          finalize_only
+finalized                  begin run                     finalize_run (process 0)
+running                    begin run (concurrent)        refused
+running                    out of step (data timeout)    data_stall
+running                    out of step (a collective's   call_timeout
+                           own timeout)
+running                    out of step (failure after    inline_miss
+                           agreement, light collective)
+running                    wait on another strategy      opposite
+joined / running           trace merge with an error     trace_raise
+running                    trace merge (refused)         merge_in_run
+failed                     begin run (refused)           exit_two
+joined                     release (dropped everywhere)  leak
+any                        ``os._exit`` (no hook runs)   os_exit
+=========================  ============================  =================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from asyncreplica_mpi._lifecycle import (
+    TABLE,
+    Event,
+    LifecycleBug,
+    Refusal,
+    State,
+    advance,
+)
+
+from asyncreplica._launch import find_mpiexec
+
+PROGRAM = Path(__file__).parent / "programs" / "lifecycle.py"
+GUARD_S = 25  # each program dumps its stacks and exits past this
+KILL_S = GUARD_S + 15  # then the whole launch is killed
+UCX_WARNING = "was not returned to mpool"
+
+
+# -- the table, without processes -------------------------------------------------------
+
+
+def test_every_state_answers_the_events_that_can_reach_it() -> None:
+    for state in State:
+        for event in (Event.BEGIN_RUN, Event.FINALIZE, Event.EXIT):
+            assert (state, event) in TABLE, (state, event)
+
+
+@pytest.mark.parametrize(("cell", "after"), sorted(TABLE.items(), key=str))
+def test_each_cell(cell: tuple[State, Event], after: State | Refusal) -> None:
+    assert advance(*cell) is after
+
+
+def test_refusals_leave_the_state_and_name_the_reason() -> None:
+    assert advance(State.RUNNING, Event.BEGIN_RUN) is Refusal.CONCURRENT_RUN
+    assert advance(State.FINALIZED, Event.BEGIN_RUN) is Refusal.FINALIZED
+    assert advance(State.FAILED, Event.BEGIN_RUN) is Refusal.FAILED
+    assert advance(State.CLOSED, Event.TRACE_MERGE) is Refusal.CLOSED
+    assert advance(State.RUNNING, Event.TRACE_MERGE) is Refusal.MERGE_IN_RUN
+
+
+def test_a_pair_outside_the_table_is_a_bug_of_asyncreplica() -> None:
+    with pytest.raises(LifecycleBug, match=r"asyncreplica internal error.*report"):
+        advance(State.CREATED, Event.END_RUN)
+
+
+def test_the_table_module_is_pure() -> None:
+    source = (PROGRAM.parents[3] / "backends/asyncreplica_mpi/_lifecycle.py").read_text()
+    for name in ("mpi4py", "anyio", "asyncio", "numpy", "time"):
+        assert f"import {name}" not in source
+
+
+# -- the cells under mpiexec ---------------------------------------------------------------
+
+
+def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, str], str]:
+    """Run a scenario on 2 processes; its exit status, each rank's log, and its output."""
+    pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        pytest.skip("mpiexec not found")
+    env = {
+        **os.environ,
+        "ASYNCREPLICA_TEST_OUT": str(tmp_path),
+        "PYTHONUNBUFFERED": "1",
+        "LIFECYCLE_GUARD_S": str(GUARD_S),
+    }
+    env.pop("ASYNCREPLICA_TRACE", None)
+    proc = subprocess.Popen(
+        [mpiexec, "-n", "2", sys.executable, str(PROGRAM), scenario, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # the hang guard ends every process of the launch
+    )
+    try:
+        output, _ = proc.communicate(timeout=KILL_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"{scenario}: the launch hung past {KILL_S} s:\n{output}")
+    logs = {}
+    for rank in range(2):
+        log = tmp_path / f"rank{rank}.log"
+        logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
+    assert UCX_WARNING not in output, output
+    assert "Stack (most recent call first)" not in output, f"a process hung:\n{output}"
+    return proc.returncode, logs, output
+
+
+@pytest.mark.parametrize("how", ["exit", "raise"])
+def test_exit_with_two_strategies_releases_a_peer_in_the_first(how: str, tmp_path: Path) -> None:
+    # Process 0 leaves (normally, or of an uncaught ValueError) while process 1 is in a
+    # collective on the first-created strategy: its goodbye on every strategy is posted
+    # at once, so process 1 is released there, whatever the order.
+    rc, logs, output = launch("exit_two", how, tmp_path=tmp_path)
+    assert "got ReplicaExitedError" in logs[1], output
+    assert rc == (1 if how == "raise" else 0), output  # the dying process's status is kept
+    if how == "raise":
+        assert (
+            "process 0 (replica 0) exited after an uncaught ValueError: process 0 dies" in logs[1]
+        )
+        assert "ValueError: process 0 dies outside run" in output  # its traceback
+    else:
+        assert "process 0 (replica 0) exited" in logs[1]
+    assert "busy outside collectives" not in output
+    # The failed group refuses the next run at once.
+    assert (
+        "again ReplicaExitedError: Process 0 of this MultiWorkerMirroredStrategy has exited"
+        in (logs[1])
+    )
+
+
+def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:
+    rc, logs, output = launch("merge_in_run", str(tmp_path / "t.json"), tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        assert "got ReplicaContextError: strategy.trace(...) ended inside a run" in logs[rank]
+        assert "after 2.0" in logs[rank], output
+
+
+def test_strategies_in_opposite_orders_are_named_in_the_stall_warning(tmp_path: Path) -> None:
+    _, logs, output = launch("opposite", tmp_path=tmp_path)
+    assert "got CollectiveTimeoutError" in logs[0], output
+    assert "got ReplicaExitedError" in logs[1], output  # process 0's goodbye released it
+    assert "process 0 (replica 0) exited" in logs[1]
+    for other, there in ((1, "#2"), (0, "#1")):
+        assert (
+            f"process {other} (replica {other}) did not arrive: it waits at the 1st "
+            f"collective (position 0): all_reduce(SUM) on float64[3]"
+        ) in output
+        assert f"of MultiWorkerMirroredStrategy {there}, another strategy" in output
+    assert "The processes use their strategies in different orders" in output
+    assert "busy outside collectives" not in output
+
+
+def test_a_peer_that_finalizes_mpi_is_seen_by_the_next_run(tmp_path: Path) -> None:
+    rc, logs, output = launch("finalize_run", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "got ReplicaExitedError" in logs[1], output
+    assert "process 0 (replica 0) finalized MPI (MPI.Finalize())" in logs[1]
+    # On process 0, the finalized strategy refuses (the FINALIZED state).
+    assert (
+        "got BackendError: This MultiWorkerMirroredStrategy cannot be used any more: " in (logs[0])
+    )
+    assert "MPI was finalized on this process" in logs[0]
+
+
+def test_a_correct_program_where_one_process_finalizes_exits(tmp_path: Path) -> None:
+    rc, logs, output = launch("finalize_only", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        assert "result 2.0 2.0" in logs[rank], output
+        assert "done" in logs[rank], output
+
+
+def test_an_exception_in_a_trace_block_reaches_a_peer_in_a_run(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    rc, logs, output = launch("trace_raise", str(trace), tmp_path=tmp_path)
+    assert rc != 0
+    assert "ValueError: process 0 fails inside its trace block" in output  # printed
+    assert "got ReplicaExitedError: Process 0 failed" in logs[1], output
+    assert "failed: ValueError: process 0 fails inside its trace block" in logs[1]
+    # Rank 0 still writes its own timeline, and says why it is alone.
+    doc = json.loads(trace.read_text())
+    assert "not merged" in doc["otherData"]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "error"),
+    [
+        ("crash_before", "ValueError: process 0 dies before its strategy"),
+        ("crash_inside", "ValueError: unknown device 'not a device'"),
+    ],
+)
+def test_a_crash_before_or_inside_the_constructor_reaches_the_others(
+    scenario: str, error: str, tmp_path: Path
+) -> None:
+    rc, logs, output = launch(scenario, tmp_path=tmp_path)
+    assert rc != 0
+    assert f"got ReplicaExitedError: Process 0 exited after an uncaught {error}" in logs[1], output
+    assert "without creating its MultiWorkerMirroredStrategy number 1" in logs[1]
+
+
+def test_a_process_that_arrives_after_a_peer_gave_up_raises(tmp_path: Path) -> None:
+    rc, logs, output = launch("late", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "got CollectiveTimeoutError: Timed out after 0.5 s creating" in logs[0]
+    assert "got BackendError: Process 0 gave up waiting" in logs[1], output
+
+
+def test_a_stopped_peer_in_the_data_transfer_is_warned_about_and_timed_out(
+    tmp_path: Path,
+) -> None:
+    _, logs, output = launch("data_stall", tmp_path=tmp_path)
+    assert re.search(r"has waited \d+\.\d s at the data transfer of the 1st collective", output), (
+        output
+    )
+    assert "process 1 (replica 1) agreed on it but has not sent its data" in output
+    assert (
+        "got CollectiveTimeoutError: The other processes did not all send their data " in (logs[0])
+    )
+    assert "within 2 s" in logs[0]
+    assert "got ReplicaExitedError: Process 0 timed out after 2 s" in logs[1], output
+    assert "Segmentation fault" not in output
+
+
+def test_a_collectives_own_timeout_bounds_the_wait_for_a_late_process(tmp_path: Path) -> None:
+    _, logs, output = launch("call_timeout", tmp_path=tmp_path)
+    assert "got CollectiveTimeoutError: The other processes did not all reach" in logs[0], output
+    assert "within 1 s" in logs[0]
+    waited = float(logs[0].split("waited ")[1].split()[0])
+    assert waited < 5.0, logs[0]  # 1 s, not the strategy's 20 s
+    assert "got ReplicaExitedError: Process 0 timed out after 1 s" in logs[1], output
+
+
+def test_a_failure_after_agreement_just_past_the_inline_size_is_reported(
+    tmp_path: Path,
+) -> None:
+    _, logs, output = launch("inline_miss", "int", tmp_path=tmp_path)
+    assert "got RuntimeError: injected failure in the data transfer" in logs[1], output
+    assert "got ReplicaExitedError: Process 1 failed while moving the data of the 1st" in (logs[0])
+    assert "RuntimeError: injected failure in the data transfer" in logs[0]
+    assert "timed out" not in logs[0]
+
+
+def test_a_refused_concurrent_run_keeps_the_processes_in_step(tmp_path: Path) -> None:
+    rc, logs, output = launch("refused", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "got ReplicaContextError: Another MultiWorkerMirroredStrategy.run" in logs[1]
+    assert "got ReplicaExitedError: Process 1 failed" in logs[0], output
+    assert "ReplicaContextError: it refused a concurrent run of this strategy" in logs[0]
+    for rank in range(2):
+        assert "after 2.0" in logs[rank], output  # the strategy is still usable
+    assert "restart the job" not in output.lower()
+
+
+def test_strategies_dropped_on_every_process_free_their_communicators(tmp_path: Path) -> None:
+    rc, logs, output = launch("leak", "40", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        held = int(logs[rank].split("held ")[1].split()[0])
+        assert held <= 3, logs[rank]  # not 40: each dropped group was released
+
+
+def test_os_exit_ends_the_job_without_a_hang(tmp_path: Path) -> None:
+    # Nothing runs in a process that calls os._exit: the library cannot report it. MPICH's
+    # launcher ends the others (docs/scale-out.md, Limits); what is held here is that
+    # nobody waits for ever.
+    _, logs, _ = launch("os_exit", tmp_path=tmp_path)
+    assert "os._exit" in logs[0]
+    assert "waits" in logs[1]
+    assert "not reached" not in logs[1]
