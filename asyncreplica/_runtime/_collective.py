@@ -27,6 +27,7 @@ from .._core._nest import unflatten
 from .._core._signature import CollectiveKind, Signature
 from .._exceptions import CollectiveError
 from . import _ownership
+from ._inspect import UNCHECKED
 from ._tasks import current_task
 from ._waiter import Waiter
 
@@ -42,6 +43,7 @@ class _NoTree:
 
 NO_TREE: Final[Any] = _NoTree()
 _get_ident: Final = get_ident
+_UNCHECKED: Final = UNCHECKED
 
 
 class Rendezvous:
@@ -293,6 +295,8 @@ class Collective:
             error = _ownership.foreign_issue(rv, self, task)
             if error is not None:
                 raise error
+        if signature[9] is _UNCHECKED:
+            _ownership.unchecked(rv, signature)
         name = signature[6]
         if name is not None:
             names = rv.names[replica]

@@ -52,6 +52,7 @@ __all__ = [
     "clear_caches",
     "forget_spawn",
     "record_spawn",
+    "warn_unchecked",
 ]
 
 # The packages whose frames are an event loop's own (by module identity).
@@ -165,8 +166,6 @@ def call_path() -> tuple[CallSite, ...]:
     # caller's is the innermost one; interpreted, it is one up. (Starting at this
     # function's own frame would make it reference itself: a cycle per collective.)
     path = _path_from(_getframe(_CALLER_DEPTH))
-    if path is UNCHECKED:
-        _warn_unchecked()
     if _spawned:
         path = _with_spawn(path)
     return path
@@ -181,8 +180,8 @@ UNCHECKED: Final[tuple[CallSite, ...]] = (
 _warned_unchecked: Final = [False]
 
 
-def _warn_unchecked() -> None:
-    """Say, once per process, that a call site could not be checked."""
+def warn_unchecked() -> None:
+    """Say, once per process, that a call site could not be checked (see UNCHECKED)."""
     if _warned_unchecked[0]:
         return
     _warned_unchecked[0] = True
@@ -195,7 +194,7 @@ def _warn_unchecked() -> None:
         "two of them in swapped order would pair silently. Give such collectives a name=, "
         "or run that code interpreted. (Warned once per process.)",
         RuntimeWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
 
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._report import see_also
 from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
+from ._mode import MODE
 
 if TYPE_CHECKING:
     from ._collective import Collective, Rendezvous
@@ -170,8 +171,14 @@ def foreign_await(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
         )
         run._fail(owner, error)
         return error
-    if owner < 0 and task is not None and run.ledger._check_call_sites is False:
-        adopt(rv, replica, task)
+    if owner < 0 and task is not None and _in_replica(run, replica):
+        # A task of this replica that the run did not see created awaits a collective
+        # the replica's own code issued (its call site is known): it is watched from now
+        # on, and may await; what it issues itself is refused (see foreign_issue).
+        if not run.watch.knows(task):
+            run.watch.adopt(replica, task, owned=False)
+            if isinstance(task, asyncio.Task):
+                task.add_done_callback(run.task_done)
         return None
     error = ReplicaContextError(
         f"A collective of replica {replica + offset} ({described}) was awaited "
@@ -187,6 +194,24 @@ def foreign_await(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
     )
     run._fail(replica, error)
     return error
+
+
+def unchecked(rv: Rendezvous, signature: Any) -> None:
+    """A collective's call site could not be taken (no Python frame): warn, if it matters.
+
+    It does not when call sites are not compared: ``check_call_sites=False``, or a name.
+    """
+    if signature.name is None and rv.run.ledger._check_call_sites:
+        from ._inspect import warn_unchecked
+
+        warn_unchecked()
+
+
+def _in_replica(run: Any, replica: int) -> bool:
+    """Whether the running code's context is ``replica``'s, in ``run``."""
+    mode = MODE.get()
+    context = None if mode is None else mode.replica
+    return context is not None and context._run is run and context._replica_id == replica
 
 
 def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:

@@ -415,3 +415,53 @@ async def test_named_collectives_with_distinct_names_may_be_in_flight_together(
     with anyio.fail_after(HANG_GUARD):
         result = await strategy.run(step)
     assert strategy.experimental_local_results(result) == ([[0.0, 0.0], [2.0, 2.0]],) * 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_collective_the_replica_issued_may_be_awaited_in_a_task_it_made_directly() -> None:
+    # The call site was taken in the replica's own code: awaiting it in a task the run
+    # did not see created changes nothing about it.
+    async def step() -> Any:
+        ctx = _ctx()
+        x = np.full(2, float(ctx.replica_id_in_sync_group + 1))
+        return await asyncio.Task(ctx.all_reduce("SUM", x))  # type: ignore[arg-type]
+
+    strategy = _strategy()
+    with anyio.fail_after(HANG_GUARD):
+        result = await strategy.run(step)
+    assert [r.tolist() for r in strategy.experimental_local_results(result)] == [[3.0, 3.0]] * 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_eager_task_factory_is_set_aside_during_a_run_and_restored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Python 3.12's asyncio.eager_task_factory, played on 3.11 by a factory that runs
+    # the coroutine to its first suspension (as the eager one does), under its name.
+    loop = asyncio.get_running_loop()
+    eagerly: list[Any] = []
+
+    def eager(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        eagerly.append(coro)
+        task = asyncio.Task(coro, loop=loop, **kwargs)
+        with contextlib.suppress(StopIteration):
+            coro.send(None)
+        return task
+
+    monkeypatch.setattr(asyncio, "eager_task_factory", eager, raising=False)
+
+    async def step() -> Any:
+        x = np.full(2, float(_ctx().replica_id_in_sync_group + 1))
+        return await asyncio.create_task(_reduce(x))
+
+    before = loop.get_task_factory()
+    loop.set_task_factory(eager)
+    try:
+        strategy = _strategy()
+        with anyio.fail_after(HANG_GUARD):
+            result = await strategy.run(step)
+        assert loop.get_task_factory() is eager
+    finally:
+        loop.set_task_factory(before)
+    assert [r.tolist() for r in strategy.experimental_local_results(result)] == [[3.0, 3.0]] * 2
+    assert not eagerly  # nothing of the run went through it
