@@ -74,10 +74,22 @@ class Rendezvous:
         # replica (id(task) -> replica; an entry goes when its task ends).
         self.thread = get_ident()
         self.current_task: Callable[[], object] = current_task
+        # asyncio's running-task dict on Python 3.11 (read directly: a native dict look-up
+        # instead of a call), else None and ``current_task`` is called.
+        self.running: dict[Any, Any] | None = None
         self.mains: list[Any] = [None] * num_replicas
         self.helpers: dict[int, int] = {}
         # Each replica's newest collective of each name (in flight until its slot is done).
         self.names: list[dict[str, Any]] = [{} for _ in range(num_replicas)]
+
+    def task(self) -> object:
+        """The running task, or None off the run's thread (it may not touch collectives)."""
+        if _get_ident() != self.thread:
+            return None
+        running = self.running
+        if running is not None:
+            return running.get(self.loop)
+        return self.current_task()
 
     def arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
@@ -290,7 +302,7 @@ class Collective:
         self._slot: Slot | None = None  # where it arrived (set at the arrival)
         # Only the replica's own tasks, on the run's thread, issue its collectives: the
         # replica's main task (an identity check), else a helper seen created inside it.
-        task = rv.current_task() if _get_ident() == rv.thread else None
+        task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
             error = _ownership.foreign_issue(rv, self, task)
             if error is not None:
@@ -331,7 +343,7 @@ class Collective:
     def _check_awaiter(self, rv: Rendezvous) -> None:
         """Refuse an await by code that is not this replica's task (or out of order)."""
         replica = self.replica
-        task = rv.current_task() if _get_ident() == rv.thread else None
+        task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
             error = _ownership.foreign_await(rv, self, task)
             if error is not None:
@@ -360,7 +372,7 @@ class Collective:
                 # The common case: arrive now; a waiter awaits its future directly.
                 # (_unregister, inline: this runs once per replica and collective.)
                 replica = self.replica
-                task = rv.current_task() if _get_ident() == rv.thread else None
+                task = rv.task()
                 if (task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica) or (
                     rv.unawaited[replica] and self._signature[6] is None
                 ):

@@ -795,6 +795,7 @@ class Run:
                 # Python 3.11's current_task is Python code reading this dict: read it
                 # directly (one C call per waiting replica instead of two Python calls).
                 self._current_task = functools.partial(current_tasks.get, loop)
+                self._rv.running = current_tasks
         self._rv.current_task = self._current_task
         self._rv.thread = threading.get_ident()
         if loop is not None:
