@@ -19,12 +19,16 @@ import asyncio
 import collections.abc
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from threading import get_ident
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._ledger import Key, Ledger
 from .._core._nest import unflatten
 from .._core._signature import CollectiveKind, Signature
 from .._exceptions import CollectiveError
+from . import _ownership
+from ._inspect import UNCHECKED
+from ._tasks import current_task
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
@@ -38,6 +42,8 @@ class _NoTree:
 
 
 NO_TREE: Final[Any] = _NoTree()
+_get_ident: Final = get_ident
+_UNCHECKED: Final = UNCHECKED
 
 
 class Rendezvous:
@@ -65,6 +71,27 @@ class Rendezvous:
         self.local = True  # whether the run is within one process (no process group)
         # The event loop's clock (_clock.loop_clock), set when the run starts.
         self.clock: Callable[[], float] = time.monotonic
+        # Who may issue and await each replica's collectives (see Collective): the run's
+        # thread, each replica's main task, and the helper tasks seen created inside a
+        # replica (id(task) -> replica; an entry goes when its task ends).
+        self.thread = get_ident()
+        self.current_task: Callable[[], object] = current_task
+        # asyncio's running-task dict on Python 3.11 (read directly: a native dict look-up
+        # instead of a call), else None and ``current_task`` is called.
+        self.running: dict[Any, Any] | None = None
+        self.mains: list[Any] = [None] * num_replicas
+        self.helpers: dict[int, int] = {}
+        # Each replica's newest collective of each name (in flight until its slot is done).
+        self.names: list[dict[str, Any]] = [{} for _ in range(num_replicas)]
+
+    def task(self) -> object:
+        """The running task, or None off the run's thread (it may not touch collectives)."""
+        if _get_ident() != self.thread:
+            return None
+        running = self.running
+        if running is not None:
+            return running.get(self.loop)
+        return self.current_task()
 
     def arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
@@ -97,6 +124,7 @@ class Rendezvous:
             run._fail(replica, exc)
             raise
         slot = self.arrive_at(key, replica, call.payload, complete)
+        call._slot = slot
         if complete:
             if self.local and call._signature.kind is not CollectiveKind.MERGE_CALL:
                 return _dispatch(self, call, slot).__await__()
@@ -273,6 +301,25 @@ class Collective:
         self.treedef = treedef
         self._coro: Any = None
         self.awaited = False
+        self._slot: Slot | None = None  # where it arrived (set at the arrival)
+        # Only the replica's own tasks, on the run's thread, issue its collectives: the
+        # replica's main task (an identity check), else a helper seen created inside it.
+        task = rv.task()
+        if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+            error = _ownership.foreign_issue(rv, self, task)
+            if error is not None:
+                raise error
+        if signature[9] is _UNCHECKED:
+            _ownership.unchecked(rv, signature)
+        name = signature[6]
+        if name is not None:
+            names = rv.names[replica]
+            earlier = names.get(name)
+            if earlier is not None:
+                slot = earlier._slot
+                if slot is None or not slot.done:
+                    raise _ownership.name_in_flight(rv, replica, name, self.describe())
+            names[name] = self
         # Registered until awaited, so that the replica's end can report it: the newest in
         # the replica's slot of ``issued`` (one list for the run, read in replica order: no
         # dict per replica touched per collective), any older one still unawaited in
@@ -285,14 +332,28 @@ class Collective:
 
     def _unregister(self) -> None:
         """Awaited: no longer reported at the replica's end."""
-        self.awaited = True
         rv = self._rv
+        self._check_awaiter(rv)
+        self.awaited = True
         issued = rv.issued
         replica = self.replica
         if issued[replica] is self:
             issued[replica] = None
         else:
             rv.unawaited[replica].pop(id(self), None)
+
+    def _check_awaiter(self, rv: Rendezvous) -> None:
+        """Refuse an await by code that is not this replica's task (or out of order)."""
+        replica = self.replica
+        task = rv.task()
+        if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+            error = _ownership.foreign_await(rv, self, task)
+            if error is not None:
+                raise error
+        if rv.unawaited[replica] and self._signature[6] is None:
+            error = _ownership.out_of_order(rv, self)
+            if error is not None:
+                raise error
 
     @property
     def signature(self) -> Signature:
@@ -312,9 +373,14 @@ class Collective:
             if rv.fast and not self.timeout:
                 # The common case: arrive now; a waiter awaits its future directly.
                 # (_unregister, inline: this runs once per replica and collective.)
+                replica = self.replica
+                task = rv.task()
+                if (task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica) or (
+                    rv.unawaited[replica] and self._signature[6] is None
+                ):
+                    self._check_awaiter(rv)
                 self.awaited = True
                 issued = rv.issued
-                replica = self.replica
                 if issued[replica] is self:
                     issued[replica] = None
                 else:

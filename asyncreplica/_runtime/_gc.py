@@ -31,6 +31,7 @@ __all__ = ["PER_REPLICA", "scaled_gc"]
 #: this is about CPython's default of 700; at 4096 replicas it is 409,600).
 PER_REPLICA = 100
 
+
 class _Threshold:
     """The one manager of the generation-0 threshold (all its state in one place).
 

@@ -45,7 +45,15 @@ from typing import Any, Final
 from .._core._signature import CallSite
 from ._tasks import current_task
 
-__all__ = ["LOOP_PACKAGES", "call_path", "forget_spawn", "record_spawn"]
+__all__ = [
+    "LOOP_PACKAGES",
+    "UNCHECKED",
+    "call_path",
+    "clear_caches",
+    "forget_spawn",
+    "record_spawn",
+    "warn_unchecked",
+]
 
 # The packages whose frames are an event loop's own (by module identity).
 LOOP_PACKAGES = frozenset({"asyncio", "trio", "anyio", "uvloop", "sniffio", "outcome"})
@@ -61,6 +69,7 @@ _USER_ASYNC: Final = 1
 _SKIP: Final = 2
 _SKIP_ASYNC: Final = 3
 _STOP: Final = 4
+_STOP_ASYNC: Final = 5  # a runtime coroutine: the replica's driver
 _CO_ASYNC: Final = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
 
 # Each code object's kind, by id(code): looking up an int costs far less than hashing a
@@ -82,7 +91,28 @@ _sites: Final[dict[tuple[int, int], CallSite]] = {}
 # (Not Final: read on the slow path only, and tests lower them.)
 _MAX_PATHS = 100_000
 _MAX_FRAMES = 2_000_000
+# Every cache is cleared past this many code objects: code generated per step (exec,
+# compile) makes new code objects for ever, and each one held costs kilobytes.
+_MAX_CODES = 8_192
 _cached_frames: Final = [0]  # the frames of every path in _paths_at
+
+
+# Caches of other modules keyed by the paths made here (_issue's interned signatures):
+# cleared with these, so that what they hold goes with the paths.
+DEPENDENT_CACHES: Final[list[dict[Any, Any]]] = []
+
+
+def clear_caches() -> None:
+    """Forget every code, site and path seen (they are found again on the next walk)."""
+    for cache in DEPENDENT_CACHES:
+        cache.clear()
+    _kinds.clear()
+    _codes.clear()
+    _paths_at.clear()
+    _paths.clear()
+    _sites.clear()
+    _joined.clear()
+    _cached_frames[0] = 0
 
 
 def _is_module(name: str, namespace: dict[str, Any]) -> bool:
@@ -101,8 +131,11 @@ def _kind(frame: FrameType) -> int:
             kind = _STOP
         elif name.partition(".")[0] in LOOP_PACKAGES and _is_module(name, namespace):
             kind = _SKIP
-    if kind != _STOP and code.co_flags & _CO_ASYNC:
+    if code.co_flags & _CO_ASYNC:
         kind += 1
+    if len(_codes) >= _MAX_CODES:
+        # The walk that asked goes on: _resolve holds the codes of the path it makes.
+        clear_caches()
     _codes[id(code)] = code
     _kinds[id(code)] = kind
     return kind
@@ -138,6 +171,33 @@ def call_path() -> tuple[CallSite, ...]:
     return path
 
 
+# The path of a collective whose caller has no Python frame (code compiled with mypyc or
+# Cython, a C function): no line of it can be compared. An interned constant, so that
+# the check costs an identity comparison.
+UNCHECKED: Final[tuple[CallSite, ...]] = (
+    CallSite("<code without Python frames>", 0, "<compiled code>", None),
+)
+_warned_unchecked: Final = [False]
+
+
+def warn_unchecked() -> None:
+    """Say, once per process, that a call site could not be checked (see UNCHECKED)."""
+    if _warned_unchecked[0]:
+        return
+    _warned_unchecked[0] = True
+    import warnings
+
+    warnings.warn(
+        "asyncreplica: a collective was issued by code that has no Python frames (a module "
+        "compiled with mypyc or Cython, or a C function calling the collective), so its "
+        "call site cannot be checked: collectives issued there pair by position only, and "
+        "two of them in swapped order would pair silently. Give such collectives a name=, "
+        "or run that code interpreted. (Warned once per process.)",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
 def record_spawn(task: object) -> None:
     """Record where ``task`` was started: the call path of the code creating it.
 
@@ -147,6 +207,8 @@ def record_spawn(task: object) -> None:
     frame on the stack (by the runtime itself) gets no entry.
     """
     path = _path_from(sys._getframe(_CALLER_DEPTH))  # the caller's frame, as call_path's
+    if path is UNCHECKED:
+        return  # no user frame (the runtime's own task, or compiled code): nothing to add
     if _spawned:
         path = _with_spawn(path)
     if path:
@@ -197,6 +259,7 @@ def _path_from(first: FrameType) -> tuple[CallSite, ...]:
     kinds = _kinds
     key: list[int] = []
     inner_async = 0
+    skipped = False  # the event loop's frames came first, before any user frame
     while frame is not None:
         code = frame.f_code
         code_id = id(code)
@@ -209,15 +272,26 @@ def _path_from(first: FrameType) -> tuple[CallSite, ...]:
         elif kind == _USER:
             if inner_async and key:
                 break  # a scheduler (or a driver) that resumed the coroutines above
+            if skipped and not key:
+                # The first user frame is below the event loop's: whatever started the
+                # loop. The task's own frames are not Python's.
+                key.clear()
+                break
             key.append(code_id)
             key.append(frame.f_lasti)
         elif kind == _STOP:
             if key:
-                break  # the replica driver, below the user's frames
+                break  # the runtime's own frames, below the user's
+        elif kind == _STOP_ASYNC:
+            break  # the replica driver: below the user's frames (none: compiled code)
         elif kind == _SKIP and inner_async and key:
             break
+        else:
+            skipped = not key and kind == _SKIP
         inner_async = kind & 1
         frame = frame.f_back
+    if not key:
+        return UNCHECKED
     at = tuple(key)
     path = _paths_at.get(at)
     if path is None:
@@ -248,7 +322,9 @@ def _resolve(at: tuple[int, ...], first: FrameType) -> tuple[CallSite, ...]:
         frame = frame.f_back
     sites = []
     for frame in frames:
-        site_key = (id(frame.f_code), frame.f_lasti)
+        code = frame.f_code
+        _codes[id(code)] = code  # every id in the key stays its code's (see clear_caches)
+        site_key = (id(code), frame.f_lasti)
         site = _sites.get(site_key)
         if site is None:
             site = _sites[site_key] = _site(frame)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core._nest import TreeDef, flatten
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
-from ._inspect import call_path
+from ._inspect import DEPENDENT_CACHES, call_path
 from ._mode import MODE
 from ._run import Collective
 
@@ -43,6 +43,7 @@ _FLAT_TREEDEFS: Final[dict[tuple[type, int], TreeDef]] = {}
 # when its spec and path are the very objects (see all_reduce).
 _SIGNATURES: Final[dict[int, Signature]] = {}
 _MAX_SIGNATURES: Final = 4096
+DEPENDENT_CACHES.append(_SIGNATURES)  # cleared with the call paths (code made per step)
 
 _ALL_REDUCE: Final = CollectiveKind.ALL_REDUCE
 _new_signature: Final = tuple.__new__

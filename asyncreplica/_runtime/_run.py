@@ -24,6 +24,7 @@ import functools
 import inspect
 import logging
 import random
+import threading
 import types
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -123,26 +124,41 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
         yield error
 
 
-def _on_task_created(task: asyncio.Task[Any]) -> None:
-    """Task factory hook: record tasks created inside a replica (asyncio)."""
+def _spawned_in_replica(task: object) -> Run | None:
+    """Record ``task``, created in a replica's context; the run, if it is active.
+
+    A task created by one of the replica's own tasks is owned by the replica, and the
+    line that created it goes on the call path of its collectives. One created in the
+    replica's context from anywhere else (a loop callback) is watched by the deadlock
+    check, but its collectives are refused (the line that started it is unknown).
+    """
     mode = MODE.get()
     if mode is None or mode.replica is None:
-        return
+        return None
     run = mode.replica._run
-    if run is not None and not run.closed:
-        run.watch.adopt(mode.replica._replica_id, task)  # the local index, as started()
-        # Where it was started goes on the call path of its collectives.
+    if run is None or run.closed:
+        return None
+    replica = mode.replica._replica_id  # the local index, as started()
+    creator = run._current_task()
+    owned = run.watch.owns(replica, creator)
+    run.watch.adopt(replica, task, owned=owned)
+    if owned:
         _inspect.record_spawn(task)
+    return run
+
+
+def _on_task_created(task: asyncio.Task[Any]) -> None:
+    """Task factory hook: record tasks created inside a replica (asyncio)."""
+    run = _spawned_in_replica(task)
+    if run is not None:
         task.add_done_callback(_inspect.forget_spawn)
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
 
 
 def _on_trio_task_spawned(task: object) -> None:
-    """Trio instrument hook: record where a replica's helper task was started."""
-    mode = MODE.get()
-    if mode is not None and mode.replica is not None:
-        _inspect.record_spawn(task)
+    """Trio instrument hook: record a task started inside a replica (any nursery)."""
+    _spawned_in_replica(task)
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:
@@ -191,10 +207,10 @@ class Run:
         self.life = Lifecycle(self.num_replicas, offset=strategy._replica_offset)
         self.closed = False
         self.stall_warning_seconds = stall_warning_seconds
-        self.watch = _tasks.TaskWatch()
         # What every arrival reads, in one native object (_collective.Rendezvous); the
         # run shares its lists and dicts under the names below.
         self._rv = rv = Rendezvous(self, self.ledger, self.num_replicas)
+        self.watch = _tasks.TaskWatch(rv.mains, rv.helpers)
         rv.local = self.group is None
         # Collectives issued and not awaited yet (see Collective): each replica's
         # newest, and any older ones by id.
@@ -212,6 +228,7 @@ class Run:
         # task ends, a wait is abandoned): ``_rv.gen``.
         self._scan_gen = -1
         self._scan_rid = 0
+        self._deferred = -1  # the generation whose deadlock check waited a loop turn
         self.inspections = 0  # tasks inspected by deadlock checks (tests count them)
         self._ended = ""  # how the run ended ("failed", "was cancelled"), once closed
         self._errors: list[tuple[int, BaseException]] = rv.errors
@@ -327,6 +344,7 @@ class Run:
         if tracer is not None:
             tracer.arrive(replica, key, signature)
         slot = self._rv.arrive_at(key, replica, call.payload, complete)
+        call._slot = slot
         if complete:
             result = await self._dispatch(call, key, slot)
             if self.shuffle is not None:
@@ -604,10 +622,63 @@ class Run:
             if not self._replica_blocked(rid, current):
                 self._scan_rid = rid
                 return
+        unseen = self._adopt_unseen()
+        if unseen == "adopted":
+            # Tasks of a replica that the run had not seen (asyncio.Task(coro) called
+            # directly, a callback's task): look again with them.
+            self._scan_gen = -1
+            self._check_deadlock(replica, current=current)
+            return
+        if unseen == "deferred":
+            return
         self._scan_rid = n
         error = self.ledger.deadlock_error()
         self._fail(replica, error)
         raise error
+
+    def _adopt_unseen(self) -> str:
+        """Watch the unfinished tasks of the loop that run in a replica's context unseen.
+
+        A task created without the task factory (``asyncio.Task(coro)``) or before it was
+        chained again is found here, before a deadlock is reported: its context says
+        which replica it belongs to (read from the future it awaits on Python 3.11). A
+        task whose context cannot be read yet (it has not started) may be one: the check
+        is made again on the next loop turn, once per generation.
+
+        Returns:
+            ``"adopted"`` (look again), ``"deferred"`` (a check is scheduled) or ``""``.
+        """
+        loop = self._loop
+        if loop is None:
+            return ""
+        found = False
+        unread = False
+        for task in asyncio.all_tasks(loop):
+            if task.done() or self.watch.knows(task):
+                continue
+            context = _tasks.context_replica(task)
+            if context is None:
+                unread = unread or getattr(task, "_fut_waiter", None) is None
+                continue
+            if context._run is self:
+                self.watch.adopt(context._replica_id, task, owned=False)
+                task.add_done_callback(self.task_done)
+                found = True
+        if found:
+            return "adopted"
+        if unread and self._deferred != self._rv.gen:
+            self._deferred = self._rv.gen
+            loop.call_soon(self._recheck)
+            return "deferred"
+        return ""
+
+    def _recheck(self) -> None:
+        """A deadlock check deferred to the next loop turn (see :meth:`_adopt_unseen`)."""
+        if self.closed or self.failed or not self.ledger.all_waiting():
+            return
+        self._scan_gen = -1
+        with contextlib.suppress(CollectiveError):
+            self._check_deadlock(-1)
 
     def _replica_blocked(self, replica: int, current: object) -> bool:
         """Whether no task of ``replica`` can issue a collective without another's help."""
@@ -630,6 +701,7 @@ class Run:
 
     def task_done(self, task: object) -> None:
         """A task of some replica ended: replicas may now be deadlocked."""
+        self.watch.forget(task)
         self._rv.gen += 1  # whoever joined it may run again
         if self.closed or self.failed or not self.ledger.all_waiting():
             return
@@ -842,6 +914,9 @@ class Run:
                 # Python 3.11's current_task is Python code reading this dict: read it
                 # directly (one C call per waiting replica instead of two Python calls).
                 self._current_task = functools.partial(current_tasks.get, loop)
+                self._rv.running = current_tasks
+        self._rv.current_task = self._current_task
+        self._rv.thread = threading.get_ident()
         if loop is not None:
             _tasks.install_factory(loop, _on_task_created)
         else:
@@ -849,7 +924,7 @@ class Run:
 
             # Not _tasks.current_task, which asks asyncio first: on trio that raises
             # (and catches) a RuntimeError at every waiting replica's arrival.
-            self._current_task = trio.lowlevel.current_task
+            self._current_task = self._rv.current_task = trio.lowlevel.current_task
             _tasks.install_trio_watch(self.task_done, _on_trio_task_spawned)
         stall = self.stall_warning_seconds
         if self.tracer is not None:

@@ -16,8 +16,10 @@ another replica's help. Everything here is read-only introspection.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import threading
+import types
 import weakref
 from collections.abc import Callable, Iterator
 from types import FrameType, TracebackType
@@ -170,6 +172,73 @@ _WAIT_CODE = getattr(getattr(asyncio.tasks, "_wait", None), "__code__", None)
 _SHIELD_CALLBACK = "shield.<locals>._outer_done_callback"
 
 
+def asyncio_internals_missing() -> list[str]:
+    """What deadlock detection reads of asyncio's private names, and this Python lacks.
+
+    Each entry names the private name and what reading it gives: without it that way
+    of waiting is not seen through, so a wait cycle behind it is found by the stall
+    warning and ``timeout_seconds`` instead of at once. Empty on every Python the
+    project supports (tests/runtime/test_asyncio_internals.py fails the day one changes).
+    """
+    missing = []
+    task_members = dir(asyncio.Task)
+    if "_fut_waiter" not in task_members:
+        missing.append(
+            "asyncio.Task._fut_waiter (which future a task awaits: replicas parked at a "
+            "collective and every join)"
+        )
+    future_members = dir(asyncio.Future)
+    for name in ("_callbacks", "_exception"):
+        if name not in future_members:
+            missing.append(f"asyncio.Future.{name} (asyncio.shield and failed joins)")
+    wait = _WAIT_CODE
+    if wait is None or not {"fs", "timeout", "return_when", "waiter"} <= {
+        *wait.co_varnames,
+        *wait.co_cellvars,
+    }:
+        missing.append(
+            "asyncio.tasks._wait's locals fs, timeout, return_when, waiter (asyncio.wait)"
+        )
+    gathering = getattr(asyncio.tasks, "_GatheringFuture", None)
+    init = getattr(getattr(gathering, "__init__", None), "__code__", None)
+    if init is None or "_children" not in init.co_names:
+        missing.append("asyncio.tasks._GatheringFuture._children (asyncio.gather)")
+    shield_code = getattr(asyncio.shield, "__code__", None)
+    callbacks = [
+        const
+        for const in getattr(shield_code, "co_consts", ())
+        if getattr(const, "co_qualname", None) == _SHIELD_CALLBACK
+    ]
+    if not callbacks or "inner" not in callbacks[0].co_freevars:
+        missing.append(f"{_SHIELD_CALLBACK} and its cell 'inner' (asyncio.shield)")
+    return missing
+
+
+_warned_internals = False
+
+
+def warn_if_internals_missing() -> None:
+    """Warn, once per process, when deadlock detection cannot read what it needs."""
+    global _warned_internals
+    if _warned_internals:
+        return
+    _warned_internals = True
+    missing = asyncio_internals_missing()
+    if missing:
+        import warnings
+
+        warnings.warn(
+            "asyncreplica's deadlock detection reads private names of asyncio that this "
+            "Python does not have:\n"
+            + "".join(f"  * {name}\n" for name in missing)
+            + "A wait cycle through these is not reported at once: the stall warning "
+            "names it, and CommunicationOptions(timeout_seconds=...) ends it. Please "
+            "report this with your Python version.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 def _ended_badly(future: asyncio.Future[Any]) -> bool:
     """Whether a done future was cancelled or raised (read without marking it retrieved)."""
     return future.cancelled() or getattr(future, "_exception", None) is not None
@@ -293,28 +362,52 @@ def _trio_descendants(task: Any) -> Iterator[object]:
 class TaskWatch:
     """Records the tasks each replica of a run creates.
 
-    On asyncio it installs a task factory on the running loop for as long as any run
-    is active (chaining to a factory that was already there); on trio the tasks are
-    found from each replica's main task when asked.
+    On asyncio a task factory, installed on the running loop for as long as any run is
+    active (chained to the factory that was there), reports each task created; on trio
+    the instrument's ``task_spawned`` does, for a task started in any nursery (one
+    passed into the step too). A task created from one of the replica's own tasks is
+    *owned*: it may issue the replica's collectives (its spawn line is known). One
+    created in the replica's context from elsewhere (a loop callback) is watched only:
+    the deadlock check looks at it, but its collectives are refused.
 
     Args:
-        owner: Given a context's replica, which run and replica id it belongs to.
+        mains: Each replica's main task, by replica (shared with the rendezvous).
+        helpers: ``id(task) -> replica`` for the owned helper tasks (shared likewise).
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self, mains: list[Any] | None = None, helpers: dict[int, int] | None = None
+    ) -> None:
         self.main: dict[int, object] = {}
+        self._mains: list[Any] = mains if mains is not None else []
+        self._helpers: dict[int, int] = helpers if helpers is not None else {}
         self._children: dict[int, weakref.WeakSet[Any]] = {}
         self._all: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def started(self, replica: int, task: object) -> None:
         """Record ``task`` as ``replica``'s main task."""
         self.main[replica] = task
+        if replica < len(self._mains):
+            self._mains[replica] = task
         self._all.add(task)
 
-    def adopt(self, replica: int, task: object) -> None:
-        """Record ``task`` as one of ``replica``'s tasks."""
+    def owns(self, replica: int, task: object) -> bool:
+        """Whether ``task`` is ``replica``'s main task or an owned helper of it."""
+        if task is None:
+            return False
+        return self.main.get(replica) is task or self._helpers.get(id(task), -1) == replica
+
+    def adopt(self, replica: int, task: object, *, owned: bool = True) -> None:
+        """Record ``task`` as one of ``replica``'s tasks (``owned``: see the class)."""
         self._children.setdefault(replica, weakref.WeakSet()).add(task)
         self._all.add(task)
+        if owned:
+            self._helpers[id(task)] = replica
+
+    def forget(self, task: object) -> None:
+        """``task`` ended: its id may be reused, so it no longer counts as owned."""
+        if id(task) in self._helpers and task in self._all:
+            del self._helpers[id(task)]
 
     def knows(self, task: object) -> bool:
         """Whether ``task`` is a replica's main task or one created inside a replica."""
@@ -325,47 +418,143 @@ class TaskWatch:
         return [task for children in self._children.values() for task in children]
 
     def tasks(self, replica: int) -> list[object]:
-        """Every live task of ``replica`` that is known."""
+        """Every live task of ``replica`` that is known (each once)."""
         main = self.main.get(replica)
         if main is None:
             return []
         found = [main, *self._children.get(replica, ())]
         if not isinstance(main, asyncio.Task):
             found.extend(_trio_descendants(main))
+            if len(found) > 1:
+                found = list({id(task): task for task in found}.values())
         return found
 
 
-_factories: dict[asyncio.AbstractEventLoop, tuple[int, Any]] = {}
+def context_replica(task: object) -> Any:
+    """The replica context whose context ``task`` runs in, if it can be read; else None.
+
+    On Python 3.12+ a task's context is public (``get_context``); on 3.11 it is read from
+    the wake-up callback the task left on the future it awaits (``_fut_waiter``).
+    """
+    from ._mode import MODE
+
+    context = None
+    get_context = getattr(task, "get_context", None)
+    if get_context is not None:
+        context = get_context()
+    else:
+        future = getattr(task, "_fut_waiter", None)
+        for entry in getattr(future, "_callbacks", None) or ():
+            if (
+                isinstance(entry, tuple)
+                and len(entry) == 2
+                and getattr(entry[0], "__self__", None) is task
+            ):
+                context = entry[1]
+                break
+    if context is None:
+        return None
+    mode = context.get(MODE)
+    return None if mode is None else mode.replica
+
+
+class _Factory:
+    """The recording task factory: calls the factory it chains to, then reports the task.
+
+    While a run is active on the loop, asyncio's eager task factory (Python 3.12) is not
+    called: tasks are created as plain tasks, so that each starts in a step of its own, as
+    anyio's task groups and the run's bookkeeping (which must see a task before it runs)
+    expect. After the run it is on the loop again. Another factory that runs the coroutine
+    before returning its task is refused with a ``RuntimeError`` that says so.
+    """
+
+    def __init__(self, previous: Any, on_create: Callable[[asyncio.Task[Any]], None]) -> None:
+        self.previous = previous
+        self.on_create = on_create
+        self.users = 0
+
+    def __call__(
+        self, loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        previous = self.previous
+        if previous is None or _eager(previous):
+            task: Any = asyncio.Task(coro, loop=loop, **kwargs)
+        else:
+            task = previous(loop, coro, **kwargs)
+            if _started(coro):
+                raise RuntimeError(
+                    "The task factory installed on this event loop ran the coroutine before "
+                    "returning its task (an eager task factory). asyncreplica's runs need each "
+                    "task to start in its own step; install the factory outside Strategy.run, "
+                    "or use asyncio.eager_task_factory, which asyncreplica recognises."
+                )
+        self.on_create(task)
+        return task  # type: ignore[no-any-return]
+
+
+def _eager(factory: Any) -> bool:
+    """Whether ``factory`` is asyncio's eager task factory (Python 3.12+)."""
+    eager = getattr(asyncio, "eager_task_factory", None)
+    if eager is not None and factory is eager:
+        return True
+    # asyncio.create_eager_task_factory(custom) returns a closure named "factory" of it.
+    return getattr(factory, "__qualname__", "").startswith("create_eager_task_factory.")
+
+
+def _started(coro: Any) -> bool:
+    """Whether coroutine ``coro`` already ran (a factory ran it eagerly)."""
+    return (
+        isinstance(coro, types.CoroutineType)
+        and inspect.getcoroutinestate(coro) != inspect.CORO_CREATED
+    )
+
+
+_factories: dict[asyncio.AbstractEventLoop, _Factory] = {}
 
 
 def install_factory(
     loop: asyncio.AbstractEventLoop, on_create: Callable[[asyncio.Task[Any]], None]
 ) -> None:
     """Install (or count another user of) the recording task factory on ``loop``."""
-    users, previous = _factories.get(loop, (0, None))
-    if users == 0:
-        previous = loop.get_task_factory()
-
-        def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
-            if previous is not None:
-                task: Any = previous(loop, coro, **kwargs)
-            else:
-                task = asyncio.Task(coro, loop=loop, **kwargs)
-            on_create(task)
-            return task  # type: ignore[no-any-return]
-
+    warn_if_internals_missing()
+    factory = _factories.get(loop)
+    if factory is None:
+        factory = _factories[loop] = _Factory(loop.get_task_factory(), on_create)
         loop.set_task_factory(factory)
-    _factories[loop] = (users + 1, previous)
+    else:
+        rechain_factory(loop)
+    factory.users += 1
+
+
+def rechain_factory(loop: asyncio.AbstractEventLoop) -> bool:
+    """Install the recording factory again if someone replaced it; whether they had.
+
+    The factory they set is chained: tasks go on being created by it, and it is what
+    :func:`uninstall_factory` leaves on the loop.
+    """
+    factory = _factories.get(loop)
+    if factory is None:
+        return False
+    current = loop.get_task_factory()
+    if current is factory:
+        return False
+    factory.previous = current
+    loop.set_task_factory(factory)
+    return True
 
 
 def uninstall_factory(loop: asyncio.AbstractEventLoop) -> None:
-    """Undo one :func:`install_factory`; the last one restores the previous factory."""
-    users, previous = _factories[loop]
-    if users == 1:
+    """Undo one :func:`install_factory`; the last one restores the factory it chains to.
+
+    That is the factory that was there before the first run, or the one set meanwhile
+    (a factory set during a run stays set after it).
+    """
+    factory = _factories[loop]
+    factory.users -= 1
+    if factory.users == 0:
         del _factories[loop]
-        loop.set_task_factory(previous)
-    else:
-        _factories[loop] = (users - 1, previous)
+        current = loop.get_task_factory()
+        loop.set_task_factory(factory.previous if current is factory else current)
 
 
 # One task-exit instrument per trio run (a RunVar), created on first use: trio's

@@ -200,9 +200,10 @@ async def test_of_several_pending_the_unawaited_are_reported_in_the_order_issued
     async def step() -> None:
         ctx = context()
         first = ctx.all_reduce("sum", 1.0)  # @fa-first
-        second = ctx.all_reduce("sum", 2.0)  # @fa-second
+        # Named: unnamed collectives must be awaited in the order they were issued.
+        second = ctx.all_reduce("sum", 2.0, name="second")  # @fa-second
         third = ctx.all_reduce("sum", 3.0)  # @fa-third
-        fourth = ctx.all_reduce("sum", 4.0)  # @fa-fourth
+        fourth = ctx.all_reduce("sum", 4.0, name="fourth")  # @fa-fourth
         await fourth
         await second
         fifth = ctx.all_reduce("sum", 5.0)  # @fa-fifth

@@ -1,0 +1,264 @@
+"""Who may issue and await a replica's collectives: the slow paths of the ownership checks.
+
+Every collective belongs to the replica that issued it. :class:`~._collective.Collective`
+checks, when it is issued and again when it is awaited, that the running code is one of
+that replica's tasks on the run's thread: an identity comparison with the replica's main
+task, else one dict look-up among the helper tasks the run saw created inside the
+replica. What fails those checks comes here, to be told apart and raised with a message
+that says what happened and what to do:
+
+* code running in another thread (``asyncio.to_thread``, ``anyio.to_thread``, an
+  executor: they copy the replica's context, but a collective issued there would carry
+  the thread pool's call path, so swapped ones would pair silently);
+* a task of another replica (a collective object shared through a dict);
+* a task the run did not see created (``asyncio.Task(coro)`` called directly, a task
+  created in a ``loop.call_soon`` callback, or under a task factory the user installed
+  during the run): the line that started it is unknown, so when call sites are checked
+  its collectives are refused (two such helpers started in swapped order would pair
+  silently); with ``check_call_sites=False`` it is adopted as the replica's task.
+
+It also holds the rules that need the collective's neighbours: unnamed collectives are
+awaited in the order they were issued (the call path is taken at issue, the position at
+the await: both must describe the same moment), and a name is in flight at most once
+per replica.
+
+This module is interpreted on purpose (mypyc compiles the hot path that calls it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .._core._report import see_also
+from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
+from ._mode import MODE
+
+if TYPE_CHECKING:
+    from ._collective import Collective, Rendezvous
+
+__all__ = ["foreign_await", "foreign_issue", "name_in_flight", "out_of_order"]
+
+
+def _where(call: Collective) -> str:
+    """``all_reduce(SUM) on float64[2] at train.py:12:17``, with the column.
+
+    Two collectives told apart here are often created on one line.
+    """
+    site = call._signature.call_site
+    described = call._signature.describe()
+    return described if site is None else f"{described} at {site.describe(column=True)}"
+
+
+def _owner(rv: Rendezvous, task: object) -> int:
+    """The replica ``task`` belongs to, -1 when the run does not know it."""
+    if task is None:
+        return -1
+    for replica, main in enumerate(rv.mains):
+        if main is task:
+            return replica
+    return rv.helpers.get(id(task), -1)
+
+
+def _thread_error(what: str, described: str, replica: int) -> ReplicaContextError:
+    return ReplicaContextError(
+        f"{what} {described} in a thread other than the event loop's "
+        f"({threading.current_thread().name}), in replica {replica}.\n\n"
+        "A worker thread (asyncio.to_thread, anyio.to_thread.run_sync, an executor) copies "
+        "the replica's context, but it is not the replica: a collective issued there would "
+        "carry the thread pool's call path, so two of them in swapped order would pair "
+        "silently. Issue and await collectives in the replica's own coroutine (or a task it "
+        "starts on the same loop), and move only the computation to the thread."
+    )
+
+
+def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseException | None:
+    """Why the running code may not issue ``call``, a collective of its replica.
+
+    Returns the error to raise (recorded as the run's root cause, unless raised in a
+    thread: it reaches the replica through the thread's result), or None when ``task``
+    was adopted as the replica's and the collective may go on.
+    """
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    replica = call.replica
+    if threading.get_ident() != rv.thread:
+        # Not run._fail: the run's cancel scope belongs to the loop's thread.
+        return _thread_error("Collective", call._signature.describe(), replica + offset)
+    described = call.describe()
+    owner = _owner(rv, task)
+    error: AsyncReplicaError
+    if owner >= 0 and owner != replica:
+        error = ReplicaContextError(
+            f"Replica {owner + offset}'s task issued {described} for replica "
+            f"{replica + offset}. A collective belongs to the replica that issues it: call "
+            "asyncreplica.get_replica_context() in the coroutine that issues the collective."
+        )
+        run._fail(owner, error)
+        return error
+    if task is None:
+        error = ReplicaContextError(
+            f"Replica {replica + offset} issued {described} outside any task (in a callback "
+            "the event loop ran, such as loop.call_soon's). Issue collectives from the "
+            "replica's coroutine or a task it starts with asyncio.create_task or a task "
+            "group." + "\n" + see_also("ReplicaContextError")
+        )
+        run._fail(replica, error)
+        return error
+    # A task the run did not see created, running in the replica's context.
+    if not run.ledger._check_call_sites:
+        adopt(rv, replica, task)
+        return None
+    replaced = _factory_replaced(run)
+    error = CollectiveError(
+        f"Replica {replica + offset} issued {described} in a task that the run did not see "
+        "created, so the line that started the task is unknown: two such tasks started in "
+        "swapped order would pair silently.\n\n"
+        "The run sees tasks created with asyncio.create_task, loop.create_task, "
+        "asyncio.ensure_future, asyncio.gather, task groups and nurseries, from the "
+        "replica's own code. It does not see asyncio.Task(coro) called directly, a task "
+        "created in a loop.call_soon callback, or one created under a task factory set "
+        "during the run"
+        + (" (loop.set_task_factory was called during this run)" if replaced else "")
+        + ". Start the task with asyncio.create_task(...) or a task group, or pass "
+        "check_call_sites=False to the strategy.\n" + see_also("CollectiveError"),
+        report=run.ledger.report(),
+    )
+    run._fail(replica, error)
+    return error
+
+
+def adopt(rv: Rendezvous, replica: int, task: object) -> None:
+    """Record ``task`` as one of ``replica``'s tasks (found running in its context)."""
+    run: Any = rv.run
+    run.watch.adopt(replica, task)
+    if isinstance(task, asyncio.Task):
+        task.add_done_callback(run.task_done)
+
+
+def _factory_replaced(run: Any) -> bool:
+    """Whether the run's task factory was replaced on its loop (it is chained again)."""
+    loop = run._loop
+    if loop is None:
+        return False
+    from . import _tasks
+
+    return _tasks.rechain_factory(loop)
+
+
+def foreign_await(rv: Rendezvous, call: Collective, task: object) -> BaseException | None:
+    """The error for awaiting ``call`` from code that is not its replica's task.
+
+    None when ``task`` was adopted (``check_call_sites=False``) and the await may go on.
+    """
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    replica = call.replica
+    described = call.describe()
+    if threading.get_ident() != rv.thread:
+        return _thread_error("A collective was awaited", f"({described})", replica + offset)
+    owner = _owner(rv, task)
+    error: AsyncReplicaError
+    if owner >= 0 and owner != replica:
+        error = ReplicaContextError(
+            f"Replica {owner + offset} awaited a collective that replica {replica + offset} "
+            f"issued: {described}.\n\n"
+            "A collective belongs to the replica that issues it, and only that replica's "
+            "tasks may await it (sharing collective objects between replicas, for example "
+            "through a dict, would make one replica arrive twice and the other never). Each "
+            "replica issues and awaits its own."
+        )
+        run._fail(owner, error)
+        return error
+    if owner < 0 and task is not None and _in_replica(run, replica):
+        # A task of this replica that the run did not see created awaits a collective
+        # the replica's own code issued (its call site is known): it is watched from now
+        # on, and may await; what it issues itself is refused (see foreign_issue).
+        if not run.watch.knows(task):
+            run.watch.adopt(replica, task, owned=False)
+            if isinstance(task, asyncio.Task):
+                task.add_done_callback(run.task_done)
+        return None
+    error = ReplicaContextError(
+        f"A collective of replica {replica + offset} ({described}) was awaited "
+        + (
+            "outside any task"
+            if task is None
+            else "by a task that is not one of the replica's (not started inside it, or "
+            "started in a way the run does not see: asyncio.Task(coro) called directly, a "
+            "loop.call_soon callback)"
+        )
+        + ". Await a collective in the replica that issued it, in its own coroutine or a "
+        "task it starts with asyncio.create_task or a task group."
+    )
+    run._fail(replica, error)
+    return error
+
+
+def unchecked(rv: Rendezvous, signature: Any) -> None:
+    """A collective's call site could not be taken (no Python frame): warn, if it matters.
+
+    It does not when call sites are not compared: ``check_call_sites=False``, or a name.
+    """
+    if signature.name is None and rv.run.ledger._check_call_sites:
+        from ._inspect import warn_unchecked
+
+        warn_unchecked()
+
+
+def _in_replica(run: Any, replica: int) -> bool:
+    """Whether the running code's context is ``replica``'s, in ``run``."""
+    mode = MODE.get()
+    context = None if mode is None else mode.replica
+    return context is not None and context._run is run and context._replica_id == replica
+
+
+def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:
+    """The error when ``call`` (unnamed) is awaited before an older unnamed collective.
+
+    The call path is taken when a collective is issued and its position when it is
+    awaited: awaiting unnamed collectives in another order than they were issued would
+    pair each replica's path with another collective's position, so it is refused.
+    """
+    older: Collective | None = None
+    for pending in rv.unawaited[call.replica].values():
+        if pending is call:
+            break
+        if pending._signature[6] is None:
+            older = pending
+            break
+    if older is None:
+        return None
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    error = CollectiveError(
+        f"Replica {call.replica + offset} awaited {_where(call)} before "
+        f"{_where(older)}, which it issued earlier and has not awaited.\n\n"
+        "A collective's call site is taken when it is created and its position when it is "
+        "awaited, so unnamed collectives must be awaited in the order they are created "
+        "(otherwise two replicas awaiting them in different orders would pair different "
+        "values at the same position). Await each collective where you create it, or give "
+        "collectives that may be awaited in any order a name=.\n" + see_also("CollectiveError"),
+        report=run.ledger.report(),
+    )
+    run._fail(call.replica, error)
+    return error
+
+
+def name_in_flight(rv: Rendezvous, replica: int, name: str, described: str) -> BaseException:
+    """The error for issuing a second collective named ``name`` while one is in flight."""
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    earlier = rv.names[replica][name]
+    error = CollectiveError(
+        f"Replica {replica + offset} issued {described} while its collective named "
+        f"{name!r} issued earlier ({_where(earlier)}) has not completed.\n\n"
+        "Named collectives match by name and use: two uses of one name in flight at once in "
+        "one replica would pair by arrival order, which depends on scheduling. Give each "
+        "collective in flight its own name, or await the first before issuing the second.\n"
+        + see_also("CollectiveError"),
+        report=run.ledger.report(),
+    )
+    run._fail(replica, error)
+    return error
