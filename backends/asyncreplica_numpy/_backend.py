@@ -19,6 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncreplica import IndexedSlices, _compiled
+from asyncreplica._core._dtypes import (
+    EXACT_MEAN_COUNT,
+    is_reducible,
+    number_dtype,
+    reduced_dtype,
+)
+from asyncreplica._exceptions import BackendError
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._devices import place_like, restore_host
@@ -37,10 +44,45 @@ __all__ = ["NumpyBackend", "batch_pass", "group_by_size"]
 Leaves = Sequence[Sequence[object]]
 Array = npt.NDArray[Any]
 
-# dtype kinds that reductions accept: signed, unsigned, float, complex.
-_NUMERIC_KINDS = frozenset("iufc")
-# dtype kinds a value may have at all (bool and the numeric kinds).
+# dtype kinds a value may have at all (bool and the numeric kinds); bfloat16 (kind "V")
+# is held and reduced too: see _holdable and _reducible_dtype.
 _HOLDABLE_KINDS = frozenset("biufc")
+try:  # ml_dtypes comes with JAX and TensorFlow; without it there are no bfloat16 arrays
+    import ml_dtypes
+
+    _BFLOAT16: np.dtype[Any] | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is installed with the test extras
+    _BFLOAT16 = None
+
+
+def _holdable(dtype: np.dtype[Any]) -> bool:
+    """Whether a value of ``dtype`` can be a collective's leaf (bool, numbers, bfloat16)."""
+    return dtype.kind in _HOLDABLE_KINDS or dtype == _BFLOAT16
+
+
+def _reducible_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether values of ``dtype`` reduce: the library's one rule (``_core._dtypes``)."""
+    return is_reducible(_dtype_name(dtype))
+
+
+def _complex_multiply(a: Array, b: Array, out: Array | None = None) -> Array:
+    """``a * b`` for complex arrays, as four real products: the same bits at every size.
+
+    numpy's complex multiply loops differ by array length (a vectorised loop for long
+    arrays, a scalar one for short ones, and one of them contracts into fused
+    multiply-adds), so the same element could round differently alone, in a pack, or
+    in place. Here every element is ``(ar*br - ai*bi) + (ar*bi + ai*br)j``, each
+    operation a separate, correctly rounded real ufunc call.
+    """
+    ar, ai, br, bi = a.real, a.imag, b.real, b.imag
+    real = np.subtract(np.multiply(ar, br), np.multiply(ai, bi))
+    imag = np.add(np.multiply(ar, bi), np.multiply(ai, br))
+    if out is None:
+        out = np.empty(real.shape, np.result_type(a, b))
+    out.real = real
+    out.imag = imag
+    return out
+
 
 _BINARY: dict[ReduceOp, Callable[..., Array]] = {
     ReduceOp.SUM: np.add,
@@ -51,13 +93,15 @@ _BINARY: dict[ReduceOp, Callable[..., Array]] = {
 }
 
 
-# Reduce one replica's value along axes, before combining across replicas.
-_LOCAL: dict[ReduceOp, Callable[..., Any]] = {
-    ReduceOp.SUM: np.sum,
-    ReduceOp.MIN: np.min,
-    ReduceOp.MAX: np.max,
-    ReduceOp.PROD: np.prod,
-}
+def _binary(op: ReduceOp, dtype: np.dtype[Any]) -> Callable[..., Array]:
+    """How two replicas' values of ``dtype`` combine under ``op``: the one choice.
+
+    Every path (one leaf, a pack, the C pass, large blocked leaves, ``reduce``) takes
+    its element-wise operation from here, so that no path rounds differently.
+    """
+    if op is ReduceOp.PROD and dtype.kind == "c":
+        return _complex_multiply
+    return _BINARY[op]
 
 
 _dtype_names: dict[np.dtype[Any], str] = {}
@@ -124,7 +168,7 @@ def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
     """Combine arrays in replica order into one new array (inputs untouched)."""
     if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
         return _mean_of_ints(arrays)
-    ufunc = _BINARY[op]
+    ufunc = _binary(op, arrays[0].dtype)
     if len(arrays) == 1:
         out = np.array(arrays[0], copy=True)
     else:
@@ -270,7 +314,7 @@ def _combine_packed(
     """
     n = len(parts)
     exact_mean = op is ReduceOp.MEAN and dtype.kind in "iu"
-    ufunc = np.add if exact_mean else _BINARY[op]
+    ufunc = np.add if exact_mean else _binary(op, dtype)
     scratch.seek(0)
     scratch.writelines(parts[0])  # type: ignore[arg-type]
     nbytes = scratch.tell()
@@ -301,7 +345,7 @@ def _combine_packed(
             ufunc(total, other, out=total)
             del other
     if exact_mean:
-        return np.true_divide(total, n, dtype=np.float64)
+        return _exact_quotient(total, n, dtype)
     if op is ReduceOp.MEAN:
         return _divide(total, n)
     return total
@@ -332,7 +376,7 @@ def _reduce_batch(
     if layout is None:
         return None
     dtype, shapes = layout
-    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+    if not _reducible_dtype(dtype) or not dtype.isnative:
         return None
     n = len(values)
     first = values[0]
@@ -357,7 +401,7 @@ def _reduce_batch(
     else:
         ranges = [(0, m)]
     integers = dtype.kind in "iu"
-    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS):
+    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= EXACT_MEAN_COUNT):
         return None  # may need Python integers to stay exact: see _mean_of_ints
     out: list[list[object]] = [[None] * m for _ in range(n)]
     for lo, hi in ranges:
@@ -491,11 +535,11 @@ def _combine_c(
             if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
                 return None
             np.add(total, other, out=total)
-        return np.true_divide(total, n, dtype=np.float64)
+        return _exact_quotient(total, n, dtype)
     total = np.empty(count, dtype)
     if pack(values[0], lo, hi, dtype, shapes, total) != nbytes:
         return None
-    ufunc = _BINARY[op]
+    ufunc = _binary(op, dtype)
     for r in range(1, n):
         if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
             return None
@@ -526,7 +570,7 @@ def _reduce_batch_c(
     if layout is None:
         return None
     dtype, shapes = layout
-    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+    if not _reducible_dtype(dtype) or not dtype.isnative:
         return None
     n = len(values)
     first = values[0]
@@ -550,11 +594,7 @@ def _reduce_batch_c(
         ranges = [(pack[-1], pack[0] + 1) for pack in packs]
     else:
         ranges = [(0, m)]
-    if (
-        op is ReduceOp.MEAN
-        and dtype.kind in "iu"
-        and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS)
-    ):
+    if op is ReduceOp.MEAN and dtype.kind in "iu" and (dtype.itemsize > 4 or n >= EXACT_MEAN_COUNT):
         return None  # may need Python integers to stay exact: see _mean_of_ints
     largest = max(sum(sizes[lo:hi]) for lo, hi in ranges)
     if scratch[0].nbytes < largest:
@@ -592,8 +632,6 @@ async def _off_loop(fn: Callable[[], object]) -> None:
 
 # Integers below this magnitude are exact in float64 (and, being below 2**63, in int64).
 _EXACT_IN_FLOAT64 = 1 << 53
-# Fewer replicas than this: a sum of 32-bit integers stays below _EXACT_IN_FLOAT64.
-_EXACT_INT64_REPLICAS = 1 << 20
 
 
 def _magnitude(array: Array) -> int:
@@ -603,16 +641,35 @@ def _magnitude(array: Array) -> int:
     return max(-int(array.min()), int(array.max()))
 
 
+def _mean_dtype(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """The dtype of the MEAN of integers of ``dtype``: the library's one rule."""
+    return np.dtype(reduced_dtype(ReduceOp.MEAN, _dtype_name(dtype)))
+
+
+def _exact_quotient(total: Array, count: int, dtype: np.dtype[Any]) -> Array:
+    """An exact int64 sum of integers of ``dtype`` divided by ``count``, in the MEAN's dtype.
+
+    ``total`` is below ``2**53`` in magnitude (so exact in float64): it is divided in
+    float64, one rounding, and given the dtype ``_core._dtypes.reduced_dtype`` names
+    (float64). ``count == 0`` gives NaN, as TensorFlow.
+    """
+    with np.errstate(invalid="ignore", divide="ignore"):
+        quotient = np.asarray(np.true_divide(total, count, dtype=np.float64))
+    result = _mean_dtype(dtype)
+    return quotient if result == quotient.dtype else quotient.astype(result)
+
+
 def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) -> Array:
-    """The MEAN of integer arrays as float64: the exact sum, divided, rounded once.
+    """The MEAN of integer arrays: the exact sum, divided, rounded once.
 
     The sum is never taken in the input dtype (int8 ``100 + 100`` wraps to -56, int64
     near ``2**62`` wraps negative). When every partial sum is provably below ``2**53``
     (always so for 32-bit and smaller integers on fewer than a million replicas), it is
     taken in int64, where it is exact, then converted to float64 (exactly) and divided
     (one rounding). Otherwise it is taken in Python integers, whose ``/`` is correctly
-    rounded too, so both paths give the same bits: the float64 nearest to the true mean.
-    Exact sums do not depend on the order of the replicas.
+    rounded too, so both paths give the same bits: the float64 nearest to the true mean,
+    then rounded to the MEAN's dtype (:func:`_exact_quotient`). Exact sums do not
+    depend on the order of the replicas.
 
     Args:
         arrays: One integer array per replica, all of one shape (``axis`` None) or rank.
@@ -620,21 +677,25 @@ def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) 
             count is then the number of elements summed.
 
     Returns:
-        A new, writable float64 array.
+        A new, writable array of the MEAN's dtype (``_core._dtypes.reduced_dtype``).
     """
+    dtype = arrays[0].dtype
     if axis is None:
         count = len(arrays)
-        small = arrays[0].dtype.itemsize <= 4 and count < _EXACT_INT64_REPLICAS
+        small = dtype.itemsize <= 4 and count < EXACT_MEAN_COUNT
         bound = 0 if small else sum(map(_magnitude, arrays))
     else:
         count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
         bound = sum(_magnitude(a) * a.size for a in arrays)
     if bound < _EXACT_IN_FLOAT64:
-        parts = arrays if axis is None else [a.sum(axis=axis, dtype=np.int64) for a in arrays]
+        # Every value is below 2**53 too: int64 holds it (uint64 included).
+        parts = [a.astype(np.int64) for a in arrays]
+        if axis is not None:
+            parts = [p.sum(axis=axis) for p in parts]
         total = np.array(parts[0], dtype=np.int64)
         for part in parts[1:]:
             np.add(total, part, out=total)
-        return np.asarray(np.true_divide(total, count, dtype=np.float64))
+        return _exact_quotient(total, count, dtype)
     # astype(object) holds Python ints (np.asarray(..., dtype=object) of a numpy
     # scalar would hold the numpy scalar, whose + wraps around).
     exact = [np.asarray(a).astype(object) for a in arrays]
@@ -645,15 +706,28 @@ def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) 
         sums = sums + part
     sums = np.asarray(sums, dtype=object)
     means = [t / count for t in sums.ravel().tolist()]
-    return np.array(means, dtype=np.float64).reshape(sums.shape)
+    quotient = np.array(means, dtype=np.float64).reshape(sums.shape)
+    result = _mean_dtype(dtype)
+    return quotient if result == quotient.dtype else quotient.astype(result)
 
 
 def _divide(out: Array, n: int) -> Array:
-    if out.dtype.kind in "fc":
-        np.true_divide(out, n, out=out)
+    """The MEAN's division of a float or complex sum by ``n``, in place, in its dtype.
+
+    Complex sums are divided part by part (two real divisions, correctly rounded at
+    every array size), not by numpy's complex division, whose algorithm for a
+    complex divisor ``n + 0j`` makes NaN of infinite parts.
+    """
+    if out.dtype.kind == "c":
+        parts = out.reshape(-1).view(out.real.dtype) if out.flags.c_contiguous else None
+        if parts is not None:
+            np.true_divide(parts, n, out=parts)
+        else:
+            out.real = out.real / n
+            out.imag = out.imag / n
         return out
-    # The mean of integers is float64, as in TensorFlow.
-    return np.asarray(np.true_divide(out, n, dtype=np.float64))
+    np.true_divide(out, n, out=out)
+    return out
 
 
 class NumpyBackend(Backend):
@@ -789,7 +863,7 @@ class NumpyBackend(Backend):
         # Converted again by the collective (cheap, see to_host) rather than kept here:
         # a collective that fails after its leaves were described must not hold them.
         array = to_host(value, library)
-        if array.dtype.kind not in _HOLDABLE_KINDS:
+        if not _holdable(array.dtype):
             raise TypeError(
                 f"a collective's value must have a boolean or numeric dtype, got a "
                 f"{library.name} of dtype {array.dtype}"
@@ -806,21 +880,27 @@ class NumpyBackend(Backend):
 
     @staticmethod
     def _checked(value: object, what: str) -> Array:
-        if type(value) is np.ndarray and value.dtype.kind in _HOLDABLE_KINDS:
+        if type(value) is np.ndarray and _holdable(value.dtype):
             return value
         if value is None or isinstance(value, str | bytes):
             raise TypeError(_not_numeric(value, what))
+        if isinstance(value, np.ma.MaskedArray):
+            raise TypeError(_masked(value, what))
         try:
             array = _as_array(value)
         except Exception as exc:
             raise TypeError(_not_numeric(value, what)) from exc
-        if array.dtype.kind not in _HOLDABLE_KINDS:
+        if not _holdable(array.dtype):
             raise TypeError(_not_numeric(value, what))
         return array
 
     @staticmethod
     def _reducible(array: Array) -> Array:
-        if array.dtype.kind not in _NUMERIC_KINDS:
+        if type(array) is not np.ndarray and isinstance(array, np.ma.MaskedArray):
+            raise TypeError(_masked(array, "a reduced value"))
+        if not _reducible_dtype(array.dtype):
+            if array.dtype == object and any(isinstance(v, IndexedSlices) for v in array.flat):
+                raise _internal("a dense reduction was given IndexedSlices")
             raise TypeError(
                 f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
                 "complex values (cast booleans first: x.astype(np.int32) in numpy, "
@@ -881,7 +961,7 @@ class NumpyBackend(Backend):
             first = first_values[j]
             if type(first) is ndarray or not isinstance(first, IndexedSlices):
                 array = first if type(first) is ndarray else _as_array(first)
-                if array.dtype.kind not in _NUMERIC_KINDS:
+                if not _reducible_dtype(array.dtype):
                     self._reducible(array)
                 if array.nbytes < POOL_BYTES:
                     # The ledger checked that every replica's leaf j has this dtype and shape.
@@ -917,6 +997,8 @@ class NumpyBackend(Backend):
         elif isinstance(first, IndexedSlices):
             return self._reduce_slices(op, leaf)
         else:
+            if any(isinstance(v, IndexedSlices) for v in leaf):
+                raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
             arrays = [self._reducible(_as_array(v)) for v in leaf]
         if arrays[0].nbytes >= POOL_BYTES:
             return _shared(await self._combine_large(op, arrays), n)
@@ -961,7 +1043,7 @@ class NumpyBackend(Backend):
         else:
             flat = np.concatenate(pick(values[0]), axis=None, dtype=dtype)
             if n > 1:
-                ufunc = _BINARY[op]
+                ufunc = _binary(op, dtype)
                 scratch = np.empty(total, dtype)
                 for r in range(1, n):
                     np.concatenate(pick(values[r]), axis=None, out=scratch)
@@ -1035,7 +1117,7 @@ class NumpyBackend(Backend):
             out = await self._buffer(first.shape, first.dtype)
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = out.reshape(-1)
-        ufunc = _BINARY[op]
+        ufunc = _binary(op, first.dtype)
         n = len(arrays)
 
         def work() -> None:
@@ -1057,7 +1139,7 @@ class NumpyBackend(Backend):
             else:
                 _blocked(ufunc, flat_in, flat_out, 0, size)
             if op is ReduceOp.MEAN:
-                np.true_divide(flat_out, n, out=flat_out)
+                _divide(flat_out, n)
 
         if first.nbytes >= OFFLOAD_BYTES:
             # Off the event loop, so other coroutines keep running meanwhile.
@@ -1077,22 +1159,11 @@ class NumpyBackend(Backend):
         self._layouts.clear()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
-        if op not in (ReduceOp.SUM, ReduceOp.MEAN):
-            raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
-        parts = [s for s in slices if isinstance(s, IndexedSlices)]
-        values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
-        index_arrays = [_as_array(s.indices) for s in parts]
-        # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
-        # with uint64 float64 (describe refused non-integer indices already).
-        same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
-        indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
-        if op is ReduceOp.MEAN:
-            values = _divide(values, len(parts))
-        values_views = _shared(values, len(parts))
-        index_views = _shared(indices, len(parts))
+        values, indices, dense_shape = _concat_slices(op, slices)
+        n = len(slices)
         return [
-            IndexedSlices(v, i, parts[0].dense_shape)
-            for v, i in zip(values_views, index_views, strict=True)
+            IndexedSlices(v, i, dense_shape)
+            for v, i in zip(_shared(values, n), _shared(indices, n), strict=True)
         ]
 
     async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
@@ -1194,35 +1265,52 @@ class NumpyBackend(Backend):
 
     async def _reduce(
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
-    ) -> Array:
+    ) -> Any:
+        """The one cross-replica reduce: ``all_reduce``'s combine, each value reduced first.
+
+        ``axis=None`` is :func:`_combine`, the rule every all_reduce path follows (the
+        MEAN of integers exact, in the MEAN's dtype). Otherwise each value is reduced
+        along ``axis`` in its own dtype first (:func:`_local`), then combined; MEAN
+        divides the global sum by the global element count.
+        """
+        if isinstance(components[0], IndexedSlices):
+            if axis is not None:
+                raise ValueError(
+                    "Strategy.reduce of IndexedSlices combines the replicas' slices; it "
+                    f"cannot also reduce along axis={axis}: densify them first"
+                )
+            values, indices, dense_shape = _concat_slices(op, components)
+            return IndexedSlices(values, indices, dense_shape)
+        if any(isinstance(c, IndexedSlices) for c in components):
+            raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
+        if all(type(c) in (int, float, complex) for c in components):
+            # Python numbers reduce in TensorFlow's dtypes (2.5 is float32) to a scalar.
+            numbers = [np.asarray(c, np.dtype(number_dtype(c))) for c in components]  # type: ignore[arg-type]
+            if len({a.dtype for a in numbers}) > 1:
+                numbers = [a.astype(np.result_type(*numbers)) for a in numbers]
+            return (await self._reduce(op, numbers, axis))[()]
         arrays = [self._reducible(_as_array(c)) for c in components]
-        exact = arrays[0].dtype.kind in "iub"
-        if op is ReduceOp.MEAN and exact:
-            # The mean of integers is float64: accumulate in float64, so that int8 100 + 100
-            # or int64 2**62 + 2**62 does not wrap around before the division.
-            arrays = [a.astype(np.float64) for a in arrays]
         if axis is None:
             return _combine(op, arrays)
-        if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu" and any(a.size for a in arrays):
-            return _mean_of_ints(arrays, axis)
         if op is ReduceOp.MEAN:
-            total = _combine(ReduceOp.SUM, [a.sum(axis=axis) for a in arrays])
-            count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
-            if count:
-                return _divide(total, count)
+            if arrays[0].dtype.kind in "iu":
+                return _mean_of_ints(arrays, axis)
+            total = _combine(ReduceOp.SUM, [_local(ReduceOp.SUM, a, axis) for a in arrays])
+            count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
             with np.errstate(invalid="ignore", divide="ignore"):  # no elements: nan, as TF
-                return np.true_divide(total, count)
-        local = _LOCAL[op]
-        # Keep the input dtype (numpy's sum and prod promote small integers to int64;
-        # TensorFlow keeps int32).
-        kw = {"dtype": arrays[0].dtype} if op in (ReduceOp.SUM, ReduceOp.PROD) else {}
-        return _combine(op, [np.asarray(local(a, axis=axis, **kw)) for a in arrays])
+                return _divide(total, count)
+        return _combine(op, [_local(op, a, axis) for a in arrays])
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`.
 
         The result is in the array type, and on the device, of the first component.
+        ``IndexedSlices`` components are densified first, as in TensorFlow.
         """
+        if any(isinstance(c, IndexedSlices) for c in components):
+            if not all(isinstance(c, IndexedSlices) for c in components):
+                raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
+            components = [_densify(cast(IndexedSlices, c)) for c in components]
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components)
             if library is not None:
@@ -1231,6 +1319,72 @@ class NumpyBackend(Backend):
                 )
                 return place_like(result, components[:1])[0]
         return np.concatenate([_as_array(c) for c in components], axis=axis)
+
+
+def _local(op: ReduceOp, array: Array, axis: tuple[int, ...]) -> Array:
+    """One replica's value reduced along ``axis``, in its own dtype (as TensorFlow).
+
+    numpy's sum and prod would promote small integers to int64; TensorFlow keeps int32.
+    The PROD of complex values is folded row by row with :func:`_complex_multiply`.
+    """
+    if op is ReduceOp.PROD and array.dtype.kind == "c":
+        rows = np.moveaxis(array, axis, tuple(range(len(axis))))
+        kept = rows.shape[len(axis) :]
+        rows = rows.reshape((-1, *kept))
+        if not len(rows):
+            return np.ones(kept, array.dtype)  # the empty product
+        out: Array = rows[0].copy()
+        for row in rows[1:]:
+            _complex_multiply(out, row, out=out)
+        return out
+    if op in (ReduceOp.SUM, ReduceOp.MEAN):
+        return np.asarray(np.sum(array, axis=axis, dtype=array.dtype))
+    if op is ReduceOp.PROD:
+        return np.asarray(np.prod(array, axis=axis, dtype=array.dtype))
+    local = np.min if op is ReduceOp.MIN else np.max
+    return np.asarray(local(array, axis=axis))
+
+
+def _densify(slices: IndexedSlices) -> Array:
+    """The dense value of ``slices``: rows at their indices, duplicates summed (as TF)."""
+    values = _as_array(slices.values)
+    dense = np.zeros(slices.dense_shape, values.dtype)
+    np.add.at(dense, _as_array(slices.indices), values)
+    return dense
+
+
+def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array, tuple[int, ...]]:
+    """Every replica's ``IndexedSlices`` of one leaf reduced, as TensorFlow reduces them.
+
+    The rows are concatenated in replica order, not densified (SUM keeps duplicate
+    indices); MEAN divides the values by the number of replicas, in the MEAN's dtype.
+
+    Returns:
+        New values, new indices and the dense shape.
+
+    Raises:
+        ValueError: ``op`` is not SUM or MEAN.
+        BackendError: A component is not ``IndexedSlices`` (the runtime checks that
+            every replica's leaf is sparse or none is: a bug in asyncreplica).
+    """
+    if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+        raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+    parts = [s for s in slices if isinstance(s, IndexedSlices)]
+    if len(parts) != len(slices):
+        raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
+    values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
+    index_arrays = [_as_array(s.indices) for s in parts]
+    # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
+    # with uint64 float64 (describe refused non-integer indices already).
+    same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
+    indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
+    if op is ReduceOp.MEAN:
+        if values.dtype.kind in "iu":
+            # Each value divided (not summed): exact below 2**53, as _mean_of_ints.
+            values = _exact_quotient(values.astype(np.int64), len(parts), values.dtype)
+        else:
+            values = _divide(values, len(parts))
+    return values, indices, parts[0].dense_shape
 
 
 def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -> None:
@@ -1260,6 +1414,24 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
             f"IndexedSlices has {values.shape[0]} rows of values but {indices.shape[0]} "
             "indices: give one row number per row"
         )
+
+
+def _internal(what: str) -> BackendError:
+    """An invariant the runtime guarantees did not hold: a bug in asyncreplica, not the user's."""
+    return BackendError(
+        f"internal error in the numpy backend: {what}. The runtime checks every replica's "
+        "value before a collective runs, so this is a bug in asyncreplica; please report it "
+        "with the program that raised it"
+    )
+
+
+def _masked(value: object, what: str) -> str:
+    return (
+        f"{what} is a numpy masked array ({type(value).__name__}): collectives do not "
+        "carry masks, and reducing its data would count the masked-out elements. Pass "
+        "np.ma.filled(x, fill) with the fill value the reduction should see (0 for SUM), "
+        "or the data and the mask as two values (np.ma.getdata(x), np.ma.getmaskarray(x))"
+    )
 
 
 def _not_numeric(value: object, what: str) -> str:
