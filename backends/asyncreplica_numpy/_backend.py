@@ -960,6 +960,10 @@ class NumpyBackend(Backend):
         for j in range(m):
             first = first_values[j]
             if type(first) is ndarray or not isinstance(first, IndexedSlices):
+                if any(isinstance(v[j], IndexedSlices) for v in values):
+                    raise _internal(
+                        "one leaf is IndexedSlices on some replicas and dense on others"
+                    )
                 array = first if type(first) is ndarray else _as_array(first)
                 if not _reducible_dtype(array.dtype):
                     self._reducible(array)
