@@ -23,7 +23,11 @@ Results come back in the same layout. Rules every backend follows:
 * a result shared by several replicas is read-only, and each replica gets its own
   result object (a view), so that ``Strategy.run`` regroups them into ``PerReplica``;
 * raise ``TypeError`` for a leaf it cannot hold, ``BackendError`` for a failure of
-  the native library (keeping the native error as ``__cause__``).
+  the native library (keeping the native error as ``__cause__``);
+* take every result dtype from :func:`reduced_dtype` (which dtypes reduce:
+  :func:`is_reducible`; a Python number's dtype in ``Backend.reduce``:
+  :func:`number_dtype`): the library's one copy of the dtype rules, which the
+  reference semantics (``asyncreplica.testing._reference``) uses too.
 """
 
 from __future__ import annotations
@@ -32,10 +36,12 @@ import abc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, TypeVar
 
+from ._core._dtypes import EXACT_MEAN_COUNT, is_reducible, number_dtype, reduced_dtype
 from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
 
 __all__ = [
+    "EXACT_MEAN_COUNT",
     "Backend",
     "CallSite",
     "CollectiveKind",
@@ -44,6 +50,9 @@ __all__ = [
     "ReduceOp",
     "Signature",
     "available_backends",
+    "is_reducible",
+    "number_dtype",
+    "reduced_dtype",
     "register_backend",
 ]
 

@@ -18,15 +18,16 @@ import anyio.to_thread
 import numpy as np
 import numpy.typing as npt
 
-from asyncreplica import IndexedSlices, _compiled
-from asyncreplica._core._dtypes import (
+from asyncreplica import BackendError, IndexedSlices, _compiled
+from asyncreplica.abc import (
     EXACT_MEAN_COUNT,
+    Backend,
+    LeafSpec,
+    ReduceOp,
     is_reducible,
     number_dtype,
     reduced_dtype,
 )
-from asyncreplica._exceptions import BackendError
-from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from ._devices import place_like, restore_host
 from ._foreign import (
@@ -63,6 +64,34 @@ def _holdable(dtype: np.dtype[Any]) -> bool:
 def _reducible_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether values of ``dtype`` reduce: the library's one rule (``_core._dtypes``)."""
     return is_reducible(_dtype_name(dtype))
+
+
+def _check_described(values: Leaves, layouts: dict[int, _Layout]) -> None:
+    """Refuse a batch whose leaves changed shape or dtype since ``describe_leaves``.
+
+    ``describe_leaves`` ran when each replica issued the collective, and its signature
+    says what it found; the leaves are read when the last replica arrives. The fast
+    batch paths check every leaf against that (the C pack refuses a leaf of another
+    shape); this general path, taken when they decline, checks here, so that a leaf
+    reshaped in flight is refused rather than reduced in its new shape.
+    """
+    for r, row in enumerate(values):
+        found = layouts.get(id(row))
+        if found is None or found[0] is not row:
+            continue
+        _, dtype, shapes = found
+        now_shapes = [getattr(leaf, "shape", None) for leaf in row]
+        expected = [shapes] * len(row) if isinstance(shapes, tuple) else shapes
+        for j, leaf in enumerate(row):
+            if now_shapes[j] != expected[j] or getattr(leaf, "dtype", None) != dtype:
+                raise ValueError(
+                    f"replica {r}'s batch changed while its all_reduce was in flight: leaf {j} "
+                    f"was {dtype}{list(expected[j])} when the collective was issued and is "
+                    f"{getattr(leaf, 'dtype', type(leaf).__name__)}{list(now_shapes[j] or ())} "
+                    "now. A collective reads its inputs when the last replica arrives: do not "
+                    "reshape, resize or write to a value until the await of its collective "
+                    "returns (pass a copy, x.copy(), to keep using the original)."
+                )
 
 
 def _complex_multiply(a: Array, b: Array, out: Array | None = None) -> Array:
@@ -810,7 +839,7 @@ class NumpyBackend(Backend):
         if cpass is not None:
             found = cpass.describe(values, _specs_by_dtype)
             if found is None:
-                return tuple(map(self.describe, values))
+                return self._describe_each(values)
             self._keep_layout(values, found[1], found[2])
             return found[0]
         m = len(values)
@@ -833,7 +862,23 @@ class NumpyBackend(Backend):
                     if None not in specs:
                         self._keep_layout(values, dtype, shapes)
                         return specs  # type: ignore[return-value]
-        return tuple(map(self.describe, values))
+        return self._describe_each(values)
+
+    def _describe_each(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
+        """Describe leaf by leaf (shapes not seen before); keep a plain batch's layout too.
+
+        The layout is what the collective's signature says; the batch paths check the
+        leaves against it when the last replica arrives (see :func:`_check_described`).
+        """
+        specs = tuple(map(self.describe, values))
+        m = len(values)
+        if m > 1 and list(map(type, values)).count(np.ndarray) == m:
+            dtypes = list(map(_dtype_of, values))
+            if dtypes.count(dtypes[0]) == m:
+                shapes = list(map(_shape_of, values))
+                one = shapes.count(shapes[0]) == m
+                self._keep_layout(values, dtypes[0], shapes[0] if one else shapes)
+        return specs
 
     def _keep_layout(
         self,
@@ -948,6 +993,8 @@ class NumpyBackend(Backend):
                 self._scratch = io.BytesIO()  # a large batch's scratch is not kept
             if batch is not None:
                 return batch
+        if m > 1 and layouts:
+            _check_described(values, layouts)
         host, libraries = _host_values(values)
         if libraries is not None:
             return restore_host(

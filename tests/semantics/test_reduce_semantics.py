@@ -141,6 +141,35 @@ def test_an_in_place_reshape_in_flight_is_refused() -> None:
         run(lambda: s.run(step))
 
 
+@pytest.mark.parametrize("cpass", [False, True], ids=["interpreted", "cpass"])
+def test_a_batch_reshaped_in_flight_never_gives_a_shape_no_signature_said(cpass: bool) -> None:
+    """Refused where the backend looks at the leaves; else reduced in the issued shapes."""
+    from asyncreplica_numpy import _backend
+
+    if cpass and _backend._CPASS is None:
+        pytest.skip(f"the C pass is not compiled here: {_backend.batch_pass()}")
+    s = strategy(2)
+    if not cpass:
+        s.backend._cpass = None  # type: ignore[attr-defined]
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        batch = [np.ones(2), np.full(2, 2.0)]
+        pending = ctx.all_reduce("SUM", batch)
+        batch[1].shape = (1, 2)
+        return await pending
+
+    try:
+        got = s.experimental_local_results(run(lambda: s.run(step)))
+    except ValueError as error:
+        assert "changed while its all_reduce was in flight" in str(error)  # noqa: PT017
+    else:
+        for first, second in got:
+            assert first.shape == second.shape == (2,)
+            np.testing.assert_array_equal(second, [4.0, 4.0])
+
+
 def test_inputs_are_read_when_the_last_replica_arrives() -> None:
     """The documented rule (docs/concepts.md): a write in flight is what is reduced."""
     s = strategy(2)
