@@ -59,8 +59,9 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
     (docs/concepts.md, "When inputs are read"). Each replica's leaves must still be what
     its signature described: an in-place reshape (``x.shape = ...``, ``x.resize``) in
     flight would otherwise give every replica a result of a shape no signature said.
-    The check costs one ``describe`` per replica (an interned spec, compared by
-    identity), for collectives of one leaf; see the numpy backend for batches.
+    For collectives of one leaf it costs one shape comparison per replica; a leaf that
+    fails it (or has no ``shape``: a number, ``IndexedSlices``) is described again.
+    The numpy backend checks batches (see its general path).
     """
     signature = call._signature
     specs = signature.leaves
@@ -70,12 +71,11 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
         # all_reduce. The numpy backend checks a batch against what it described at
         # issue where it looks at the leaves anyway (see its general path).
         return
-    spec = specs[0]
-    try:
-        if all(len(leaves) == 1 and describe(leaves[0]) is spec for leaves in payloads):
-            return  # the common case: one leaf, its interned spec unchanged
-    except TypeError:
-        pass  # a leaf the backend cannot hold any more: found and named below
+    shape = specs[0].shape
+    if all(getattr(leaves[0], "shape", None) == shape for leaves in payloads):
+        # The common case: the shape an array has now is the one it was issued with (a
+        # dtype does not change in place: numpy deprecated assigning .dtype).
+        return
     gather = signature.kind is CollectiveKind.ALL_GATHER
     for r, leaves in enumerate(payloads):
         if len(leaves) != len(specs):
