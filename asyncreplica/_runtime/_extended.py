@@ -185,8 +185,9 @@ async def reduce_leaf(
     if axes is None:
         if isinstance(leaf, IndexedSlices):
             return leaf  # not an array
-        # The value itself, as a new writable array (never the caller's own object).
-        return await backend.reduce(ReduceOp.SUM, [leaf], None)
+        # The value itself, as a new writable array (never the caller's own object), in
+        # the op's result dtype: the MEAN of integers is float64 at every replica count.
+        return await backend.reduce(op, [leaf], None)
     return await backend.reduce(op, [leaf], normalize_axes(axes, spec.shape))
 
 

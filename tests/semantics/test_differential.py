@@ -9,7 +9,8 @@ empty and special values included: NaN, +-inf, -0.0, the integer extremes), a
   and with the large-value thresholds lowered so that small leaves take the pooled,
   blocked and worker-thread paths;
 * ``Strategy.reduce`` (``axis=None`` and along an axis), ``extended.reduce_to`` to one
-  device and to every replica, ``extended.batch_reduce_to`` of the whole batch;
+  device and to every replica, ``extended.batch_reduce_to`` of the whole batch, and the
+  last two inside a ``merge_call``'s merge_fn;
 * ``ctx.all_gather``, ``ctx.reduce_scatter``, ``ctx.broadcast``, ``Strategy.gather``;
 
 on asyncio, uvloop and trio. Results must have the reference's dtype, shape and bytes
@@ -178,6 +179,16 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
             if leaf.shape[0] % n == 0 and leaf.shape[0]:
                 out["scatter"] = await ctx.reduce_scatter(op, leaf, 0)
         out["broadcast"] = await ctx.broadcast(leaves, source=n - 1)
+
+        async def merge_fn(strategy: ar.Strategy, per: Any) -> Any:
+            # The cross-replica APIs inside a merge_fn, on the replicas' leaves.
+            every = await strategy.extended.batch_reduce_to(
+                op, [(leaf, leaf) for leaf in per], options
+            )
+            one = await strategy.extended.reduce_to(op, per, "CPU:0")
+            return every, one
+
+        out["merge"] = await ctx.merge_call(merge_fn, args=(leaves,))
         return out
 
     async def main() -> None:
@@ -194,6 +205,12 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                         row["batch"][j], mine[j], f"replica {r} leaf {j} in the batch", strict=True
                     )
                     assert_same(row["broadcast"][j], values[-1][j], f"replica {r} broadcast")
+                every, one = row["merge"]
+                for j in range(m):
+                    where = f"replica {r} leaf {j} in a merge_fn"
+                    # merge_call hands each replica its own component of a Mirrored.
+                    assert_same(every[j], mine[j], f"{where} (batch_reduce_to)", strict=True)
+                    assert_same(one[j], mine[j], f"{where} (reduce_to)", strict=True)
                 if "gather" in row:
                     g = ref.all_gather([[v[program.gather_leaf]] for v in values], program.axis)[0]
                     assert_same(row["gather"], g, f"replica {r} all_gather")
