@@ -65,7 +65,7 @@ LOOPS = [
     pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
     pytest.param(("trio", {}), id="trio"),
 ]
-CASES = 40
+CASES = 60
 # NaN and infinities make numpy warn ("invalid value encountered"); the values are the test.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
