@@ -41,10 +41,10 @@ from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Sign
 from ._registry import available_backends, register_backend
 
 __all__ = [
-    "EXACT_MEAN_COUNT",
     "Backend",
     "CallSite",
     "CollectiveKind",
+    "EXACT_MEAN_COUNT",
     "LeafSpec",
     "ProcessGroup",
     "ReduceOp",
