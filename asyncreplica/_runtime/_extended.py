@@ -104,13 +104,19 @@ def check_components(
         return
     groups: dict[str, list[int]] = {}
     for i, spec in enumerate(specs):
-        groups.setdefault(
-            str(LeafSpec((), spec.dtype, spec.sparse, spec.array_type))[:-2], []
-        ).append(i)
+        what = f"IndexedSlices of {spec.dtype}" if spec.sparse else spec.dtype
+        if spec.array_type is not None:
+            what = f"{spec.array_type} of {what}"
+        groups.setdefault(what, []).append(i)
     held = "; ".join(
         f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} {what}"
         for what, ids in groups.items()
     )
+    advice = {
+        "array type": "Convert every component to one array type (np.asarray, jnp.asarray).",
+        "sparsity": "Pass IndexedSlices on every replica or dense values on every replica.",
+        "dtype": "Cast every component to one dtype first (TensorFlow raises here too).",
+    }
     raise CollectiveMismatchError(
         0,
         signatures,
@@ -118,8 +124,8 @@ def check_components(
         num_replicas=len(specs),
         message=(
             f"{api} combines one component per replica, and they must agree as a "
-            f"collective's values must ({', '.join(fields)}), but {held}. Cast every "
-            "replica's value to one dtype before the reduction (TensorFlow raises here too)."
+            f"collective's values must ({', '.join(fields)}), but {held}. "
+            + " ".join(advice[f] for f in fields if f in advice)
         ),
     )
 

@@ -299,3 +299,14 @@ def test_the_mean_of_a_plain_integer_is_float64_at_one_replica(api: str) -> None
         got = run(lambda: s.extended.reduce_to("MEAN", value, "CPU:0"))
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, [3.0, 4.0])
+
+
+def test_components_sparse_on_some_replicas_only_raise_naming_sparsity() -> None:
+    s = strategy(2)
+    value = ar.PerReplica([slices(0), np.ones((4, 2))])
+    with pytest.raises(ar.CollectiveMismatchError) as info:
+        run(lambda: s.reduce("SUM", value))
+    assert info.value.fields == ("sparsity",)
+    message = str(info.value)
+    assert "replica 0 holds IndexedSlices of float64; replica 1 holds float64" in message
+    assert "Pass IndexedSlices on every replica or dense values on every replica." in message
