@@ -191,9 +191,9 @@ async def reduce_leaf(
     if axes is None:
         if isinstance(leaf, IndexedSlices):
             return leaf  # not an array
-        # The value itself, as a new writable array (never the caller's own object), in
-        # the op's result dtype: the MEAN of integers is float64 at every replica count.
-        return await backend.reduce(op, [leaf], None)
+        # The value itself, as a new writable array (never the caller's own object): no
+        # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
+        return await backend.reduce(ReduceOp.SUM, [leaf], None)
     return await backend.reduce(op, [leaf], normalize_axes(axes, spec.shape))
 
 

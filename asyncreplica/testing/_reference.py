@@ -27,6 +27,8 @@ The rules, element by element:
   its own dtype first (numpy's sum, prod, min, max; a complex PROD folded in index
   order as above), then combined as ``all_reduce`` combines; ``MEAN`` is the global
   sum over the global element count (integers: exactly).
+* ``Strategy.reduce`` of a plain (non-distributed) value: the value itself, no
+  arithmetic (TensorFlow's rule; what a merge_fn receives at one replica is plain).
 * ``Strategy.gather``: ``all_gather``'s concatenation.
 * Packing (``bytes_per_pack``), the batch a leaf is in, the replicas' arrival order
   and the path taken never change a result.
@@ -58,6 +60,7 @@ __all__ = [
     "mismatch_fields",
     "nearest",
     "reduce",
+    "reduce_plain",
     "reduce_scatter",
 ]
 
@@ -226,6 +229,16 @@ def reduce(op: ReduceOp, components: Sequence[Array], axis: tuple[int, ...] | No
     for index in np.ndindex(total.shape):
         out[index] = _divide(total[index], count)
     return out
+
+
+def reduce_plain(value: Array) -> Array:
+    """``Strategy.reduce`` (and ``reduce_to``) of a plain, non-distributed value.
+
+    One value, not one per replica: no arithmetic, as TensorFlow. The value itself
+    comes back, in its dtype (``MEAN`` of a plain int32 is that int32 value); ``SUM``
+    and ``PROD`` on several replicas raise ``ValueError`` instead (ambiguous).
+    """
+    return np.array(value, copy=True)
 
 
 def gather(components: Sequence[Array], axis: int) -> Array:

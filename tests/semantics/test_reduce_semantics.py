@@ -288,19 +288,6 @@ def test_python_numbers_reduce_to_tensorflow_dtypes_at_one_replica() -> None:
             assert got == value
 
 
-@pytest.mark.parametrize("api", ["reduce", "reduce_to"])
-def test_the_mean_of_a_plain_integer_is_float64_at_one_replica(api: str) -> None:
-    """At N = 1 a plain value's MEAN was its copy (int32): the dtype depended on N."""
-    s = strategy(1)
-    value = np.array([3, 4], np.int32)
-    if api == "reduce":
-        got = run(lambda: s.reduce("MEAN", value))
-    else:
-        got = run(lambda: s.extended.reduce_to("MEAN", value, "CPU:0"))
-    assert got.dtype == np.float64
-    np.testing.assert_array_equal(got, [3.0, 4.0])
-
-
 def test_components_sparse_on_some_replicas_only_raise_naming_sparsity() -> None:
     s = strategy(2)
     value = ar.PerReplica([slices(0), np.ones((4, 2))])
