@@ -23,7 +23,11 @@ Results come back in the same layout. Rules every backend follows:
 * a result shared by several replicas is read-only, and each replica gets its own
   result object (a view), so that ``Strategy.run`` regroups them into ``PerReplica``;
 * raise ``TypeError`` for a leaf it cannot hold, ``BackendError`` for a failure of
-  the native library (keeping the native error as ``__cause__``).
+  the native library (keeping the native error as ``__cause__``);
+* take every result dtype from :func:`reduced_dtype` (which dtypes reduce:
+  :func:`is_reducible`; a Python number's dtype in ``Backend.reduce``:
+  :func:`number_dtype`): the library's one copy of the dtype rules, which the
+  reference semantics (``asyncreplica.testing._reference``) uses too.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import abc
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
+from ._core._dtypes import EXACT_MEAN_COUNT, is_reducible, number_dtype, reduced_dtype
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import treedef_key
@@ -43,13 +48,17 @@ __all__ = [
     "Backend",
     "CallSite",
     "CollectiveKind",
-    "MATCH_RULES",
+    "EXACT_MEAN_COUNT",
     "LeafSpec",
+    "MATCH_RULES",
     "ProcessGroup",
     "ReduceOp",
     "Signature",
     "available_backends",
+    "is_reducible",
     "key_text",
+    "number_dtype",
+    "reduced_dtype",
     "register_backend",
     "signature_differences",
     "treedef_key",

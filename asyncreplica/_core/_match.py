@@ -1,7 +1,8 @@
 """The one table of what must agree across replicas at one position.
 
 Every rule about which parts of two signatures must be equal lives in :data:`RULES`;
-nothing else in the package compares signatures. A rule is a field name (as printed
+nothing else in the package compares signatures (the cross-replica APIs hold their
+components to it too: ``_runtime._extended.check_components``). A rule is a field name (as printed
 in error messages) and a function that extracts the comparable key from a
 :class:`~._signature.Signature`. Two signatures match when every rule's keys are equal.
 
@@ -20,7 +21,13 @@ __all__ = ["RULES", "differing_fields"]
 
 
 def _dtypes(sig: Signature) -> object:
-    return tuple((leaf.dtype, leaf.sparse) for leaf in sig.leaves)
+    return tuple(leaf.dtype for leaf in sig.leaves)
+
+
+def _sparsity(sig: Signature) -> object:
+    # IndexedSlices are reduced by concatenation, dense values element-wise: a leaf
+    # sparse on some replicas and dense on others cannot be combined.
+    return tuple(leaf.sparse for leaf in sig.leaves)
 
 
 def _array_types(sig: Signature) -> object:
@@ -46,9 +53,14 @@ RULES: tuple[tuple[str, Callable[[Signature], object]], ...] = (
     ("name", lambda s: s.name),
     ("structure", lambda s: s.structure),
     ("array type", _array_types),
+    ("sparsity", _sparsity),
     ("dtype", _dtypes),
     ("shape", _shapes),
 )
+
+
+# The rows that compare leaves one by one (meaningless when the structures differ).
+_LEAF_FIELDS = ("array type", "sparsity", "dtype", "shape")
 
 
 def differing_fields(
@@ -69,7 +81,7 @@ def differing_fields(
     fields = [name for name, key in RULES if key(reference) != key(other)]
     if "structure" in fields:
         # Leaves of different structures cannot be compared one by one.
-        fields = [f for f in fields if f not in ("array type", "dtype", "shape")]
+        fields = [f for f in fields if f not in _LEAF_FIELDS]
     if (
         check_call_sites
         and reference.name is None

@@ -27,7 +27,7 @@ class ReduceOp(enum.Enum):
     (``"sum"``, ``"Mean"``), as TensorFlow does.
 
     ``MEAN`` divides the sum by the number of replicas in sync; the mean of integers
-    is float64, as in TensorFlow.
+    is float64, exact (``_core._dtypes`` holds these rules, once).
     """
 
     SUM = "SUM"

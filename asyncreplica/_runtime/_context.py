@@ -52,9 +52,66 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
 # they need is in the run, the collective's signature and its ``extra`` field.
 
 
+def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> None:
+    """Refuse inputs whose shape or dtype changed while their collective was in flight.
+
+    A collective reads its inputs when the last replica arrives, not when it is issued
+    (docs/concepts.md, "When inputs are read"). Each replica's leaves must still be what
+    its signature described: an in-place reshape (``x.shape = ...``, ``x.resize``) in
+    flight would otherwise give every replica a result of a shape no signature said.
+    For collectives of one leaf it costs one shape comparison per replica; a leaf that
+    fails it (or has no ``shape``: a number, ``IndexedSlices``) is described again.
+    The numpy backend checks batches (see its general path).
+    """
+    signature = call._signature
+    specs = signature.leaves
+    describe = run.describe
+    if len(specs) != 1:
+        # A batch: describing every leaf again would cost a third of a small batch's
+        # all_reduce. The numpy backend checks a batch against what it described at
+        # issue where it looks at the leaves anyway (see its general path).
+        return
+    shape = specs[0].shape
+    if all(getattr(leaves[0], "shape", None) == shape for leaves in payloads):
+        # The common case: the shape an array has now is the one it was issued with (a
+        # dtype does not change in place: numpy deprecated assigning .dtype).
+        return
+    gather = signature.kind is CollectiveKind.ALL_GATHER
+    for r, leaves in enumerate(payloads):
+        if len(leaves) != len(specs):
+            continue  # the ledger compared structures; nothing to compare leaf by leaf here
+        for j, leaf in enumerate(leaves):
+            spec = specs[j]
+            try:
+                now = describe(leaf)
+            except TypeError:
+                now = None
+            if now is spec or (now is not None and _same_spec(now, spec, signature.axis, gather)):
+                continue
+            replica = r + run.strategy._replica_offset
+            raise ValueError(
+                f"replica {replica}'s value changed while its {signature.describe()} was in "
+                f"flight: leaf {j} was {spec} when the collective was issued and is "
+                f"{now if now is not None else type(leaf).__name__} now. A collective reads its "
+                "inputs when the last replica arrives: do not reshape, resize or write to a "
+                "value until the await of its collective returns (pass a copy, x.copy(), to "
+                "keep using the original)."
+            )
+
+
+def _same_spec(now: LeafSpec, spec: LeafSpec, axis: int | None, gather: bool) -> bool:
+    if now == spec:
+        return True
+    if not gather or axis is None or now[1:] != spec[1:] or len(now.shape) != len(spec.shape):
+        return False
+    # all_gather: replicas' values may differ along the axis (each its own signature).
+    return now.shape[:axis] + now.shape[axis + 1 :] == spec.shape[:axis] + spec.shape[axis + 1 :]
+
+
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     if not payloads[0]:
         return [[] for _ in payloads]
+    _check_unchanged(run, call, payloads)
     op = call._signature.op
     bytes_per_pack = call.extra
     assert op is not None
@@ -66,6 +123,7 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
 async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     if not payloads[0]:
         return [[] for _ in payloads]
+    _check_unchanged(run, call, payloads)
     axis = call._signature.axis
     assert axis is not None
     return await run.backend.all_gather(payloads, axis)
@@ -77,6 +135,7 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     # ``source`` is a global id; under MPI another process may hold it, and this one
     # passes its own replica's leaves (of the agreed shapes) to receive into.
     local = source - run.strategy._replica_offset
+    _check_unchanged(run, call, payloads)
     return await run.backend.broadcast(
         payloads[local if 0 <= local < len(payloads) else 0], len(payloads)
     )
@@ -87,6 +146,7 @@ async def _dispatch_reduce_scatter(
 ) -> Sequence[Any]:
     if not payloads[0]:
         return [[] for _ in payloads]
+    _check_unchanged(run, call, payloads)
     op, axis = call._signature.op, call._signature.axis
     assert op is not None
     assert axis is not None

@@ -7,9 +7,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import parse_device
+from .._core._match import differing_fields
 from .._core._nest import flatten, map_structure, regroup, select_replica, unflatten
-from .._core._signature import ReduceOp
-from .._exceptions import ReplicaContextError
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
+from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
 from ._context import DefaultReplicaContext, _check_args
@@ -18,7 +19,7 @@ from ._mode import current_mode
 if TYPE_CHECKING:
     from ._strategy import Strategy
 
-__all__ = ["StrategyExtended", "axis_tuple", "normalize_axes", "reduce_leaf"]
+__all__ = ["StrategyExtended", "axis_tuple", "check_components", "normalize_axes", "reduce_leaf"]
 
 
 def axis_tuple(axis: object) -> tuple[int, ...] | None:
@@ -73,6 +74,62 @@ def _is_number(value: object) -> bool:
     return isinstance(value, int | float | complex) and not isinstance(value, bool)
 
 
+def check_components(
+    api: str, kind: CollectiveKind, op: ReduceOp | None, specs: Sequence[LeafSpec]
+) -> None:
+    """Hold a distributed value's components to the match table, as a collective is held.
+
+    ``Strategy.reduce``, ``gather`` and ``extended.reduce_to``/``batch_reduce_to``
+    combine one component per replica, as ``all_reduce`` and ``all_gather`` combine
+    one value per replica: the same rules of :data:`~.._core._match.RULES` decide
+    whether they may (dtype, sparse or dense, array type). Shapes are checked by the
+    callers, whose rule depends on ``axis``.
+
+    Raises:
+        CollectiveMismatchError: Components differ in a field of the match table.
+    """
+    if len(specs) < 2:
+        return
+    signatures = {
+        i: Signature(kind, op=op, leaves=(LeafSpec((), s.dtype, s.sparse, s.array_type),))
+        for i, s in enumerate(specs)
+    }
+    first = signatures[0]
+    fields: list[str] = []
+    for sig in signatures.values():
+        fields.extend(
+            f for f in differing_fields(first, sig, check_call_sites=False) if f not in fields
+        )
+    if not fields:
+        return
+    groups: dict[str, list[int]] = {}
+    for i, spec in enumerate(specs):
+        what = f"IndexedSlices of {spec.dtype}" if spec.sparse else spec.dtype
+        if spec.array_type is not None:
+            what = f"{spec.array_type} of {what}"
+        groups.setdefault(what, []).append(i)
+    held = "; ".join(
+        f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} {what}"
+        for what, ids in groups.items()
+    )
+    advice = {
+        "array type": "Convert every component to one array type (np.asarray, jnp.asarray).",
+        "sparsity": "Pass IndexedSlices on every replica or dense values on every replica.",
+        "dtype": "Cast every component to one dtype first (TensorFlow raises here too).",
+    }
+    raise CollectiveMismatchError(
+        0,
+        signatures,
+        fields,
+        num_replicas=len(specs),
+        message=(
+            f"{api} combines one component per replica, and they must agree as a "
+            f"collective's values must ({', '.join(fields)}), but {held}. "
+            + " ".join(advice[f] for f in fields if f in advice)
+        ),
+    )
+
+
 async def reduce_leaf(
     strategy: Strategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
 ) -> object:
@@ -91,6 +148,7 @@ async def reduce_leaf(
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
         specs = [describe(c) for c in components]
+        check_components("Strategy.reduce", CollectiveKind.ALL_REDUCE, op, specs)
         shapes = [tuple(s.shape) for s in specs]
         if axes is None:
             if len(set(shapes)) > 1:
@@ -136,9 +194,10 @@ async def reduce_leaf(
     # has several replicas): the local backend copies or reduces it, nothing crosses.
     local = strategy._local_backend
     if axes is None:
-        if _is_number(leaf) or isinstance(leaf, IndexedSlices):
-            return leaf  # immutable (a number) or not an array
-        # The value itself, as a new writable array (never the caller's own object).
+        if isinstance(leaf, IndexedSlices):
+            return leaf  # not an array
+        # The value itself, as a new writable array (never the caller's own object): no
+        # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
         return await local.reduce(ReduceOp.SUM, [leaf], None)
     norm = normalize_axes(axes, spec.shape)
     if op is ReduceOp.SUM:
@@ -214,6 +273,9 @@ class StrategyExtended:
     async def _mirror(self, value: object, count: int | None) -> object:
         if count is None:
             return value
+        if isinstance(value, IndexedSlices):
+            views = await self._strategy.backend.broadcast([value.values, value.indices], count)
+            return Mirrored([IndexedSlices(v[0], v[1], value.dense_shape) for v in views])
         views = await self._strategy.backend.broadcast([value], count)
         return Mirrored([v[0] for v in views])
 
@@ -352,7 +414,9 @@ class StrategyExtended:
         per_replica = [[strategy._component(i, leaf) for leaf in batch] for i in range(n)]
         describe = strategy.backend.describe
         for j in range(len(batch)):
-            shapes = [tuple(describe(per_replica[i][j]).shape) for i in range(n)]
+            specs = [describe(per_replica[i][j]) for i in range(n)]
+            check_components("extended.reduce_to", CollectiveKind.ALL_REDUCE, op, specs)
+            shapes = [tuple(s.shape) for s in specs]
             if len(set(shapes)) > 1:
                 raise ValueError(
                     f"extended.reduce_to combines the replicas' values element-wise, so they "

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._report import format_replicas
-from .._core._signature import ReduceOp
+from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import (
     AsyncReplicaError,
     BackendError,
@@ -33,9 +33,15 @@ from .._registry import (
     load_backend_class,
     load_process_group_class,
 )
-from .._values import DistributedValues, IndexedSlices, PerReplica, ValueContext
+from .._values import DistributedValues, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args
-from ._extended import StrategyExtended, axis_tuple, normalize_axes, reduce_leaf
+from ._extended import (
+    StrategyExtended,
+    axis_tuple,
+    check_components,
+    normalize_axes,
+    reduce_leaf,
+)
 from ._gc import scaled_gc
 from ._input import DistributedDataset, DistributedDatasetsFromFunction, InputContext
 from ._mode import MODE, Mode, current_mode
@@ -352,8 +358,12 @@ class Strategy:
                 ``MEAN`` then divides the global sum by the global element count, so
                 uneven batches are weighted correctly.
 
-        ``SUM`` keeps the input dtype; the ``MEAN`` of integers is float64, accumulated
-        in float64 (no overflow).
+        The result dtypes are ``all_reduce``'s (one rule, ``_core._dtypes``): ``SUM``
+        keeps the input dtype; the ``MEAN`` of integers is float64, the true mean
+        rounded once. ``IndexedSlices``
+        components are concatenated (MEAN scales the values), as in TensorFlow. A
+        plain Python number comes back as a numpy scalar of TensorFlow's dtype for it
+        (``2.5`` as float32, ``2`` as int32).
 
         Returns:
             The result, with the structure of ``value`` (new, writable arrays; a plain
@@ -361,6 +371,8 @@ class Strategy:
 
         Raises:
             ReplicaContextError: Called inside a replica (use ``ctx.all_reduce``).
+            CollectiveMismatchError: The components of a leaf differ in dtype (or are
+                sparse on some replicas only), as ``all_reduce``'s values may not.
             TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
             ValueError: Bad op or axis; replicas whose values differ in shape
                 (``axis=None``), in rank, or in the dimensions left after reducing
@@ -390,8 +402,11 @@ class Strategy:
 
         Raises:
             ReplicaContextError: Called inside a replica (use ``ctx.all_gather``).
-            NotImplementedError: A leaf is an ``IndexedSlices``.
+            CollectiveMismatchError: The components differ in dtype (or are sparse on
+                some replicas only), as ``all_gather``'s values may not.
             ValueError: A component is a scalar or ``axis`` is out of range.
+
+        ``IndexedSlices`` components are densified and concatenated, as in TensorFlow.
         """
         self._require_cross_replica(
             "tf.distribute.Strategy.gather method", "get_replica_context().all_gather()"
@@ -401,11 +416,6 @@ class Strategy:
         leaves, treedef = flatten(value)
         out: list[object] = []
         for leaf in leaves:
-            if isinstance(leaf, IndexedSlices) or (
-                isinstance(leaf, DistributedValues)
-                and any(isinstance(c, IndexedSlices) for c in leaf.values)
-            ):
-                raise NotImplementedError("gather does not support IndexedSlices")
             group = self._group
             if isinstance(leaf, DistributedValues):
                 components = [self._component(i, leaf) for i in range(self._num_local)]
@@ -416,9 +426,11 @@ class Strategy:
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
+            specs = [self._backend.describe(c) for c in components]
+            check_components("Strategy.gather", CollectiveKind.ALL_GATHER, None, specs)
             axes = set()
-            for c in components:
-                shape = self._backend.describe(c).shape
+            for spec in specs:
+                shape = spec.shape
                 if not shape:
                     raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
                 axes.add(normalize_axes((axis,), shape)[0])

@@ -19,8 +19,29 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncreplica import IndexedSlices, _compiled
-from asyncreplica.abc import Backend, LeafSpec, ReduceOp
+from asyncreplica.abc import (
+    EXACT_MEAN_COUNT,
+    Backend,
+    LeafSpec,
+    ReduceOp,
+    number_dtype,
+)
 
+from ._combine import (
+    _as_array,
+    _binary,
+    _combine,
+    _concat_slices,
+    _densify,
+    _divide,
+    _dtype_name,
+    _exact_quotient,
+    _holdable,
+    _internal,
+    _local,
+    _mean_of_ints,
+    _reducible_dtype,
+)
 from ._devices import place_like, restore_host
 from ._foreign import (
     Library,
@@ -37,50 +58,41 @@ __all__ = ["NumpyBackend", "batch_pass", "group_by_size"]
 Leaves = Sequence[Sequence[object]]
 Array = npt.NDArray[Any]
 
-# dtype kinds that reductions accept: signed, unsigned, float, complex.
-_NUMERIC_KINDS = frozenset("iufc")
-# dtype kinds a value may have at all (bool and the numeric kinds).
-_HOLDABLE_KINDS = frozenset("biufc")
 
-_BINARY: dict[ReduceOp, Callable[..., Array]] = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MEAN: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PROD: np.multiply,
-}
+def _check_described(values: Leaves, layouts: dict[int, _Layout]) -> None:
+    """Refuse a batch whose leaves changed shape or dtype since ``describe_leaves``.
+
+    ``describe_leaves`` ran when each replica issued the collective, and its signature
+    says what it found; the leaves are read when the last replica arrives. The fast
+    batch paths check every leaf against that (the C pack refuses a leaf of another
+    shape); this general path, taken when they decline, checks here, so that a leaf
+    reshaped in flight is refused rather than reduced in its new shape.
+    """
+    for r, row in enumerate(values):
+        found = layouts.get(id(row))
+        if found is None or found[0] is not row:
+            continue
+        _, dtype, shapes = found
+        now_shapes = [getattr(leaf, "shape", None) for leaf in row]
+        expected = [shapes] * len(row) if isinstance(shapes, tuple) else shapes
+        for j, leaf in enumerate(row):
+            if now_shapes[j] != expected[j] or getattr(leaf, "dtype", None) != dtype:
+                raise ValueError(
+                    f"replica {r}'s batch changed while its all_reduce was in flight: leaf {j} "
+                    f"was {dtype}{list(expected[j])} when the collective was issued and is "
+                    f"{getattr(leaf, 'dtype', type(leaf).__name__)}{list(now_shapes[j] or ())} "
+                    "now. A collective reads its inputs when the last replica arrives: do not "
+                    "reshape, resize or write to a value until the await of its collective "
+                    "returns (pass a copy, x.copy(), to keep using the original)."
+                )
 
 
-# Reduce one replica's value along axes, before combining across replicas.
-_LOCAL: dict[ReduceOp, Callable[..., Any]] = {
-    ReduceOp.SUM: np.sum,
-    ReduceOp.MIN: np.min,
-    ReduceOp.MAX: np.max,
-    ReduceOp.PROD: np.prod,
-}
-
-
-_dtype_names: dict[np.dtype[Any], str] = {}
 # Leaf specs by (shape, dtype): the same spec object for the same kind of leaf.
 _specs: dict[tuple[tuple[int, ...], np.dtype[Any]], LeafSpec] = {}
 # The same specs by dtype, then shape: for describing a batch of one dtype at once.
 _specs_by_dtype: dict[np.dtype[Any], dict[tuple[int, ...], LeafSpec]] = {}
 # Specs of foreign leaves (JAX, array_api_strict, ...) by (shape, dtype, array type).
 _foreign_specs: dict[tuple[tuple[int, ...], np.dtype[Any], str], LeafSpec] = {}
-
-
-def _dtype_name(dtype: np.dtype[Any]) -> str:
-    # dtype.name is computed on each access (slow); the set of dtypes is small.
-    name = _dtype_names.get(dtype)
-    if name is None:
-        name = _dtype_names[dtype] = dtype.name
-    return name
-
-
-def _as_array(value: object) -> Array:
-    if isinstance(value, np.ndarray):
-        return value
-    return np.asarray(value)
 
 
 def _host_values(values: Leaves) -> tuple[Leaves, list[Library | None] | None]:
@@ -154,23 +166,6 @@ def _frozen(array: Array) -> Array:
 def _shared(out: Array, n: int) -> list[Array]:
     """One read-only view of ``out`` per replica (see :func:`_frozen`)."""
     return list(map(np.ndarray.view, [_frozen(out)] * n))
-
-
-def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
-    """Combine arrays in replica order into one new array (inputs untouched)."""
-    if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
-        return _mean_of_ints(arrays)
-    ufunc = _BINARY[op]
-    if len(arrays) == 1:
-        out = np.array(arrays[0], copy=True)
-    else:
-        # np.asarray: a ufunc of two 0-d arrays returns a numpy scalar, not an array.
-        out = np.asarray(ufunc(arrays[0], arrays[1]))
-        for a in arrays[2:]:
-            ufunc(out, a, out=out)
-    if op is ReduceOp.MEAN:
-        out = _divide(out, len(arrays))
-    return out
 
 
 # Large reductions: above OFFLOAD_BYTES per leaf the sum runs off the event loop, split
@@ -306,7 +301,7 @@ def _combine_packed(
     """
     n = len(parts)
     exact_mean = op is ReduceOp.MEAN and dtype.kind in "iu"
-    ufunc = np.add if exact_mean else _BINARY[op]
+    ufunc = np.add if exact_mean else _binary(op, dtype)
     scratch.seek(0)
     scratch.writelines(parts[0])  # type: ignore[arg-type]
     nbytes = scratch.tell()
@@ -337,7 +332,7 @@ def _combine_packed(
             ufunc(total, other, out=total)
             del other
     if exact_mean:
-        return np.true_divide(total, n, dtype=np.float64)
+        return _exact_quotient(total, n, dtype)
     if op is ReduceOp.MEAN:
         return _divide(total, n)
     return total
@@ -368,7 +363,7 @@ def _reduce_batch(
     if layout is None:
         return None
     dtype, shapes = layout
-    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+    if not _reducible_dtype(dtype) or not dtype.isnative:
         return None
     n = len(values)
     first = values[0]
@@ -393,7 +388,7 @@ def _reduce_batch(
     else:
         ranges = [(0, m)]
     integers = dtype.kind in "iu"
-    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS):
+    if op is ReduceOp.MEAN and integers and (dtype.itemsize > 4 or n >= EXACT_MEAN_COUNT):
         return None  # may need Python integers to stay exact: see _mean_of_ints
     out: list[list[object]] = [[None] * m for _ in range(n)]
     for lo, hi in ranges:
@@ -530,11 +525,11 @@ def _combine_c(
             if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
                 return None
             np.add(total, other, out=total)
-        return np.true_divide(total, n, dtype=np.float64)
+        return _exact_quotient(total, n, dtype)
     total = np.empty(count, dtype)
     if pack(values[0], lo, hi, dtype, shapes, total) != nbytes:
         return None
-    ufunc = _BINARY[op]
+    ufunc = _binary(op, dtype)
     for r in range(1, n):
         if pack(values[r], lo, hi, dtype, shapes, other) != nbytes:
             return None
@@ -565,7 +560,7 @@ def _reduce_batch_c(
     if layout is None:
         return None
     dtype, shapes = layout
-    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+    if not _reducible_dtype(dtype) or not dtype.isnative:
         return None
     n = len(values)
     first = values[0]
@@ -589,11 +584,7 @@ def _reduce_batch_c(
         ranges = [(pack[-1], pack[0] + 1) for pack in packs]
     else:
         ranges = [(0, m)]
-    if (
-        op is ReduceOp.MEAN
-        and dtype.kind in "iu"
-        and (dtype.itemsize > 4 or n >= _EXACT_INT64_REPLICAS)
-    ):
+    if op is ReduceOp.MEAN and dtype.kind in "iu" and (dtype.itemsize > 4 or n >= EXACT_MEAN_COUNT):
         return None  # may need Python integers to stay exact: see _mean_of_ints
     largest = max(sum(sizes[lo:hi]) for lo, hi in ranges)
     if scratch[0].nbytes < largest:
@@ -626,72 +617,6 @@ async def _off_loop(fn: Callable[[], object]) -> None:
         f()
 
     await anyio.to_thread.run_sync(call)
-
-
-# Integers below this magnitude are exact in float64 (and, being below 2**63, in int64).
-_EXACT_IN_FLOAT64 = 1 << 53
-# Fewer replicas than this: a sum of 32-bit integers stays below _EXACT_IN_FLOAT64.
-_EXACT_INT64_REPLICAS = 1 << 20
-
-
-def _magnitude(array: Array) -> int:
-    """The largest absolute value in an integer array, as a Python int (0 when empty)."""
-    if not array.size:
-        return 0
-    return max(-int(array.min()), int(array.max()))
-
-
-def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) -> Array:
-    """The MEAN of integer arrays as float64: the exact sum, divided, rounded once.
-
-    The sum is never taken in the input dtype (int8 ``100 + 100`` wraps to -56, int64
-    near ``2**62`` wraps negative). When every partial sum is provably below ``2**53``
-    (always so for 32-bit and smaller integers on fewer than a million replicas), it is
-    taken in int64, where it is exact, then converted to float64 (exactly) and divided
-    (one rounding). Otherwise it is taken in Python integers, whose ``/`` is correctly
-    rounded too, so both paths give the same bits: the float64 nearest to the true mean.
-    Exact sums do not depend on the order of the replicas.
-
-    Args:
-        arrays: One integer array per replica, all of one shape (``axis`` None) or rank.
-        axis: Also sum each array along these axes first (``Backend.reduce``); the
-            count is then the number of elements summed.
-
-    Returns:
-        A new, writable float64 array.
-    """
-    if axis is None:
-        count = len(arrays)
-        small = arrays[0].dtype.itemsize <= 4 and count < _EXACT_INT64_REPLICAS
-        bound = 0 if small else sum(map(_magnitude, arrays))
-    else:
-        count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
-        bound = sum(_magnitude(a) * a.size for a in arrays)
-    if bound < _EXACT_IN_FLOAT64:
-        parts = arrays if axis is None else [a.sum(axis=axis, dtype=np.int64) for a in arrays]
-        total = np.array(parts[0], dtype=np.int64)
-        for part in parts[1:]:
-            np.add(total, part, out=total)
-        return np.asarray(np.true_divide(total, count, dtype=np.float64))
-    # astype(object) holds Python ints (np.asarray(..., dtype=object) of a numpy
-    # scalar would hold the numpy scalar, whose + wraps around).
-    exact = [np.asarray(a).astype(object) for a in arrays]
-    if axis is not None:
-        exact = [np.asarray(e.sum(axis=axis), dtype=object) for e in exact]
-    sums = exact[0]
-    for part in exact[1:]:
-        sums = sums + part
-    sums = np.asarray(sums, dtype=object)
-    means = [t / count for t in sums.ravel().tolist()]
-    return np.array(means, dtype=np.float64).reshape(sums.shape)
-
-
-def _divide(out: Array, n: int) -> Array:
-    if out.dtype.kind in "fc":
-        np.true_divide(out, n, out=out)
-        return out
-    # The mean of integers is float64, as in TensorFlow.
-    return np.asarray(np.true_divide(out, n, dtype=np.float64))
 
 
 class NumpyBackend(Backend):
@@ -774,7 +699,7 @@ class NumpyBackend(Backend):
         if cpass is not None:
             found = cpass.describe(values, _specs_by_dtype)
             if found is None:
-                return tuple(map(self.describe, values))
+                return self._describe_each(values)
             self._keep_layout(values, found[1], found[2])
             return found[0]
         m = len(values)
@@ -797,7 +722,23 @@ class NumpyBackend(Backend):
                     if None not in specs:
                         self._keep_layout(values, dtype, shapes)
                         return specs  # type: ignore[return-value]
-        return tuple(map(self.describe, values))
+        return self._describe_each(values)
+
+    def _describe_each(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
+        """Describe leaf by leaf (shapes not seen before); keep a plain batch's layout too.
+
+        The layout is what the collective's signature says; the batch paths check the
+        leaves against it when the last replica arrives (see :func:`_check_described`).
+        """
+        specs = tuple(map(self.describe, values))
+        m = len(values)
+        if m > 1 and list(map(type, values)).count(np.ndarray) == m:
+            dtypes = list(map(_dtype_of, values))
+            if dtypes.count(dtypes[0]) == m:
+                shapes = list(map(_shape_of, values))
+                one = shapes.count(shapes[0]) == m
+                self._keep_layout(values, dtypes[0], shapes[0] if one else shapes)
+        return specs
 
     def _keep_layout(
         self,
@@ -827,7 +768,7 @@ class NumpyBackend(Backend):
         # Converted again by the collective (cheap, see to_host) rather than kept here:
         # a collective that fails after its leaves were described must not hold them.
         array = to_host(value, library)
-        if array.dtype.kind not in _HOLDABLE_KINDS:
+        if not _holdable(array.dtype):
             raise TypeError(
                 f"a collective's value must have a boolean or numeric dtype, got a "
                 f"{library.name} of dtype {array.dtype}"
@@ -844,21 +785,27 @@ class NumpyBackend(Backend):
 
     @staticmethod
     def _checked(value: object, what: str) -> Array:
-        if type(value) is np.ndarray and value.dtype.kind in _HOLDABLE_KINDS:
+        if type(value) is np.ndarray and _holdable(value.dtype):
             return value
         if value is None or isinstance(value, str | bytes):
             raise TypeError(_not_numeric(value, what))
+        if isinstance(value, np.ma.MaskedArray):
+            raise TypeError(_masked(value, what))
         try:
             array = _as_array(value)
         except Exception as exc:
             raise TypeError(_not_numeric(value, what)) from exc
-        if array.dtype.kind not in _HOLDABLE_KINDS:
+        if not _holdable(array.dtype):
             raise TypeError(_not_numeric(value, what))
         return array
 
     @staticmethod
     def _reducible(array: Array) -> Array:
-        if array.dtype.kind not in _NUMERIC_KINDS:
+        if type(array) is not np.ndarray and isinstance(array, np.ma.MaskedArray):
+            raise TypeError(_masked(array, "a reduced value"))
+        if not _reducible_dtype(array.dtype):
+            if array.dtype == object and any(isinstance(v, IndexedSlices) for v in array.flat):
+                raise _internal("a dense reduction was given IndexedSlices")
             raise TypeError(
                 f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
                 "complex values (cast booleans first: x.astype(np.int32) in numpy, "
@@ -906,6 +853,8 @@ class NumpyBackend(Backend):
                 self._scratch = io.BytesIO()  # a large batch's scratch is not kept
             if batch is not None:
                 return batch
+        if m > 1 and layouts:
+            _check_described(values, layouts)
         host, libraries = _host_values(values)
         if libraries is not None:
             return restore_host(
@@ -918,8 +867,12 @@ class NumpyBackend(Backend):
         for j in range(m):
             first = first_values[j]
             if type(first) is ndarray or not isinstance(first, IndexedSlices):
+                if any(isinstance(v[j], IndexedSlices) for v in values):
+                    raise _internal(
+                        "one leaf is IndexedSlices on some replicas and dense on others"
+                    )
                 array = first if type(first) is ndarray else _as_array(first)
-                if array.dtype.kind not in _NUMERIC_KINDS:
+                if not _reducible_dtype(array.dtype):
                     self._reducible(array)
                 if array.nbytes < POOL_BYTES:
                     # The ledger checked that every replica's leaf j has this dtype and shape.
@@ -955,6 +908,8 @@ class NumpyBackend(Backend):
         elif isinstance(first, IndexedSlices):
             return self._reduce_slices(op, leaf)
         else:
+            if any(isinstance(v, IndexedSlices) for v in leaf):
+                raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
             arrays = [self._reducible(_as_array(v)) for v in leaf]
         if arrays[0].nbytes >= POOL_BYTES:
             return _shared(await self._combine_large(op, arrays), n)
@@ -999,7 +954,7 @@ class NumpyBackend(Backend):
         else:
             flat = np.concatenate(pick(values[0]), axis=None, dtype=dtype)
             if n > 1:
-                ufunc = _BINARY[op]
+                ufunc = _binary(op, dtype)
                 scratch = np.empty(total, dtype)
                 for r in range(1, n):
                     np.concatenate(pick(values[r]), axis=None, out=scratch)
@@ -1073,7 +1028,7 @@ class NumpyBackend(Backend):
             out = await self._buffer(first.shape, first.dtype)
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = out.reshape(-1)
-        ufunc = _BINARY[op]
+        ufunc = _binary(op, first.dtype)
         n = len(arrays)
 
         def work() -> None:
@@ -1095,7 +1050,7 @@ class NumpyBackend(Backend):
             else:
                 _blocked(ufunc, flat_in, flat_out, 0, size)
             if op is ReduceOp.MEAN:
-                np.true_divide(flat_out, n, out=flat_out)
+                _divide(flat_out, n)
 
         if first.nbytes >= OFFLOAD_BYTES:
             # Off the event loop, so other coroutines keep running meanwhile.
@@ -1115,22 +1070,11 @@ class NumpyBackend(Backend):
         self._layouts.clear()
 
     def _reduce_slices(self, op: ReduceOp, slices: Sequence[object]) -> list[IndexedSlices]:
-        if op not in (ReduceOp.SUM, ReduceOp.MEAN):
-            raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
-        parts = [s for s in slices if isinstance(s, IndexedSlices)]
-        values = np.concatenate([_as_array(s.values) for s in parts], axis=0)
-        index_arrays = [_as_array(s.indices) for s in parts]
-        # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
-        # with uint64 float64 (describe refused non-integer indices already).
-        same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
-        indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
-        if op is ReduceOp.MEAN:
-            values = _divide(values, len(parts))
-        values_views = _shared(values, len(parts))
-        index_views = _shared(indices, len(parts))
+        values, indices, dense_shape = _concat_slices(op, slices)
+        n = len(slices)
         return [
-            IndexedSlices(v, i, parts[0].dense_shape)
-            for v, i in zip(values_views, index_views, strict=True)
+            IndexedSlices(v, i, dense_shape)
+            for v, i in zip(_shared(values, n), _shared(indices, n), strict=True)
         ]
 
     async def all_gather(self, values: Leaves, axis: int) -> list[list[object]]:
@@ -1232,35 +1176,52 @@ class NumpyBackend(Backend):
 
     async def _reduce(
         self, op: ReduceOp, components: Sequence[object], axis: tuple[int, ...] | None
-    ) -> Array:
+    ) -> Any:
+        """The one cross-replica reduce: ``all_reduce``'s combine, each value reduced first.
+
+        ``axis=None`` is :func:`_combine`, the rule every all_reduce path follows (the
+        MEAN of integers exact, in the MEAN's dtype). Otherwise each value is reduced
+        along ``axis`` in its own dtype first (:func:`_local`), then combined; MEAN
+        divides the global sum by the global element count.
+        """
+        if isinstance(components[0], IndexedSlices):
+            if axis is not None:
+                raise ValueError(
+                    "Strategy.reduce of IndexedSlices combines the replicas' slices; it "
+                    f"cannot also reduce along axis={axis}: densify them first"
+                )
+            values, indices, dense_shape = _concat_slices(op, components)
+            return IndexedSlices(values, indices, dense_shape)
+        if any(isinstance(c, IndexedSlices) for c in components):
+            raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
+        if all(type(c) in (int, float, complex) for c in components):
+            # Python numbers reduce in TensorFlow's dtypes (2.5 is float32) to a scalar.
+            numbers = [np.asarray(c, np.dtype(number_dtype(c))) for c in components]  # type: ignore[arg-type]
+            if len({a.dtype for a in numbers}) > 1:
+                numbers = [a.astype(np.result_type(*numbers)) for a in numbers]
+            return (await self._reduce(op, numbers, axis))[()]
         arrays = [self._reducible(_as_array(c)) for c in components]
-        exact = arrays[0].dtype.kind in "iub"
-        if op is ReduceOp.MEAN and exact:
-            # The mean of integers is float64: accumulate in float64, so that int8 100 + 100
-            # or int64 2**62 + 2**62 does not wrap around before the division.
-            arrays = [a.astype(np.float64) for a in arrays]
         if axis is None:
             return _combine(op, arrays)
-        if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu" and any(a.size for a in arrays):
-            return _mean_of_ints(arrays, axis)
         if op is ReduceOp.MEAN:
-            total = _combine(ReduceOp.SUM, [a.sum(axis=axis) for a in arrays])
-            count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
-            if count:
-                return _divide(total, count)
+            if arrays[0].dtype.kind in "iu":
+                return _mean_of_ints(arrays, axis)
+            total = _combine(ReduceOp.SUM, [_local(ReduceOp.SUM, a, axis) for a in arrays])
+            count = sum(math.prod(a.shape[k] for k in axis) for a in arrays)
             with np.errstate(invalid="ignore", divide="ignore"):  # no elements: nan, as TF
-                return np.true_divide(total, count)
-        local = _LOCAL[op]
-        # Keep the input dtype (numpy's sum and prod promote small integers to int64;
-        # TensorFlow keeps int32).
-        kw = {"dtype": arrays[0].dtype} if op in (ReduceOp.SUM, ReduceOp.PROD) else {}
-        return _combine(op, [np.asarray(local(a, axis=axis, **kw)) for a in arrays])
+                return _divide(total, count)
+        return _combine(op, [_local(op, a, axis) for a in arrays])
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate components into one new array; see :meth:`Backend.gather`.
 
         The result is in the array type, and on the device, of the first component.
+        ``IndexedSlices`` components are densified first, as in TensorFlow.
         """
+        if any(isinstance(c, IndexedSlices) for c in components):
+            if not all(isinstance(c, IndexedSlices) for c in components):
+                raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
+            components = [_densify(cast(IndexedSlices, c)) for c in components]
         if type(components[0]) is not np.ndarray:
             host, library = _host_components(components)
             if library is not None:
@@ -1298,6 +1259,15 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
             f"IndexedSlices has {values.shape[0]} rows of values but {indices.shape[0]} "
             "indices: give one row number per row"
         )
+
+
+def _masked(value: object, what: str) -> str:
+    return (
+        f"{what} is a numpy masked array ({type(value).__name__}): collectives do not "
+        "carry masks, and reducing its data would count the masked-out elements. Pass "
+        "np.ma.filled(x, fill) with the fill value the reduction should see (0 for SUM), "
+        "or the data and the mask as two values (np.ma.getdata(x), np.ma.getmaskarray(x))"
+    )
 
 
 def _not_numeric(value: object, what: str) -> str:

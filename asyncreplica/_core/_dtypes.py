@@ -1,0 +1,93 @@
+"""The dtype rules of reductions, once: which dtypes reduce, and the dtype of each result.
+
+Every path that reduces (the backends' single-leaf, batch, packed and large paths,
+``Strategy.reduce``, ``extended.reduce_to``/``batch_reduce_to``, the cross-process
+paths) and the reference semantics (:mod:`asyncreplica.testing._reference`) ask
+these functions; none of them decides a result dtype by itself. Dtypes are named as
+the array API standard names them (``"float32"``), plus ``"bfloat16"``.
+
+The rules, as TensorFlow 2.21 applies them (measured: docs/migration.md):
+
+* ``SUM``, ``MIN``, ``MAX`` and ``PROD`` keep the input dtype.
+* ``MEAN`` of a float or complex dtype keeps it (the sum, divided by the count).
+* ``MEAN`` of an integer dtype is ``float64``, computed exactly: the true sum,
+  divided, rounded once (see :data:`EXACT_MEAN_COUNT`). TensorFlow's ``truediv``
+  gives ``float32`` for 8- and 16-bit integers in ``Strategy.reduce`` (and refuses
+  them in ``all_reduce``); here every integer MEAN follows the one float64 rule, as
+  every backend implements it (docs/migration.md lists the difference).
+* Booleans are held (broadcast, all_gather, gather) but never reduced.
+"""
+
+from __future__ import annotations
+
+from ._signature import ReduceOp
+
+__all__ = [
+    "EXACT_MEAN_COUNT",
+    "FLOATING_DTYPES",
+    "INTEGER_DTYPES",
+    "REDUCIBLE_DTYPES",
+    "is_integer",
+    "is_reducible",
+    "number_dtype",
+    "reduced_dtype",
+]
+
+#: Integer dtypes, by name.
+INTEGER_DTYPES = frozenset(
+    ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+)
+#: Float and complex dtypes, by name.
+FLOATING_DTYPES = frozenset(
+    ("float16", "bfloat16", "float32", "float64", "complex64", "complex128")
+)
+#: Every dtype a reduction accepts.
+REDUCIBLE_DTYPES = INTEGER_DTYPES | FLOATING_DTYPES
+
+
+def is_integer(dtype: str) -> bool:
+    """Whether ``dtype`` (a name) is a signed or unsigned integer dtype."""
+    return dtype in INTEGER_DTYPES
+
+
+def is_reducible(dtype: str) -> bool:
+    """Whether values of ``dtype`` (a name) can be reduced (SUM, MEAN, MIN, MAX, PROD)."""
+    return dtype in REDUCIBLE_DTYPES
+
+
+def reduced_dtype(op: ReduceOp, dtype: str) -> str:
+    """The dtype of the result of reducing values of ``dtype`` with ``op``.
+
+    Args:
+        op: The reduce op.
+        dtype: The inputs' dtype name (every replica's is the same: see ``_match``).
+
+    Returns:
+        The result's dtype name.
+    """
+    if op is ReduceOp.MEAN and dtype in INTEGER_DTYPES:
+        return "float64"
+    return dtype
+
+
+#: Integer MEAN is the float64 nearest the true mean for fewer values than this per
+#: element: their sum is then below ``2**53`` for 32-bit integers and is taken in int64
+#: (exact), converted to float64 (exact) and divided (one rounding); wider integers,
+#: or more values, are summed in Python integers, whose ``/`` rounds once too.
+EXACT_MEAN_COUNT = 1 << 20
+
+
+def number_dtype(value: int | float | complex) -> str:
+    """The dtype a Python number reduces in: TensorFlow's conversion of a Python number.
+
+    ``float`` is ``float32``; ``int`` is ``int32``, or ``int64`` past int32's range;
+    ``complex`` is ``complex128``. (A collective's Python numbers are described as
+    numpy describes them instead: see docs/migration.md.)
+    """
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int32" if -(1 << 31) <= value < (1 << 31) else "int64"
+    if isinstance(value, float):
+        return "float32"
+    return "complex128"
