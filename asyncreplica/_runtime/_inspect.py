@@ -52,6 +52,7 @@ __all__ = [
     "clear_caches",
     "forget_spawn",
     "record_spawn",
+    "register_driver",
     "warn_unchecked",
 ]
 
@@ -95,6 +96,10 @@ _MAX_FRAMES = 2_000_000
 # compile) makes new code objects for ever, and each one held costs kilobytes.
 _MAX_CODES = 8_192
 _cached_frames: Final = [0]  # the frames of every path in _paths_at
+# The runtime coroutines that drive a replica (register_driver): the walk stops there.
+# Other runtime coroutines above the user's frames are passed through.
+_DRIVERS: Final[set[int]] = set()
+_DRIVER_CODES: Final[list[CodeType]] = []  # keeps each driver's id its own
 
 
 # Caches of other modules keyed by the paths made here (_issue's interned signatures):
@@ -113,6 +118,12 @@ def clear_caches() -> None:
     _sites.clear()
     _joined.clear()
     _cached_frames[0] = 0
+
+
+def register_driver(code: CodeType) -> None:
+    """Mark ``code`` (a runtime coroutine's) as a replica's driver: call paths end there."""
+    _DRIVER_CODES.append(code)
+    _DRIVERS.add(id(code))
 
 
 def _is_module(name: str, namespace: dict[str, Any]) -> bool:
@@ -283,7 +294,10 @@ def _path_from(first: FrameType) -> tuple[CallSite, ...]:
             if key:
                 break  # the runtime's own frames, below the user's
         elif kind == _STOP_ASYNC:
-            break  # the replica driver: below the user's frames (none: compiled code)
+            if key or id(frame.f_code) in _DRIVERS:
+                break  # the replica driver: below the user's frames (none: compiled code)
+            # A runtime coroutine that issues a collective for the user (extended.update's
+            # merge_call): the user's frames that called it come next.
         elif kind == _SKIP and inner_async and key:
             break
         else:

@@ -1087,3 +1087,7 @@ class Run:
         return BaseExceptionGroup(
             f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run", exceptions
         )
+
+
+# A replica's call paths end at its driver (the user's frames are above it).
+_inspect.register_driver(Run._replica_main.__code__)

@@ -159,8 +159,26 @@ def _frozen(array: Array) -> Array:
     of the frozen array, whose base chain ends the same way.
     """
     base = array if type(array) is np.ndarray else array.view(np.ndarray)
-    frozen = _CPASS.freeze(base) if _CPASS is not None else np.asarray(_ReadOnly(base))
+    carrier = base
+    if base.dtype.isbuiltin != 1 or base.dtype.kind not in "biufc":
+        # A dtype of another package (ml_dtypes' bfloat16), or not in native byte order:
+        # frozen as unsigned integers of its size (the C pass takes numpy's own number
+        # dtypes only, and ``__array_interface__`` spells bfloat16 as void, ``|V2``),
+        # then viewed with its own dtype again: the same bytes, still read-only.
+        carrier = base.view(_UINT_OF_SIZE[base.dtype.itemsize])
+    frozen = _CPASS.freeze(carrier) if _CPASS is not None else np.asarray(_ReadOnly(carrier))
+    if carrier is not base:
+        frozen = frozen.view(base.dtype)
     return frozen if base is array else frozen.view(type(array))
+
+
+_UINT_OF_SIZE = {
+    1: np.uint8,
+    2: np.uint16,
+    4: np.uint32,
+    8: np.uint64,
+    16: np.complex128,
+}  # 16: complex128 only carries bytes
 
 
 def _shared(out: Array, n: int) -> list[Array]:
@@ -560,7 +578,7 @@ def _reduce_batch_c(
     if layout is None:
         return None
     dtype, shapes = layout
-    if not _reducible_dtype(dtype) or not dtype.isnative:
+    if not _reducible_dtype(dtype) or not dtype.isnative or dtype.isbuiltin != 1:  # not bfloat16
         return None
     n = len(values)
     first = values[0]

@@ -1084,6 +1084,8 @@ D_LENIENT = "accepted here and refused by TensorFlow"
 D_BROADCAST_DISTRIBUTED = "broadcast_to` of a distributed value returns it unchanged"
 D_BPP = "bytes_per_pack` must be an int"
 D_BOOL_GATHER = "Booleans are gathered"
+D_SMALL_INT_MEAN = "The mean of 8- and 16-bit integers is float64"
+D_SPARSE_GATHER_ONE = "`strategy.gather` of `IndexedSlices` is dense with one replica too"
 
 
 def dtype(name: str) -> Any:
@@ -1313,7 +1315,7 @@ def _sparse_merge(api: Any) -> Gen:
     return (yield api.run(step, (_sparse(api),)))
 
 
-@program("sparse/gather", modes=("eager",))
+@program("sparse/gather", modes=("eager",), deliberate={"eager/N=1": D_SPARSE_GATHER_ONE})
 def _sparse_gather(api: Any) -> Gen:
     return (yield api.gather(_sparse(api), 0))
 
@@ -1364,6 +1366,14 @@ def _dtype_tags(api: str, dtype: str, op: str = "", axis: Any = 0) -> dict[str, 
         tags = {"eager": D_DTYPES}
     if dtype in _INTS and op == "MEAN" and axis is None:
         tags["eager/N=1"] = D_INT_MEAN_ONE  # TF does no arithmetic with one replica
+    if dtype in ("int8", "uint8", "int16") and op == "MEAN" and api == "reduce":
+        # TF's truediv gives float32 for 8- and 16-bit integers; here float64
+        if axis is None:
+            tags.update({f"eager/N={k}": D_SMALL_INT_MEAN for k in NS if k > 1})
+        else:
+            tags = {"eager": D_SMALL_INT_MEAN}
+    if dtype == "bfloat16" and api in ("gather", "all_gather"):
+        tags = {f"eager/N={k}": D_DTYPES for k in NS if k > 1}  # TF's gathers refuse it
     return tags or None
 
 
@@ -1405,19 +1415,19 @@ for _dtype in _DTYPES:
     )
 
 
-@program("dtypes/reduce/mixed_float32_float64", modes=("eager",))
+@program("dtypes/reduce/mixed_float32_float64", modes=("eager",), deliberate=D_ERRORS)
 def _mixed_float(api: Any) -> Gen:
     pr = api.per_replica(lambda r, n: np.ones(2, np.float32 if r % 2 == 0 else np.float64))
     return (yield api.reduce("SUM", pr, None))
 
 
-@program("dtypes/reduce/mixed_int32_int64_axis0", modes=("eager",))
+@program("dtypes/reduce/mixed_int32_int64_axis0", modes=("eager",), deliberate=D_ERRORS)
 def _mixed_int(api: Any) -> Gen:
     pr = api.per_replica(lambda r, n: np.ones(2, np.int32 if r % 2 == 0 else np.int64))
     return (yield api.reduce("SUM", pr, 0))
 
 
-@program("dtypes/gather/mixed_float32_float64", modes=("eager",))
+@program("dtypes/gather/mixed_float32_float64", modes=("eager",), deliberate=D_ERRORS)
 def _mixed_gather(api: Any) -> Gen:
     pr = api.per_replica(lambda r, n: np.ones(2, np.float32 if r % 2 == 0 else np.float64))
     return (yield api.gather(pr, 0))
