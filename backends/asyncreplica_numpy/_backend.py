@@ -144,7 +144,9 @@ class _ReadOnly:
 
     @property
     def __array_interface__(self) -> dict[str, Any]:
-        return self._interface
+        # A new dict each time: one handed out and changed (its data flag, its shape)
+        # must not change what the next reader gets.
+        return dict(self._interface)
 
 
 def _frozen(array: Array) -> Array:
@@ -155,8 +157,10 @@ def _frozen(array: Array) -> Array:
     in an object that exports no writable buffer (``_cpass.freeze``'s ``_Owner`` when
     the C pass runs, else :class:`_ReadOnly`), not in an array that owns its data. The
     backend keeps ``array`` writable (a pooled buffer is written again once no result
-    refers to it) and never hands it out. A subclass (``np.matrix``) stays one: a view
-    of the frozen array, whose base chain ends the same way.
+    refers to it) and never hands it out. Inputs of an ndarray subclass are combined as
+    plain views (``_combine._as_array``), so results are plain arrays; a subclass
+    ``array`` given here anyway stays one: a view of the frozen array, whose base chain
+    ends the same way.
     """
     base = array if type(array) is np.ndarray else array.view(np.ndarray)
     carrier = base

@@ -95,13 +95,22 @@ def _dtype_name(dtype: np.dtype[Any]) -> str:
 
 
 def _as_array(value: object) -> Array:
-    if isinstance(value, np.ndarray):
+    """``value`` as an exact ``numpy.ndarray`` (a subclass as a plain view of its memory).
+
+    A subclass's own code runs on every array made from it (``__array_finalize__``): given
+    the arrays the backend combines into, it could keep a writable alias of the result
+    every replica shares. Plain views of the inputs give it nothing to see.
+    """
+    if type(value) is np.ndarray:
         return value
+    if isinstance(value, np.ndarray):
+        return value.view(np.ndarray)
     return np.asarray(value)
 
 
 def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
     """Combine arrays in replica order into one new array (inputs untouched)."""
+    arrays = [a if type(a) is np.ndarray else _as_array(a) for a in arrays]
     if op is ReduceOp.MEAN and arrays[0].dtype.kind in "iu":
         return _mean_of_ints(arrays)
     ufunc = _binary(op, arrays[0].dtype)

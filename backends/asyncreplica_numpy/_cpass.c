@@ -227,6 +227,45 @@ lookup(PyObject *by, PyObject *key)
     return value;
 }
 
+/* A tuple holding a reference to each item of `values`, copied with nothing that can run
+ * Python in between. A tuple is its own (immutable: its items are held while it is).
+ * PySequence_Tuple of a list keeps the list's item array while it allocates the tuple; that
+ * allocation can run the garbage collector, and a finalizer that clears the list then frees
+ * the items being copied. So a list's tuple is allocated first, then filled by index with
+ * the list's current size: a list that changed meanwhile gives a shorter tuple of live
+ * items (the callers then take the Python pass, which checks everything again).
+ * Any other sequence: PySequence_Tuple, which copies it through a new list of its own. */
+static PyObject *
+own_items(PyObject *values)
+{
+    if (PyTuple_CheckExact(values)) {
+        Py_INCREF(values);
+        return values;
+    }
+    if (!PyList_CheckExact(values)) {
+        return PySequence_Tuple(values);
+    }
+    Py_ssize_t n = PyList_GET_SIZE(values);
+    PyObject *tuple = PyTuple_New(n); /* may run the garbage collector */
+    if (tuple == NULL) {
+        return NULL;
+    }
+    Py_ssize_t now = PyList_GET_SIZE(values);
+    Py_ssize_t count = now < n ? now : n;
+    for (Py_ssize_t j = 0; j < count; j++) { /* no allocation: nothing runs in between */
+        PyObject *item = PyList_GET_ITEM(values, j);
+        Py_INCREF(item);
+        PyTuple_SET_ITEM(tuple, j, item);
+    }
+    if (count < n) {
+        /* The list shrank: a shorter tuple of the items still there. */
+        PyObject *shorter = PyTuple_GetSlice(tuple, 0, count);
+        Py_DECREF(tuple);
+        return shorter;
+    }
+    return tuple;
+}
+
 /* ---- describe --------------------------------------------------------------------------- */
 
 /* describe(values, by_dtype) -> (specs, dtype, shapes) | None
@@ -248,13 +287,16 @@ cpass_describe(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     }
     /* Our own tuple of the leaves: each is held for the whole call. */
-    PyObject *seq = PySequence_Tuple(values);
+    PyObject *seq = own_items(values);
     if (seq == NULL) {
         return NULL;
     }
     PyObject *result = NULL, *specs = NULL, *shapes = NULL, *by_shape = NULL;
     PyArray_Descr *dtype = NULL;
     Py_ssize_t m = PyTuple_GET_SIZE(seq);
+    if (PyList_CheckExact(values) && PyList_GET_SIZE(values) != m) {
+        goto none; /* the list changed while it was copied: the Python pass decides */
+    }
     if (m == 0 || !PyArray_CheckExact(PyTuple_GET_ITEM(seq, 0))) {
         goto none;
     }
