@@ -39,7 +39,7 @@ def test_a_subclass_input_never_sees_a_writable_alias_of_the_result(batched: boo
         x = (np.arange(3.0) + r).view(Tracked)
         return [x, x.copy()] if batched else x
 
-    first, second = _results(value)
+    _, second = _results(value)
     shared = second[0] if batched else second
     np.testing.assert_array_equal(shared, [1.0, 3.0, 5.0])
     aliases = [a for a in seen if a.flags.writeable and np.shares_memory(a, shared)]
