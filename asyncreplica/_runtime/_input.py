@@ -13,7 +13,7 @@ import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
 from typing import Any, final
 
-from .._core._nest import flatten, unflatten
+from .._core._nest import flatten, map_structure, unflatten
 from .._core._signature import LeafSpec
 from .._values import PerReplica
 
@@ -447,7 +447,9 @@ class DistributedDataset(_Distributed):
     def _split(self, batch: Any) -> Any:
         n = self._num_replicas
         if n == 1:
-            return batch  # TF's one replica: the element as it is (batched or not)
+            # TF's one replica: the element as it is (batched or not), its arrays as
+            # read-only views (a step that writes into one must not rewrite the dataset).
+            return map_structure(_whole_view, batch)
         leaves, treedef = flatten(batch)
         if leaves and not any(hasattr(leaf, "__len__") for leaf in leaves):
             # A plain list (or tuple) of numbers is one batch, not a nest of scalars.
@@ -460,7 +462,10 @@ class DistributedDataset(_Distributed):
         size = lengths.pop() if lengths else 0
         per = math.ceil(size / n)
         bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
-        split = [_wrap([leaf[a:b] for a, b in bounds]) for leaf in leaves]  # type: ignore[index]
+        split = [
+            _wrap([_read_only(leaf[a:b]) for a, b in bounds])  # type: ignore[index]
+            for leaf in leaves
+        ]
         return unflatten(treedef, split)
 
     def _pass(self) -> Iterator[Any]:
@@ -470,6 +475,28 @@ class DistributedDataset(_Distributed):
     async def _apass(self) -> AsyncIterator[Any]:
         async for batch in self._source.asynchronous():
             yield self._split(batch)
+
+
+def _read_only(piece: Any) -> Any:
+    """``piece``, made read-only when it is a view that numpy can mark so.
+
+    A replica's slice of a global batch is a view of the dataset's array: written into
+    (``x[...] = ...``), it would rewrite the dataset for every later epoch. TensorFlow's
+    tensors are immutable; numpy views are marked read-only (writing raises). Other
+    libraries' slices are given as they come (PyTorch has no read-only tensors; JAX
+    arrays are immutable). The runtime imports no array library: this is duck-typed.
+    """
+    setflags = getattr(piece, "setflags", None)
+    if setflags is not None and getattr(piece, "base", None) is not None:
+        setflags(write=False)
+    return piece
+
+
+def _whole_view(leaf: Any) -> Any:
+    """A read-only view of the whole of a numpy array (see :func:`_read_only`), else ``leaf``."""
+    if getattr(leaf, "setflags", None) is not None and getattr(leaf, "ndim", 0):
+        return _read_only(leaf[:])
+    return leaf
 
 
 def _batch_length(leaf: object) -> int:
