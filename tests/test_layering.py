@@ -123,6 +123,17 @@ def test_backends_import_no_scheduler_internals() -> None:
             )
 
 
+def test_no_backend_imports_another_backends_private_module() -> None:
+    """What backends share lives in a module meant for it (asyncreplica_numpy.interop)."""
+    for path in sorted((ROOT / "backends").glob("*/*.py")):
+        own = path.parent.name
+        for name in _imports(path):
+            package, _, rest = name.partition(".")
+            if package.startswith("asyncreplica_") and package != own:
+                private = [part for part in rest.split(".") if part.startswith("_")]
+                assert not private, f"{path} imports {name}, a private module of {package}"
+
+
 def test_runtime_names_no_plugin_package() -> None:
     # Not even as a string for importlib: backends and process groups (MPI) arrive
     # through their entry-point groups (DESIGN section 4).

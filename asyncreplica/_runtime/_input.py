@@ -494,7 +494,8 @@ def _read_only(piece: Any) -> Any:
 
 def _whole_view(leaf: Any) -> Any:
     """A read-only view of the whole of a numpy array (see :func:`_read_only`), else ``leaf``."""
-    if getattr(leaf, "setflags", None) is not None and getattr(leaf, "ndim", 0):
+    ndim: object = getattr(leaf, "ndim", 0)
+    if getattr(leaf, "setflags", None) is not None and ndim:
         return _read_only(leaf[:])
     return leaf
 

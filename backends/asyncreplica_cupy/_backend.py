@@ -25,7 +25,7 @@ import anyio.to_thread
 import numpy as np
 
 # The one exact integer-MEAN rule, used here for sums that may need more than 64 bits.
-from asyncreplica_numpy._backend import _mean_of_ints as mean_of_integers
+from asyncreplica_numpy.interop import mean_of_integers
 
 from asyncreplica import BackendError, IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp

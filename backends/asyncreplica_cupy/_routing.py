@@ -25,13 +25,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
-from asyncreplica_numpy._devices import place_like, several_devices, unserved_device_error
-from asyncreplica_numpy._foreign import (
+from asyncreplica_numpy.interop import (
     Library,
     from_host_shared,
     library_of,
+    place_like,
+    several_devices,
     takes_ownership,
     to_host,
+    unserved_device_error,
 )
 
 from asyncreplica import BackendError

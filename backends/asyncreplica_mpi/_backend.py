@@ -27,9 +27,17 @@ from typing import Any
 
 import anyio.lowlevel
 import numpy as np
-from asyncreplica_numpy._backend import _combine as _local_combine
-from asyncreplica_numpy._devices import place_like, restore_host, unserved_device_error
-from asyncreplica_numpy._foreign import Library, from_host_shared, library_of, to_host
+from asyncreplica_numpy.interop import (
+    Library,
+    divide_mean,
+    from_host_shared,
+    library_of,
+    place_like,
+    restore_host,
+    to_host,
+    unserved_device_error,
+)
+from asyncreplica_numpy.interop import combine as _local_combine
 
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
@@ -319,7 +327,7 @@ class MPIBackend(Backend):
                 mine = True  # a new array of this collective's
             combined = await self._combine(op, flat, owned=mine)
             if op is ReduceOp.MEAN:
-                combined = np.true_divide(combined, self.group.num_replicas)
+                combined = divide_mean(np.array(combined), self.group.num_replicas)
             _freeze(combined)  # no view of it can be made writable again
             start = 0
             for j in indices:
@@ -418,7 +426,7 @@ class MPIBackend(Backend):
                 mean = _exact_quotient(sums[k], sums[k + 1], count)
                 k += 2
             else:
-                mean = np.asarray(np.true_divide(sums[k], count))
+                mean = divide_mean(np.array(sums[k]), count)
                 k += 1
             mean.flags.writeable = False
             out.append(mean)
@@ -447,7 +455,7 @@ class MPIBackend(Backend):
             acc = _in_rank_order(op, [parts[r, start:stop].view(dtype) for r in range(processes)])
             start = stop
             if op is ReduceOp.MEAN:
-                acc = np.true_divide(acc, self.group.num_replicas)
+                acc = divide_mean(np.array(acc), self.group.num_replicas)
             acc.flags.writeable = False  # frozen for good: results are views of it
             out.append(acc if acc.shape == leaf.shape else acc.reshape(leaf.shape))
         return out
@@ -564,7 +572,7 @@ class MPIBackend(Backend):
             result = (await self._combine_leaves(local_op, parts))[0]
             if op is ReduceOp.MEAN:
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
-                result = np.true_divide(result, total)
+                result = divide_mean(np.array(result), total)
             return np.array(result)
 
         return await self.group.cross(fields, work)
