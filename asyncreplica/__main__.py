@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from asyncreplica._cli import main
+from asyncreplica._tools._cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

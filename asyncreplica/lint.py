@@ -15,8 +15,8 @@ condition's) silences a finding.
 
 from __future__ import annotations
 
-from ._lint import Finding as Finding
-from ._lint import lint_paths as lint_paths
-from ._lint import lint_source as lint_source
+from ._tools._lint import Finding as Finding
+from ._tools._lint import lint_paths as lint_paths
+from ._tools._lint import lint_source as lint_source
 
 __all__ = ["Finding", "lint_paths", "lint_source"]

@@ -31,7 +31,7 @@ from asyncreplica_numpy import NumpyBackend
 from asyncreplica_numpy._backend import batch_pass
 
 import asyncreplica as ar
-from asyncreplica._bench._baselines import _batch_floor
+from asyncreplica._tools._bench._baselines import _batch_floor
 
 LEAVES = 1000
 LEAF = 256  # float32 elements: 1 KiB

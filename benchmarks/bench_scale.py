@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 import asyncreplica as ar
-from asyncreplica._bench._baselines import _rendezvous
-from asyncreplica._bench._cases import _run_ours, _step
+from asyncreplica._tools._bench._baselines import _rendezvous
+from asyncreplica._tools._bench._cases import _run_ours, _step
 
 
 class _GcTimer:

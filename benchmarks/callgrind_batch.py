@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 import asyncreplica as ar
-from asyncreplica._bench._baselines import _batch_floor
+from asyncreplica._tools._bench._baselines import _batch_floor
 
 LEAVES = 1000
 LEAF = 256  # float32 elements: 1 KiB

@@ -2,7 +2,7 @@
 
 Runs ROUNDS rounds of a small ``all_reduce(SUM)`` (2 x float32) across REPLICAS replicas
 on LOOP (asyncio, uvloop or trio), ours or (``--bare``) the bare rendezvous on that
-loop's own primitives (``asyncreplica._bench._baselines._rendezvous``: asyncio futures,
+loop's own primitives (``asyncreplica._tools._bench._baselines._rendezvous``: asyncio futures,
 or trio's ``wait_task_rescheduled``). Run it twice under cachegrind with the cache
 simulation and different round counts; the difference of the totals over the
 difference of the replica-rounds is the cost of one replica-round, start-up excluded::
@@ -44,8 +44,8 @@ _BUDGET = 8_192
 
 def _run(loop: str, replicas: int, rounds: int, bare: bool) -> None:
     import asyncreplica as ar
-    from asyncreplica._bench._baselines import _rendezvous
-    from asyncreplica._bench._cases import _run_ours, _step
+    from asyncreplica._tools._bench._baselines import _rendezvous
+    from asyncreplica._tools._bench._cases import _run_ours, _step
 
     inputs = [np.full(2, float(i + 1), np.float32) for i in range(replicas)]
     if bare:

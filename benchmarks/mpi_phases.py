@@ -37,7 +37,7 @@ from asyncreplica_mpi import _group
 from mpi4py import MPI
 
 import asyncreplica as ar
-from asyncreplica._bench._baselines import _blocked_sum
+from asyncreplica._tools._bench._baselines import _blocked_sum
 
 REPLICAS = 4
 

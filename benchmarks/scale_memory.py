@@ -65,7 +65,7 @@ def _ours(loop: str, n: int) -> tuple[collections.Counter[str], collections.Coun
 
 
 def _bare(loop: str, n: int) -> tuple[collections.Counter[str], collections.Counter[str], int]:
-    """The bare rendezvous of ``asyncreplica._bench._baselines`` with replica 0 late."""
+    """The bare rendezvous of ``asyncreplica._tools._bench._baselines`` with replica 0 late."""
     found: list[Any] = []
     inputs = [np.full(2, float(i + 1), np.float32) for i in range(n)]
     arrived = [0]

@@ -15,16 +15,16 @@ import sys
 import numpy as np
 import pytest
 
-from asyncreplica._bench import _cases as bench_cases
-from asyncreplica._bench import _main as bench_main
-from asyncreplica._bench import main
-from asyncreplica._bench._baselines import _difference, _median_us, _rendezvous
-from asyncreplica._bench._cases import SCALE_REFERENCE, Plan
-from asyncreplica._bench._model import Row
-from asyncreplica._bench._plot import _plot, chart
-from asyncreplica._bench._report import _targets_table
-from asyncreplica._bench._targets import _mpi_targets, _targets
-from asyncreplica._bench_mpi_faults import KINDS as FAULT_KINDS
+from asyncreplica._tools._bench import _cases as bench_cases
+from asyncreplica._tools._bench import _main as bench_main
+from asyncreplica._tools._bench import main
+from asyncreplica._tools._bench._baselines import _difference, _median_us, _rendezvous
+from asyncreplica._tools._bench._cases import SCALE_REFERENCE, Plan
+from asyncreplica._tools._bench._model import Row
+from asyncreplica._tools._bench._plot import _plot, chart
+from asyncreplica._tools._bench._report import _targets_table
+from asyncreplica._tools._bench._targets import _mpi_targets, _targets
+from asyncreplica._tools._bench_mpi_faults import KINDS as FAULT_KINDS
 
 
 @pytest.mark.slow

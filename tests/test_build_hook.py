@@ -213,7 +213,7 @@ def test_a_zip_import_is_named_as_such(
 def test_doctor_names_where_the_build_output_is(
     monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
 ) -> None:
-    from asyncreplica._doctor import diagnose, render_text
+    from asyncreplica._tools._doctor import diagnose, render_text
 
     record = tmp_path / "_build_info.json"
     info = {

@@ -20,7 +20,7 @@ import pytest
 
 import asyncreplica
 from asyncreplica import _compiled
-from asyncreplica._doctor import diagnose, render_text
+from asyncreplica._tools._doctor import diagnose, render_text
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 NO_EXTENSIONS = os.environ.get(_compiled.ENV_VAR, "").strip() not in ("", "0")
@@ -74,7 +74,7 @@ _PROBE = """
 import json, sys
 import asyncreplica
 from asyncreplica import _compiled
-from asyncreplica._doctor import diagnose
+from asyncreplica._tools._doctor import diagnose
 print(json.dumps({
     "files": [sys.modules[m].__file__ for m in _compiled.current().modules],
     "compiled": list(_compiled.compiled_modules()),
@@ -336,7 +336,7 @@ def test_the_c_pass_runs_only_as_built(
 _BATCH_PROBE = """
 import json, numpy as np, anyio
 import asyncreplica, asyncreplica as ar, asyncreplica_numpy
-from asyncreplica._doctor import diagnose
+from asyncreplica._tools._doctor import diagnose
 strategy = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
 batch = ar.PerReplica([[np.full(4, r * j, np.int32) for j in range(50)] for r in range(3)])
 means = {}

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import asyncreplica as ar
-from asyncreplica import _demo
-from asyncreplica._cli import main
+from asyncreplica._tools import _demo
+from asyncreplica._tools._cli import main
 from asyncreplica._version import __version__
 
 # 130 samples in global batches of 64: two full batches, then a batch of 2. Over 3 replicas a

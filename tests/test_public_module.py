@@ -67,7 +67,7 @@ def test_submodule_classes_are_public_before_their_module_is_imported() -> None:
     code = (
         "import sys, asyncreplica\n"
         "from asyncreplica._core._signature import Signature\n"
-        "from asyncreplica._lint import Finding\n"
+        "from asyncreplica._tools._lint import Finding\n"
         "assert 'asyncreplica.abc' not in sys.modules and 'asyncreplica.lint' not in sys.modules\n"
         "print(Signature.__module__, Finding.__module__)\n"
     )

@@ -149,6 +149,15 @@ class _ReadOnly:
         return dict(self._interface)
 
 
+def _is_masked(value: object) -> bool:
+    """Whether ``value`` is a numpy masked array, without importing ``numpy.ma``.
+
+    ``np.ma`` is imported on first use; where nothing imported it, nothing can be one.
+    """
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
+
+
 def _frozen(array: Array) -> Array:
     """A read-only array of ``array``'s memory that no one can make writable again.
 
@@ -811,7 +820,7 @@ class NumpyBackend(Backend):
             return value
         if value is None or isinstance(value, str | bytes):
             raise TypeError(_not_numeric(value, what))
-        if isinstance(value, np.ma.MaskedArray):
+        if _is_masked(value):
             raise TypeError(_masked(value, what))
         try:
             array = _as_array(value)
@@ -823,7 +832,7 @@ class NumpyBackend(Backend):
 
     @staticmethod
     def _reducible(array: Array) -> Array:
-        if type(array) is not np.ndarray and isinstance(array, np.ma.MaskedArray):
+        if type(array) is not np.ndarray and _is_masked(array):
             raise TypeError(_masked(array, "a reduced value"))
         if not _reducible_dtype(array.dtype):
             if array.dtype == object and any(isinstance(v, IndexedSlices) for v in array.flat):

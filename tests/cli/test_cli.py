@@ -22,9 +22,10 @@ from typing import ClassVar, get_args
 import pytest
 
 import asyncreplica as ar
-from asyncreplica import _cli, _registry
-from asyncreplica._cli import main
-from asyncreplica._demo import BugName
+from asyncreplica import _registry
+from asyncreplica._tools import _cli
+from asyncreplica._tools._cli import main
+from asyncreplica._tools._demo import BugName
 from asyncreplica._version import __version__
 from asyncreplica.abc import Backend
 
@@ -227,7 +228,7 @@ def test_bug_output_is_the_exceptions_str(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Catch the exception the demo prints and compare it with what was printed.
-    from asyncreplica import _demo
+    from asyncreplica._tools import _demo
 
     caught: list[BaseException] = []
     real_format = _demo.format_error
@@ -646,8 +647,8 @@ def test_lint_syntax_error_is_a_finding(capsys: pytest.CaptureFixture[str], tmp_
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("asyncreplica._bench") is None,
-    reason="asyncreplica._bench is not in this build",
+    importlib.util.find_spec("asyncreplica._tools._bench") is None,
+    reason="asyncreplica._tools._bench is not in this build",
 )
 def test_bench_help(capsys: pytest.CaptureFixture[str]) -> None:
     try:
@@ -662,7 +663,7 @@ def test_bench_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_bench_without_the_module_is_one_line_and_exit_2(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    hide_module(monkeypatch, "asyncreplica._bench")
+    hide_module(monkeypatch, "asyncreplica._tools._bench")
 
     status, out, err = run_main(capsys, "bench", "--quick")
 
@@ -682,7 +683,7 @@ def test_bench_receives_the_arguments_after_bench(
             received.append(argv)
             return 0
 
-    monkeypatch.setitem(sys.modules, "asyncreplica._bench", FakeBench)
+    monkeypatch.setitem(sys.modules, "asyncreplica._tools._bench", FakeBench)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, package=None: object())
 
     assert main(["bench", "--quick", "--json", "out.json"]) == 0

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import asyncreplica as ar
-from asyncreplica._cli import main
 from asyncreplica._core._codes import CODES, see_also
+from asyncreplica._tools._cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 ERRORS_PAGE = ROOT / "docs" / "errors.md"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncreplica._lint import Finding, lint_paths
+from asyncreplica._tools._lint import Finding, lint_paths
 
 CASES = Path(__file__).parent / "cases"
 BROKEN = sorted(CASES.glob("broken_*.py"))

@@ -1,4 +1,4 @@
-"""``asyncreplica._lint``: what the static check flags, what it leaves alone, and how it reports.
+"""``asyncreplica._tools._lint``: what the static check flags, what it leaves alone, and how it reports.
 
 Snippets are written as users write step functions. Each test pins the exact findings (line,
 condition line, and where it matters the whole message), so a check that flags too much or
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncreplica._lint import IGNORE_COMMENT, Finding, lint_paths, lint_source
+from asyncreplica._tools._lint import IGNORE_COMMENT, Finding, lint_paths, lint_source
 
 HEADER = "import asyncreplica as ar\n"  # line 1 of every snippet
 

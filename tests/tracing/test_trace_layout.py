@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import asyncreplica as ar
-from asyncreplica._cli import main as cli_main
+from asyncreplica._tools._cli import main as cli_main
 from asyncreplica._tracing import load_trace, plot, summarize
 from asyncreplica._tracing._plot import _layout
 

@@ -21,7 +21,8 @@ from asyncreplica_cupy import CupyBackend, _backend
 from asyncreplica_cupy._plan import Fold, Route, reduction_folds, reduction_variants
 
 import asyncreplica as ar
-from asyncreplica import _doctor, _registry
+from asyncreplica import _registry
+from asyncreplica._tools import _doctor
 from asyncreplica.abc import Backend, ReduceOp
 
 

@@ -16,7 +16,7 @@ the fault (on the faulty rank) to the last other rank's error, on one clock
 * ``transfer``: it fails inside a data transfer, after the processes agreed.
 
 Run from the command line (``asyncreplica bench --mpi``) after the all_reduce table;
-under mpiexec, ``python -m asyncreplica._bench_mpi_faults KIND FOLDER`` is one job.
+under mpiexec, ``python -m asyncreplica._tools._bench_mpi_faults KIND FOLDER`` is one job.
 Unlike the library runtime, this module imports numpy and mpi4py: it is a program.
 """
 

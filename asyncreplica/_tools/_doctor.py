@@ -21,8 +21,8 @@ import platform
 import sys
 from typing import Any
 
-from ._launch import launched_by_mpiexec
-from ._version import __version__
+from .._launch import launched_by_mpiexec
+from .._version import __version__
 
 __all__ = [
     "MPI_INSTALL_HINT",
@@ -192,13 +192,13 @@ def _loops() -> tuple[LoopInfo, ...]:
 
 def _entry_points() -> dict[str, importlib.metadata.EntryPoint]:
     """The backends' entry points, as the registry found them."""
-    from ._registry import _discover
+    from .._registry import _discover
 
     return dict(_discover())
 
 
 def _backend(name: str, entry: importlib.metadata.EntryPoint | None) -> BackendInfo:
-    from ._registry import load_backend_class
+    from .._registry import load_backend_class
 
     target = entry.value if entry is not None else None
     distribution = None
@@ -239,7 +239,7 @@ def _kernel_check(cls: type) -> str | None:
 
 
 def _default_strategy_devices() -> tuple[tuple[str, ...] | None, str | None]:
-    from ._runtime._strategy import _default_devices
+    from .._runtime._strategy import _default_devices
 
     try:
         return tuple(_default_devices(None)), None
@@ -306,8 +306,8 @@ def diagnose() -> Diagnosis:
     Returns:
         The facts; failures are recorded in them as text, never raised.
     """
-    from . import _compiled
-    from ._registry import available_backends
+    from .. import _compiled
+    from .._registry import available_backends
 
     entries = _entry_points()
     backends = tuple(_backend(name, entries.get(name)) for name in available_backends())

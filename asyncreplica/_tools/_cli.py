@@ -3,11 +3,11 @@
 Subcommands:
 
 * ``demo``: data-parallel logistic regression on N CPU replicas, checked against a
-  single-replica run (see :mod:`asyncreplica._demo`); ``--bug NAME`` runs a step with one
+  single-replica run (see :mod:`asyncreplica._tools._demo`); ``--bug NAME`` runs a step with one
   class of bug and prints the error asyncreplica raises for it; ``--trace FILE`` writes a
   Chrome trace of the runs.
 * ``doctor``: the version, Python, event loops, backends (with their load errors and
-  default devices) and MPI support of this installation (see :mod:`asyncreplica._doctor`).
+  default devices) and MPI support of this installation (see :mod:`asyncreplica._tools._doctor`).
 * ``trace summarize FILE`` and ``trace plot FILE -o PNG``: read a trace written by
   ``strategy.trace()``, ``demo --trace`` or ``ASYNCREPLICA_TRACE``.
 * ``lint PATH...``: flag collectives under conditions that depend on the replica.
@@ -47,15 +47,15 @@ from asyncreplica._version import __version__
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from asyncreplica._demo import BugName, LoopName
+    from asyncreplica._tools._demo import BugName, LoopName
 
 __all__ = ["main"]
 
 PROG = "asyncreplica"
 _LOOP_PACKAGES = {"asyncio": None, "trio": "trio", "uvloop": "uvloop"}
-_BUGS = ("skip", "swap", "shape", "stall")  # asyncreplica._demo.BugName, without numpy
+_BUGS = ("skip", "swap", "shape", "stall")  # asyncreplica._tools._demo.BugName, without numpy
 _ARGUMENTS: list[str] = []  # the command line being run
-_BENCH_MODULE = "asyncreplica._bench"
+_BENCH_MODULE = "asyncreplica._tools._bench"
 
 EXIT_OK = 0
 EXIT_PROBLEM = 1
@@ -366,7 +366,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         load_backend_class(args.backend).check_available()
     except (ar.BackendNotFoundError, ar.BackendError) as exc:
         return _error("demo", f"--backend {args.backend}: {exc}")
-    from asyncreplica._demo import DemoConfig, run_demo
+    from asyncreplica._tools._demo import DemoConfig, run_demo
 
     config = DemoConfig(
         replicas=args.replicas,
@@ -410,7 +410,7 @@ def _relaunch_under_mpiexec(processes: int) -> int:
 
 def _run_doctor(args: argparse.Namespace) -> int:
     """Run ``asyncreplica doctor``: print the diagnosis; 1 when no backend can run."""
-    from asyncreplica._doctor import diagnose, render_text
+    from asyncreplica._tools._doctor import diagnose, render_text
 
     diagnosis = diagnose()
     if args.json:
@@ -494,7 +494,7 @@ def _run_lint(args: argparse.Namespace) -> int:
             return _error("lint", f"{path}: no such file or folder")
         if not os.access(path, os.R_OK):
             return _error("lint", f"{path}: permission denied")
-    from asyncreplica._lint import lint_paths
+    from asyncreplica._tools._lint import lint_paths
 
     try:
         findings = lint_paths(paths)
@@ -576,7 +576,7 @@ def _run_bench_mpi(argv: list[str]) -> int:
         )
     if not launched_by_mpiexec():
         if any(a in ("-h", "--help") for a in argv):
-            from asyncreplica._bench_mpi import main as bench_mpi
+            from asyncreplica._tools._bench_mpi import main as bench_mpi
 
             return bench_mpi(argv)
         processes = 2
@@ -592,10 +592,10 @@ def _run_bench_mpi(argv: list[str]) -> int:
         if status or mpiexec is None:
             return status
         # Then the fault latencies: one mpiexec job per kind of fault (one ends a process).
-        from asyncreplica._bench_mpi import faults_main
+        from asyncreplica._tools._bench_mpi import faults_main
 
         return faults_main(argv, mpiexec, processes)
-    from asyncreplica._bench_mpi import main as bench_mpi
+    from asyncreplica._tools._bench_mpi import main as bench_mpi
 
     return bench_mpi(argv)
 

@@ -39,7 +39,7 @@ def _measure_mpi(quick: bool, progress: Callable[[str], None]) -> dict[str, Any]
     returns its printed table and its JSON report; None, with a progress line saying
     why, when MPI is not available.
     """
-    from .._launch import find_mpiexec, launched_by_mpiexec
+    from ..._launch import find_mpiexec, launched_by_mpiexec
 
     mpiexec = find_mpiexec()
     if importlib.util.find_spec("mpi4py") is None or mpiexec is None:

@@ -76,7 +76,7 @@ def _measure_memory(plan: Plan, progress: Callable[[str], None]) -> list[Target]
     progress(f"memory: RSS of {idle:,} replicas waiting at a collective (fresh process)")
     # A fresh interpreter: this one's heap already holds the memory of earlier cases.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    code = f"from asyncreplica._bench._memory import _idle_rss; print(_idle_rss({idle}))"
+    code = f"from asyncreplica._tools._bench._memory import _idle_rss; print(_idle_rss({idle}))"
     found = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )

@@ -100,7 +100,7 @@ def _mpi_targets(report: dict[str, Any], rendezvous_us: float) -> list[Target]:
         rendezvous_us: A bare futures rendezvous of the MPI run's local replicas (8 B),
             measured in this process: the local part of the 8 B floor.
 
-    The report's ``faults`` rows (see :mod:`asyncreplica._bench_mpi_faults`) give one
+    The report's ``faults`` rows (see :mod:`asyncreplica._tools._bench_mpi_faults`) give one
     target per kind of fault: its latency across processes, at most 0.2 s.
     """
     out: list[Target] = []
