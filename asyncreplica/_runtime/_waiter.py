@@ -36,5 +36,9 @@ class Waiter(asyncio.Future):  # type: ignore[type-arg]
             slot = self._ar_slot
             replica = slot.fast_rids[slot.fast.index(self)]
             # Scheduled before the task's own wake-up (which super().cancel schedules).
-            self.get_loop().call_soon(slot.run._abandoned, replica, slot.key, slot)
+            # Whether the run had asked for it is decided now: by the time the callback
+            # runs, another replica cancelled in the same turn may have failed the run.
+            scope = slot.run._cancel_scope
+            outside = scope is None or not scope.cancel_called
+            self.get_loop().call_soon(slot.run._abandoned, replica, slot.key, slot, outside)
         return super().cancel(msg)
