@@ -940,14 +940,18 @@ class Run:
             self._account_for_every_replica()
         except BaseException as exc:
             self._ended = "was cancelled"
+            escaped = [e for e in _leaves(exc) if not _cancelled(e)]
             # The run itself was cancelled: replicas cancelled while waiting are not
-            # root causes.
+            # root causes, nor (by a cancellation alone) replicas cancelled meanwhile:
+            # a shutdown that cancels every task cancels the run and its replicas apart.
             self._errors[:] = [  # the list is shared with self._rv
-                (r, e) for r, e in self._errors if not any(e is a for a in self._abandonments)
+                (r, e)
+                for r, e in self._errors
+                if not any(e is a for a in self._abandonments)
+                and (escaped or not (isinstance(e, ReplicaCancelledError) and e.how == "cancelled"))
             ]
             self._abandonments.clear()
             self._left.clear()
-            escaped = [e for e in _leaves(exc) if not _cancelled(e)]
             # The run failed before (or while) a scope around it was cancelled: then the
             # failure is what the caller hears, as from a plain task group (the caller's
             # scope stays cancelled).

@@ -335,3 +335,27 @@ async def test_exception_that_refuses_a_note_is_reraised_as_itself(make: str) ->
     with pytest.raises(type(error)) as info:
         await strategy().run(step)
     assert info.value is error
+
+
+@pytest.mark.usefixtures("asyncio_only")
+@pytest.mark.parametrize("run_first", [True, False])
+async def test_shutdown_cancelling_the_run_and_its_replicas_cancels_the_run(
+    run_first: bool,
+) -> None:
+    # A shutdown that cancels every task cancels the run's task and its replicas' apart:
+    # the run is cancelled; its replicas' cancellations are not failures of it (the fix
+    # of a failure under a cancelled scope must not turn them into ReplicaCancelledError).
+    async def step() -> object:
+        if _rid() == 0:
+            await anyio.sleep_forever()
+        return await _ctx().all_reduce("SUM", 1.0)
+
+    run = asyncio.ensure_future(strategy().run(step))
+    for _ in range(3):
+        await asyncio.sleep(0)  # replica 1 parks, replica 0 sleeps
+    replicas = [t for t in asyncio.all_tasks() if t.get_name().startswith("asyncreplica replica")]
+    assert len(replicas) == 2
+    for task in [run, *replicas] if run_first else [*replicas, run]:
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
