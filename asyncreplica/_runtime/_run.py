@@ -354,6 +354,17 @@ class Run:
                 if self._cancel_scope is not None:
                     self._cancel_scope.cancel()
 
+    def _replica_awaiting(self, waiter: object) -> int | None:
+        """The replica whose task awaits ``waiter`` (a completed fast-path waiter), if any.
+
+        Only asked when such a task is cancelled (rare): it looks at the run's tasks.
+        """
+        for replica in range(self.num_replicas):
+            for task in self.watch.tasks(replica):
+                if getattr(task, "_fut_waiter", None) is waiter:
+                    return replica
+        return None
+
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
         if self._errors or (self.closed and self._ended != "ended"):
@@ -757,12 +768,25 @@ class Run:
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
-            self._check_deadlock(replica, current=task)  # this task is ending
+            if not self.failed:  # once failed, the run is being torn down: no deadlock
+                self._check_deadlock(replica, current=task)  # this task is ending
         except CollectiveError as exc:
             # Once the run has failed, later replicas that finish see the same stuck
             # collective: the root cause is already recorded.
             if not self.failed:
                 self._fail(replica, exc)
+        except Exception as exc:
+            # asyncreplica's own bookkeeping broke after the replica returned: never the
+            # user's error (it would get a note blaming the replicas).
+            self._fail(
+                replica,
+                self._internal_error(
+                    f"Bookkeeping failed after replica "
+                    f"{replica + self.strategy._replica_offset} returned: {_describe(exc)}",
+                    exc,
+                    replica,
+                ),
+            )
 
     def _ended_with(self, replica: int, error: BaseException, called: bool = True) -> bool:
         """``replica``'s task is ending with ``error``: drive its lifecycle, record the cause.

@@ -359,3 +359,51 @@ async def test_shutdown_cancelling_the_run_and_its_replicas_cancels_the_run(
         task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_replica_task_cancelled_after_its_collective_completed_fails_the_run() -> None:
+    # Before: replica 1, parked on the fast path, resumed with CancelledError after the
+    # collective completed; it caught it and the run returned {0: 3.0, 1: "cancelled"}.
+    tasks: dict[int, asyncio.Task[Any]] = {}
+
+    async def step() -> object:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        task = asyncio.current_task()
+        assert task is not None
+        tasks[rid] = task
+        if rid == 0:
+            await asyncio.sleep(0)  # replica 1 parks
+        try:
+            x = float(await ctx.all_reduce("SUM", 1.0 + rid))
+        except asyncio.CancelledError:
+            return "cancelled"
+        if rid == 0:
+            tasks[1].cancel()  # completed, but replica 1 has not resumed yet
+        return x
+
+    with pytest.raises(ar.CollectiveError) as info:
+        await strategy().run(step)
+    assert str(info.value).startswith(
+        "Replica 1 was cancelled while waiting at its 1st collective (position 0), after "
+        "that collective had completed"
+    )
+
+
+async def test_replica_returning_after_the_run_failed_is_not_a_second_failure() -> None:
+    # Before: replica 1 caught its cancellation and returned after a mismatch; the
+    # deadlock check at its end crashed (IndexError in the ledger), and that library
+    # error came out with a note blaming the replicas, in a group with the mismatch.
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            await anyio.lowlevel.checkpoint()  # replica 1 parks
+            return await ctx.all_reduce("SUM", 1.0)
+        try:
+            return await ctx.all_reduce("SUM", 1.0)  # another call site: a mismatch
+        except anyio.get_cancelled_exc_class():
+            return "gave up"
+
+    with pytest.raises(ar.CollectiveMismatchError):
+        await strategy().run(step)
