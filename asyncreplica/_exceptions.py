@@ -253,8 +253,9 @@ class ReplicaCancelledError(CollectiveError):
     Attributes:
         replica_id: The replica whose task ended.
         how: ``"cancelled"`` (a cancellation) or ``"closed"`` (``GeneratorExit``).
-        where: Where it ended, ``file:line in function()``, or None when its task was
-            cancelled before it ran any of the replica's code.
+        where: Where it ended, ``file:line in function()``, or None when no line of the
+            replica's code was running: its task was cancelled before it started, or
+            while it awaited the awaitable that its (plain) step function returned.
     """
 
     code: ClassVar[str] = CODES["ReplicaCancelledError"]
@@ -268,12 +269,15 @@ class ReplicaCancelledError(CollectiveError):
         num_replicas: int,
         strategy: str,
         report: Report | None = None,
+        called: bool = False,
     ) -> None:
         self.replica_id = replica_id
         self.how = how
         self.where = where
         super().__init__(
-            _report.replica_cancelled_message(replica_id, how, where, num_replicas, strategy),
+            _report.replica_cancelled_message(
+                replica_id, how, where, num_replicas, strategy, called
+            ),
             report=report,
         )
 

@@ -136,10 +136,12 @@ class _Round:
 class _Replica:
     """One replica's bookkeeping."""
 
-    __slots__ = ("inflight", "names", "ring", "seq", "state", "unnamed")
+    __slots__ = ("inflight", "left", "names", "ring", "seq", "state", "unnamed")
 
     def __init__(self) -> None:
         self.state = ReplicaState.RUNNING
+        # The collective it was cancelled at (it left it unfinished), for its report row.
+        self.left: tuple[Key, Signature] | None = None
         self.unnamed = 0  # unnamed collectives issued
         self.names: dict[str, int] = {}  # named collectives issued, per name
         self.seq = 0  # collectives issued in all
@@ -394,25 +396,91 @@ class Ledger:
         rep = self._replicas[replica]
         if round_ is None or replica not in round_.signatures:
             return None
-        if rep.inflight.pop(key, None) is not None and not rep.inflight:
-            self._settled -= 1
-            if rep.state is ReplicaState.WAITING:
-                rep.state = ReplicaState.RUNNING
-        others = sorted(r + self._offset for r in round_.signatures if r != replica)
-        where = _report.key_text(key)
-        waiting = (
-            f"{_report.format_replicas(others)} wait there"
-            if others
-            else "no other replica has arrived yet"
-        )
+        signature = rep.inflight.pop(key, None)
+        if signature is not None:
+            rep.left = (key, signature)
+            if not rep.inflight:
+                self._settled -= 1
+                if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
+                    rep.state = ReplicaState.CANCELLED
+        return self.abandoned_error(replica, key, None)
+
+    def cancelled_after(self, replica: int, key: Key) -> CollectiveError:
+        """The error for ``replica`` cancelled at ``key`` after that collective completed.
+
+        Its value went into its peers' results, but the cancellation reached it before it
+        took its own result: its peers and it would go on with values that disagree. The
+        run fails as when the cancellation lands before the collective completes.
+        """
+        rep = self._replicas[replica]
+        if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
+            rep.state = ReplicaState.CANCELLED
         return CollectiveError(
-            f"Replica {replica + self._offset} was cancelled while waiting at its {where}; "
-            f"{waiting} and could never complete it.\n\n"
+            f"Replica {replica + self._offset} was cancelled while waiting at its "
+            f"{_report.key_text(key)}, after that collective had completed: its peers "
+            "received results computed with its value, and it never took its own, so the "
+            "replicas would go on with values that disagree.\n\n"
             "A collective cannot be abandoned half-way: every replica must complete it. "
             "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
             "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"
             + _report.see_also("CollectiveError"),
             report=self.report(),
+        )
+
+    def _left_at(self, replica: int, key: Key) -> bool:
+        """Whether ``replica`` was cancelled while waiting at ``key`` (see :meth:`abandon`)."""
+        rep = self._replicas[replica]
+        left = rep.left
+        return rep.state is ReplicaState.CANCELLED and left is not None and left[0] == key
+
+    def abandoned_error(self, replica: int, key: Key, taken: Report | None) -> CollectiveError:
+        """The error for ``replica`` cancelled while waiting at ``key`` (see :meth:`abandon`).
+
+        Args:
+            replica: The replica that was cancelled there.
+            key: The collective.
+            taken: The report taken when the run failed (its rows are kept, except those
+                of replicas waiting at ``key`` then and cancelled since), or None: now.
+        """
+        round_ = self._rounds.get(key)
+        participants = [] if round_ is None else list(round_.signatures)
+        waiting = []
+        cancelled = []
+        for r in participants:
+            if r == replica:
+                continue
+            if self._left_at(r, key):
+                cancelled.append(r + self._offset)
+            elif key in self._replicas[r].inflight:
+                waiting.append(r + self._offset)
+        parts = []
+        if cancelled:
+            verb = "was" if len(cancelled) == 1 else "were"
+            parts.append(f"{_report.format_replicas(cancelled)} {verb} cancelled there too")
+        if waiting:
+            verb = "waits" if len(waiting) == 1 else "wait"
+            parts.append(f"{_report.format_replicas(waiting)} {verb} there")
+        if not parts:
+            parts.append("no other replica has arrived yet")
+        now = self.report()
+        if taken is None:
+            report = now
+        else:
+            index = key_index(key)
+            rows = []
+            for r, (old, new) in enumerate(zip(taken.rows, now.rows, strict=True)):
+                moved = old.state is ReplicaState.WAITING and old.position == index
+                rows.append(new if moved and self._left_at(r, key) else old)
+            report = Report(tuple(rows))
+        where = _report.key_text(key)
+        return CollectiveError(
+            f"Replica {replica + self._offset} was cancelled while waiting at its {where}; "
+            f"{' and '.join(parts)}: the collective can never complete.\n\n"
+            "A collective cannot be abandoned half-way: every replica must complete it. "
+            "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
+            "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"
+            + _report.see_also("CollectiveError"),
+            report=report,
         )
 
     def fail(self, replica: int) -> None:
@@ -535,9 +603,13 @@ class Ledger:
         for rid, rep in enumerate(self._replicas):
             history = rep.history
             signature: Signature | None
+            left = rep.left
             if rep.inflight:
                 key, signature = next(iter(rep.inflight.items()))
                 position = key_index(key)
+            elif left is not None and rep.state is ReplicaState.CANCELLED:
+                position = key_index(left[0])  # where it was cancelled
+                signature = left[1]
             else:
                 position = rep.seq
                 signature = rep.last()

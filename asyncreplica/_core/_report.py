@@ -792,7 +792,12 @@ def in_flight_message(replica: int, new: Signature, pending: Signature, where: s
 
 
 def replica_cancelled_message(
-    replica: int, how: str, where: str | None, num_replicas: int, strategy: str
+    replica: int,
+    how: str,
+    where: str | None,
+    num_replicas: int,
+    strategy: str,
+    called: bool = False,
 ) -> str:
     """The error for a replica whose task was cancelled (or closed) by something not its run.
 
@@ -803,6 +808,8 @@ def replica_cancelled_message(
             cancelled before it ran any of the replica's code.
         num_replicas: The number of replicas in sync.
         strategy: The strategy's class name.
+        called: Whether its step function was called (with ``where`` None: it returned
+            an awaitable, and awaiting that ended the replica).
 
     Returns:
         The full message.
@@ -822,7 +829,12 @@ def replica_cancelled_message(
             "or a merge_fn raised CancelledError. A replica cancelled on its own gives no "
             "result, so the run cannot return one."
         )
-    place = f" at {where}" if where else " before it ran any of its step function"
+    if where:
+        place = f" at {where}"
+    elif called:
+        place = " while it awaited what its step function returned (no line of it was running)"
+    else:
+        place = " before it ran any of its step function"
     return "\n".join(
         [
             f"{fact}{place}.",

@@ -39,7 +39,7 @@ from .._core._lifecycle import Event
 from .._exceptions import AsyncReplicaError
 from ._tasks import _internal, _short
 
-__all__ = ["event_of", "raised_by_library", "requested", "where_ended"]
+__all__ = ["cancellation", "event_of", "raised_by_library", "requested", "where_ended"]
 
 # Instructions that mean "this frame raises on purpose" (a raise statement, a re-raise).
 _RAISES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS", "RERAISE") if name in dis.opmap)
@@ -118,7 +118,8 @@ def requested() -> bool:
     return deadline == -math.inf or deadline <= anyio.current_time()
 
 
-def _cancellation(error: BaseException) -> bool:
+def cancellation(error: BaseException) -> bool:
+    """Whether ``error`` is a cancellation: asyncio's on any loop, or the loop's own."""
     return isinstance(error, (asyncio.CancelledError, anyio.get_cancelled_exc_class()))
 
 
@@ -127,7 +128,7 @@ def event_of(error: BaseException) -> Event:
 
     Call it in that task, where the error left the step function (see :func:`requested`).
     """
-    if _cancellation(error):
+    if cancellation(error):
         return Event.CANCEL if requested() else Event.CANCEL_OUTSIDE
     if isinstance(error, GeneratorExit):
         return Event.CLOSE

@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 import types
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -110,9 +110,9 @@ def _cancelled(error: BaseException) -> bool:
     return isinstance(error, anyio.get_cancelled_exc_class())
 
 
-def _not_cancelled(error: BaseException) -> bool:
-    """``split`` condition: the failures of a group, without its cancellations."""
-    return not isinstance(error, BaseExceptionGroup) and not _cancelled(error)
+def _not_a_cancellation(error: BaseException) -> bool:
+    """``split`` condition: a replica's failures, without any cancellation of any loop."""
+    return not isinstance(error, BaseExceptionGroup) and not _ending.cancellation(error)
 
 
 def _leaves(error: BaseException) -> Iterator[BaseException]:
@@ -122,6 +122,32 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
             yield from _leaves(inner)
     else:
         yield error
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: first line of its message`` for ``error``; never raises.
+
+    A user's exception may have a ``__str__`` that raises: the run's own messages must
+    still be built, and the user's exception still re-raised.
+    """
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:
+        return f"{name} (its message could not be read: its __str__ raised)"
+    first = text.splitlines()[0] if text else ""
+    return f"{name}: {first}" if first else name
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """Add ``note`` to ``error`` if it accepts one (a user's exception may refuse)."""
+    with contextlib.suppress(Exception):
+        error.add_note(note)
+
+
+def _given(coroutine: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
+    """``start_soon``'s function for a coroutine created beforehand."""
+    return coroutine
 
 
 def _spawned_in_replica(task: object) -> Run | None:
@@ -235,12 +261,15 @@ class Run:
         # Errors of replicas cancelled while waiting: root causes unless the run itself
         # was cancelled (then they are its consequences).
         self._abandonments: list[CollectiveError] = []
+        self._left: list[tuple[int, Key]] = []  # their replicas and collectives
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
         # Errors that already carry a note saying where they came from.
         self._noted: set[int] = set()
         # Errors raised because the run had already failed (ids): never root causes.
         self._consequences: set[int] = set()
+        # Each replica's coroutine (see execute).
+        self._mains: list[Coroutine[Any, Any, None]] = []
 
     @property
     def failed(self) -> bool:
@@ -249,7 +278,7 @@ class Run:
 
     def note(self, error: BaseException, note: str) -> None:
         """Attach ``note`` to ``error`` instead of the usual "raised in replica k" note."""
-        error.add_note(note)
+        _add_note(error, note)
         self._noted.add(id(error))
 
     def _recorded(self, error: BaseException) -> bool:
@@ -303,27 +332,55 @@ class Run:
         """
         return self._collective(call)
 
-    def _abandoned(self, replica: int, key: Key, slot: Slot) -> None:
+    def _abandoned(self, replica: int, key: Key, slot: Slot, outside: bool = False) -> None:
         """A waiter was cancelled: its replica left the collective at ``key``.
 
         Unless the whole run is being cancelled (then the run ends with that
         cancellation, see :meth:`execute`), this is the root cause: the others would
         wait for ever. The run fails at once; the tracer hears of it when the run ends.
+
+        ``outside``: the cancellation is known to have been asked for before the run's
+        own (asyncio's waiter tells): when another replica's abandonment failed the run
+        meanwhile, this replica is still shown cancelled at ``key`` in that error.
         """
         self._rv.gen += 1
         scope = self._cancel_scope
         if scope is not None and scope.cancel_called:
+            if outside and not slot.done:
+                self.ledger.abandon(replica, key)  # the first abandonment is the error
             # The run's own scope cancelled it: a consequence. (With no root cause recorded
             # the scope was cancelled for a task that ended cancelled before it ran, which
             # the run's end tells as that replica's: see _account_for_every_replica.)
             return
-        if not self._errors and not slot.done:
-            error = self.ledger.abandon(replica, key)
+        if not self._errors and slot.error is None:
+            # After the collective completed (its peers have their results, computed
+            # with this replica's value) the cancellation fails the run all the same:
+            # it never took its result, and would go on with a value its peers lack.
+            error = (
+                self.ledger.cancelled_after(replica, key)
+                if slot.done
+                else self.ledger.abandon(replica, key)
+            )
             if error is not None:
                 self._errors.append((replica, error))
                 self._abandonments.append(error)
+                if not slot.done:
+                    self._left.append((replica, key))
+                else:
+                    self._left.append((-1, key))  # told as it is
                 if self._cancel_scope is not None:
                     self._cancel_scope.cancel()
+
+    def _replica_awaiting(self, waiter: object) -> int | None:
+        """The replica whose task awaits ``waiter`` (a completed fast-path waiter), if any.
+
+        Only asked when such a task is cancelled (rare): it looks at the run's tasks.
+        """
+        for replica in range(self.num_replicas):
+            for task in self.watch.tasks(replica):
+                if getattr(task, "_fut_waiter", None) is waiter:
+                    return replica
+        return None
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
@@ -348,7 +405,7 @@ class Run:
         if complete:
             result = await self._dispatch(call, key, slot)
             if self.shuffle is not None:
-                await self._jitter()
+                await self._jitter_after(replica, key, slot)
             return result
         else:
             task = self._current_task()
@@ -376,8 +433,19 @@ class Run:
             if tracer is not None:
                 tracer.resume(replica, key)
         if self.shuffle is not None:
-            await self._jitter()
+            await self._jitter_after(replica, key, slot)
         return _result(call, slot.results[replica])
+
+    async def _jitter_after(self, replica: int, key: Key, slot: Slot) -> None:
+        """:meth:`_jitter` after a collective completed, before its result is returned.
+
+        A cancellation there leaves the collective as one at the wait does.
+        """
+        try:
+            await self._jitter()
+        except anyio.get_cancelled_exc_class():
+            self._abandoned(replica, key, slot)
+            raise
 
     async def _dispatch(self, call: Collective, key: Key, slot: Slot) -> Any:
         """The last arrival at ``key``: run the collective, wake the others.
@@ -755,15 +823,17 @@ class Run:
         MODE.set(mode)
         task = self._current_task()
         self.watch.started(replica, task)
+        called = False
         try:
             if self.shuffle is not None:
                 await self._jitter()
+            called = True
             result = fn(*args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
             self._check_awaited(replica)
         except BaseException as exc:
-            if self._ended_with(replica, exc):
+            if self._ended_with(replica, exc, called):
                 raise
             return
         finally:
@@ -773,14 +843,27 @@ class Run:
         self._results[replica] = result
         try:
             self.ledger.finish(replica)
-            self._check_deadlock(replica, current=task)  # this task is ending
+            if not self.failed:  # once failed, the run is being torn down: no deadlock
+                self._check_deadlock(replica, current=task)  # this task is ending
         except CollectiveError as exc:
             # Once the run has failed, later replicas that finish see the same stuck
             # collective: the root cause is already recorded.
             if not self.failed:
                 self._fail(replica, exc)
+        except Exception as exc:
+            # asyncreplica's own bookkeeping broke after the replica returned: never the
+            # user's error (it would get a note blaming the replicas).
+            self._fail(
+                replica,
+                self._internal_error(
+                    f"Bookkeeping failed after replica "
+                    f"{replica + self.strategy._replica_offset} returned: {_describe(exc)}",
+                    exc,
+                    replica,
+                ),
+            )
 
-    def _ended_with(self, replica: int, error: BaseException) -> bool:
+    def _ended_with(self, replica: int, error: BaseException, called: bool = True) -> bool:
         """``replica``'s task is ending with ``error``: drive its lifecycle, record the cause.
 
         Called in that task (see :func:`._ending.event_of`). Every way a replica can end
@@ -788,13 +871,19 @@ class Run:
         is the run's root cause (recorded, the run fails with it) or the consequence of
         a run that already failed or was cancelled.
 
+        Args:
+            replica: The replica.
+            error: What ended its task.
+            called: Whether its step function had been called.
+
         Returns:
             Whether the task must re-raise ``error`` (a cancellation the run asked for).
         """
         if isinstance(error, BaseExceptionGroup) and not isinstance(error, Exception):
             # A replica's own task group mixes a failure with its children's
-            # cancellations (trio): the failure is what counts.
-            failures, _ = error.split(_not_cancelled)
+            # cancellations (trio): the failure is what counts. The same on every loop:
+            # asyncio's CancelledError is a cancellation on trio too (see _ending).
+            failures, _ = error.split(_not_a_cancellation)
             if failures is None:
                 event = Event.CANCEL if _ending.requested() else Event.CANCEL_OUTSIDE
             else:
@@ -812,13 +901,12 @@ class Run:
             self.ledger.fail(replica)
         if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
             cause: BaseException = self._replica_cancelled(
-                replica, "closed" if state is State.CLOSED else "cancelled", error
+                replica, "closed" if state is State.CLOSED else "cancelled", error, called
             )
         elif state is State.BROKEN:
             cause = self._internal_error(
                 f"An exception escaped asyncreplica's own code in the task of replica "
-                f"{replica + self.strategy._replica_offset}: "
-                f"{type(error).__name__}: {error}",
+                f"{replica + self.strategy._replica_offset}: {_describe(error)}",
                 error,
                 replica,
             )
@@ -830,9 +918,13 @@ class Run:
         return False
 
     def _replica_cancelled(
-        self, replica: int, how: str, error: BaseException | None
+        self, replica: int, how: str, error: BaseException | None, called: bool = False
     ) -> ReplicaCancelledError:
-        """The run's error for a replica cancelled from outside it (or closed)."""
+        """The run's error for a replica cancelled from outside it (or closed).
+
+        ``called``: whether its step function was called (it may have returned an
+        awaitable, whose cancellation ended the replica with no line of it running).
+        """
         cancelled = ReplicaCancelledError(
             replica + self.strategy._replica_offset,
             how,
@@ -840,6 +932,7 @@ class Run:
             num_replicas=self.strategy.num_replicas_in_sync,
             strategy=type(self.strategy).__name__,
             report=self.ledger.report(),
+            called=called,
         )
         cancelled.__cause__ = error
         return cancelled
@@ -940,34 +1033,54 @@ class Run:
                     if self.shuffle is not None:
                         self.shuffle.shuffle(order)
                     for i in order:
-                        tg.start_soon(
-                            self._replica_main,
-                            i,
-                            modes[i],
-                            fn,
-                            args[i],
-                            kwargs[i],
-                            name=f"asyncreplica replica {i}",
-                        )
+                        # Created here, not by the task group: a task cancelled before
+                        # its first step never runs it, and the run's end closes it.
+                        main = self._replica_main(i, modes[i], fn, args[i], kwargs[i])
+                        self._mains.append(main)
+                        tg.start_soon(_given, main, name=f"asyncreplica replica {i}")
                 outer.cancel_scope.cancel()
             self._account_for_every_replica()
         except BaseException as exc:
             self._ended = "was cancelled"
+            escaped = [e for e in _leaves(exc) if not _cancelled(e)]
             # The run itself was cancelled: replicas cancelled while waiting are not
-            # root causes.
+            # root causes, nor (by a cancellation alone) replicas cancelled meanwhile:
+            # a shutdown that cancels every task cancels the run and its replicas apart.
             self._errors[:] = [  # the list is shared with self._rv
-                (r, e) for r, e in self._errors if not any(e is a for a in self._abandonments)
+                (r, e)
+                for r, e in self._errors
+                if not any(e is a for a in self._abandonments)
+                and (escaped or not (isinstance(e, ReplicaCancelledError) and e.how == "cancelled"))
             ]
             self._abandonments.clear()
-            escaped = [e for e in _leaves(exc) if not _cancelled(e)]
-            if not escaped:
+            self._left.clear()
+            # The run failed before (or while) a scope around it was cancelled: then the
+            # failure is what the caller hears, as from a plain task group (the caller's
+            # scope stays cancelled).
+            if not escaped and not self._errors:
                 cancelled = True  # from outside: a scope around Strategy.run
                 raise
             # Not a replica's: a KeyboardInterrupt that trio delivered to this task.
             for error in escaped:
                 self._fail(-1, error)
         finally:
+            await self._tear_down(loop, cancelled)
+        if self._errors:
+            raise self._root_cause()
+        return self._results
+
+    async def _tear_down(self, loop: asyncio.AbstractEventLoop | None, cancelled: bool) -> None:
+        """The run's end, whatever ended it: every step runs even if one before it raised.
+
+        Pending collectives are aborted and helper tasks told (:meth:`_close_leftovers`),
+        the tracer hears the end, and the task factory (or trio instrument) is removed.
+        """
+        try:
             self.closed = True
+            for main in self._mains:
+                if inspect.getcoroutinestate(main) == inspect.CORO_CREATED:
+                    main.close()  # its task was cancelled before it started
+            self._mains.clear()
             if self._errors:
                 self._ended = "failed"
             leftovers = self._close_leftovers()
@@ -980,17 +1093,34 @@ class Run:
                         if all(task.done() for task in leftovers):
                             break
                         await anyio.lowlevel.checkpoint()
-            if self.tracer is not None:
-                for error in self._abandonments:
-                    self.tracer.failed(error, error.report)
-                self.tracer.run_end(cancelled=cancelled)
-            if loop is not None:
-                _tasks.uninstall_factory(loop)
-            else:
-                _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
-        if self._errors:
-            raise self._root_cause()
-        return self._results
+        finally:
+            try:
+                self._retell_abandonments()
+                if self.tracer is not None:
+                    for error in self._abandonments:
+                        self.tracer.failed(error, error.report)
+                    self.tracer.run_end(cancelled=cancelled)
+            finally:
+                if loop is not None:
+                    _tasks.uninstall_factory(loop)
+                else:
+                    _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
+
+    def _retell_abandonments(self) -> None:
+        """Rebuild the errors of replicas cancelled while waiting, now that the run is over.
+
+        Replicas cancelled in the same loop turn hear of it one after the other: when the
+        first one's error was built, the others were still waiting. Now their rows and
+        the message say they were cancelled too.
+        """
+        for i, (replica, key) in enumerate(self._left):
+            if replica < 0:
+                continue
+            old = self._abandonments[i]
+            new = self.ledger.abandoned_error(replica, key, old.report)
+            new.__cause__ = old.__cause__
+            self._abandonments[i] = new
+            self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
 
     def _close_leftovers(self) -> list[asyncio.Task[Any]]:
         """The run is over: no collective still pending can complete; tasks are told.
@@ -1045,9 +1175,7 @@ class Run:
         """
         cause = None
         if self._errors:
-            error = sorted(self._errors, key=lambda item: item[0])[0][1]
-            first = str(error).splitlines()[0] if str(error) else ""
-            cause = f"{type(error).__name__}: {first}" if first else type(error).__name__
+            cause = _describe(sorted(self._errors, key=lambda item: item[0])[0][1])
         return CollectiveError(
             ended_message(
                 key_text(key) if key is not None else None,
@@ -1067,14 +1195,16 @@ class Run:
             if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
                 continue  # they name their replicas themselves (an InternalError, none)
             if replica < 0:
-                error.add_note(
+                _add_note(
+                    error,
                     f"(raised while {name} waited for its {self.num_replicas} replicas, "
-                    "which were cancelled)"
+                    "which were cancelled)",
                 )
             else:
-                error.add_note(
+                _add_note(
+                    error,
                     f"(raised in replica {replica + self.strategy._replica_offset} of "
-                    f"{self.strategy.num_replicas_in_sync} in {name})"
+                    f"{self.strategy.num_replicas_in_sync} in {name})",
                 )
         if len(errors) == 1:
             return errors[0][1]

@@ -31,10 +31,24 @@ class Waiter(asyncio.Future):  # type: ignore[type-arg]
     _ar_slot: Any  # the ``_collective.Slot`` it waits at
 
     def cancel(self, msg: Any = None) -> bool:
-        """Cancel the wait; the run hears of it before the replica's task resumes."""
+        """Cancel the wait; the run hears of it before the replica's task resumes.
+
+        A waiter that already has its result cannot be cancelled, but its task is: it
+        resumes with ``CancelledError`` instead of the result. The run hears of that too
+        (a replica cancelled after its collective completed, see ``Run._abandoned``).
+        """
+        slot = self._ar_slot
+        run = slot.run
+        # Whether the run had asked for it is decided now: by the time the callback
+        # runs, another replica cancelled in the same turn may have failed the run.
+        scope = run._cancel_scope
+        outside = scope is None or not scope.cancel_called
         if not self.done():
-            slot = self._ar_slot
             replica = slot.fast_rids[slot.fast.index(self)]
             # Scheduled before the task's own wake-up (which super().cancel schedules).
-            self.get_loop().call_soon(slot.run._abandoned, replica, slot.key, slot)
+            self.get_loop().call_soon(run._abandoned, replica, slot.key, slot, outside)
+        elif outside and not self.cancelled() and self.exception() is None:
+            late = run._replica_awaiting(self)
+            if late is not None:
+                self.get_loop().call_soon(run._abandoned, late, slot.key, slot, outside)
         return super().cancel(msg)
