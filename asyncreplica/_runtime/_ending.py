@@ -67,6 +67,12 @@ _AWAITS = frozenset(
 _DELIBERATE = (AsyncReplicaError, TypeError, ValueError, NotImplementedError, RuntimeError)
 
 
+# The machine running out of something (memory, file handles, disk) while the library
+# works on the user's values: the user's values asked for it, never a bug of ours (an
+# all_reduce of a 32 TiB broadcast view raised numpy's MemoryError in the backend).
+_EXHAUSTION = (MemoryError, OSError)
+
+
 def _own(frame: FrameType) -> bool:
     """Whether ``frame`` runs asyncreplica's own code (by its module, never by a path)."""
     name = frame.f_globals.get("__name__")
@@ -88,7 +94,7 @@ def raised_by_library(error: BaseException) -> bool:
     See the module docstring for the rule. ``AsyncReplicaError`` (raised on purpose) and
     exception groups (the user's task groups) are never bugs here.
     """
-    if isinstance(error, (AsyncReplicaError, BaseExceptionGroup)):
+    if isinstance(error, (AsyncReplicaError, BaseExceptionGroup, *_EXHAUSTION)):
         return False
     tb = _innermost(error.__traceback__)
     if tb is None or not _own(tb.tb_frame):

@@ -349,6 +349,10 @@ def _raise_from(module: str, source: str, file: str = "x.py") -> BaseException:
         ("user_code", "x = None; x()", False),  # the user's own line
         ("user_code", "assert False", False),
         ("asyncreplicaish._x", "x = None; x()", False),  # not ours by a name's prefix alone
+        # The machine ran out of something for the user's values: not a bug of ours
+        # (an all_reduce of a 32 TiB broadcast view raised numpy's MemoryError).
+        ("asyncreplica_numpy._x", "bytearray(1 << 62)", False),
+        ("asyncreplica_numpy._x", "open('/nonexistent/dir/file')", False),
     ],
 )
 def test_raised_by_library(module: str, source: str, bug: bool) -> None:
