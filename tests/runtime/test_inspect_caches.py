@@ -107,6 +107,10 @@ def test_a_collective_whose_caller_has_no_python_frame_is_warned_about(
     _inspect._warned_unchecked[0] = False  # a list item: compiled code reads the same list
     exec("async def _test_driver(make):\n    return await make()\n", _run.__dict__)
     monkeypatch.setitem(_run.__dict__, "_test_driver", _run.__dict__["_test_driver"])
+    # A replica's driver (as _run.Run._replica_main is): the walk stops there. Any other
+    # runtime coroutine is passed through to the user's frames that called it.
+    driver = _run.__dict__["_test_driver"].__code__
+    _inspect.register_driver(driver)
     strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
     paths: list[Any] = []
 
@@ -131,6 +135,7 @@ def test_a_collective_whose_caller_has_no_python_frame_is_warned_about(
             asyncio.run(strategy.run(step))
     finally:
         _inspect._warned_unchecked[0] = True
+        _inspect._DRIVERS.discard(id(driver))
     assert paths
     assert all(path is not _inspect.UNCHECKED for path in paths)
     messages = [str(w.message) for w in caught if issue_is_ours(w)]
@@ -150,6 +155,8 @@ def test_an_unchecked_path_is_marked_on_the_signature() -> None:
     from asyncreplica._runtime import _run
 
     exec("async def _test_driver2(make):\n    return make()\n", _run.__dict__)
+    driver = _run.__dict__["_test_driver2"].__code__
+    _inspect.register_driver(driver)  # a replica's driver: the walk stops there
     try:
         strategy = ar.MirroredStrategy(["CPU:0"])
         seen: list[Any] = []
@@ -170,3 +177,4 @@ def test_an_unchecked_path_is_marked_on_the_signature() -> None:
         assert "code without Python frames" in str(seen[0][0])
     finally:
         del _run.__dict__["_test_driver2"]
+        _inspect._DRIVERS.discard(id(driver))
