@@ -48,6 +48,8 @@ from ._runtime._global_strategy import experimental_set_strategy as experimental
 from ._runtime._global_strategy import get_cross_replica_context as get_cross_replica_context
 from ._runtime._input import DistributedDataset as DistributedDataset
 from ._runtime._input import DistributedDatasetsFromFunction as DistributedDatasetsFromFunction
+from ._runtime._input import DistributedIterator as DistributedIterator
+from ._runtime._input import DistributedOptional as DistributedOptional
 from ._runtime._input import InputContext as InputContext
 from ._runtime._strategy import MirroredStrategy as MirroredStrategy
 from ._runtime._strategy import MultiWorkerMirroredStrategy as MultiWorkerMirroredStrategy
@@ -71,6 +73,8 @@ __all__ = [
     "CommunicationOptions",
     "DistributedDataset",
     "DistributedDatasetsFromFunction",
+    "DistributedIterator",
+    "DistributedOptional",
     "DistributedValues",
     "IndexedSlices",
     "InputContext",
