@@ -134,6 +134,7 @@ def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
         report=run.ledger.report(),
     )
     run._fail(replica, error)
+    _reported(task)
     return error
 
 
@@ -209,6 +210,7 @@ def foreign_await(
             "hand one replica another's result). Each replica issues and awaits its own."
         )
         run._fail(owner, error)
+        _reported(task)
         return error
     error = ReplicaContextError(
         f"A collective of replica {replica + offset} ({described}) was {used} "
@@ -223,10 +225,14 @@ def foreign_await(
         + "."
     )
     run._fail(replica, error)
-    if isinstance(task, asyncio.Task):
-        # The run reports the error; the task, which nobody may await now, does not.
-        task.add_done_callback(_retrieve_error)
+    _reported(task)
     return error
+
+
+def _reported(task: object) -> None:
+    """The run reports the error raised in ``task``: asyncio need not log it again."""
+    if isinstance(task, asyncio.Task):
+        task.add_done_callback(_retrieve_error)
 
 
 def _retrieve_error(task: asyncio.Task[Any]) -> None:
