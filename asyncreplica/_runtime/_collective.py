@@ -231,25 +231,17 @@ def rebuild(treedef: Any, result: Any) -> Any:
     return unflatten(treedef, result)
 
 
-class _Spent:
-    """What a collective awaited on the fast path leaves behind: it cannot run again."""
+class _Marker:
+    """What a collective's ``_coro`` holds when no coroutine of it can run (see below)."""
 
-    def __await__(self) -> Generator[Any, None, Any]:
-        raise RuntimeError("cannot reuse already awaited coroutine")
-
-    def send(self, value: Any) -> Any:
-        """Refuse: the collective ran."""
-        raise RuntimeError("cannot reuse already awaited coroutine")
-
-    def throw(self, *args: Any) -> Any:
-        """Refuse: the collective ran."""
-        raise RuntimeError("cannot reuse already awaited coroutine")
-
-    def close(self) -> None:
-        """Nothing to close: the arrival is made."""
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-_SPENT: Final[Any] = _Spent()
+# Awaited on the fast path (the arrival is made; the replica's task awaits a waiter).
+_SPENT: Final[Any] = _Marker("spent")
+# Closed before it started: it never runs.
+_CLOSED: Final[Any] = _Marker("closed")
 
 
 class Collective:
@@ -299,7 +291,11 @@ class Collective:
         self.extra = extra
         self.timeout = timeout
         self.treedef = treedef
+        # None until it starts; then the coroutine, or _SPENT / _CLOSED (see Collective).
         self._coro: Any = None
+        # The task that runs it as its own coroutine (asyncio.create_task(collective)),
+        # which alone may send into it; None when it is awaited (or not started).
+        self._driver: object = None
         self.awaited = False
         self._slot: Slot | None = None  # where it arrived (set at the arrival)
         # Only the replica's own tasks, on the run's thread, issue its collectives: the
@@ -347,9 +343,7 @@ class Collective:
         replica = self.replica
         task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
-            error = _ownership.foreign_await(rv, self, task)
-            if error is not None:
-                raise error
+            raise _ownership.foreign_await(rv, self, task)
         if rv.unawaited[replica] and self._signature[6] is None:
             error = _ownership.out_of_order(rv, self)
             if error is not None:
@@ -361,10 +355,9 @@ class Collective:
         return self._signature
 
     def _started(self) -> Any:
-        coro = self._coro
-        if coro is None:
-            self._unregister()
-            coro = self._coro = self._run.collective(self)
+        """Start the collective for an ``await`` by the running task (checked)."""
+        self._unregister()
+        coro = self._coro = self._run.collective(self)
         return coro
 
     def __await__(self) -> Generator[Any, None, Any]:
@@ -387,20 +380,81 @@ class Collective:
                     rv.unawaited[replica].pop(id(self), None)
                 self._coro = _SPENT
                 return rv.arrive_fast(self)
-        return self._started().__await__()  # type: ignore[no-any-return]
+            return self._started().__await__()  # type: ignore[no-any-return]
+        # Awaited (or run, or closed) already: a second consumer would drive the one
+        # coroutine from two places, or take another replica's result.
+        raise _ownership.reused(self._rv, self, "awaited", self._finished())
 
     def send(self, value: Any) -> Any:
-        """Run the collective to its next suspension (coroutine protocol)."""
-        return self._started().send(value)
+        """Run the collective to its next suspension (coroutine protocol).
+
+        Only the task that runs the collective as its own coroutine sends into it (as
+        ``asyncio.create_task(collective)`` or a task group does); anything else raises.
+        """
+        coro = self._coro
+        if coro is not None and self._driver is not None and self._rv.task() is self._driver:
+            return coro.send(value)
+        return self._drive("called send() on").send(value)
 
     def throw(self, *args: Any) -> Any:
-        """Raise an exception inside the collective (coroutine protocol)."""
-        return self._started().throw(*args)
+        """Raise an exception inside the collective (coroutine protocol), as :meth:`send`."""
+        coro = self._coro
+        if coro is not None and self._driver is not None and self._rv.task() is self._driver:
+            return coro.throw(*args)
+        return self._drive("called throw() on").throw(*args)
+
+    def _drive(self, use: str) -> Any:
+        """The coroutine for the first ``send``/``throw`` of the task that runs it.
+
+        Raises for anything else: another replica's task or a thread, the replica's own
+        code calling ``send`` by hand, or a collective already awaited, run or closed.
+        """
+        rv = self._rv
+        if self._coro is not None:
+            raise _ownership.reused(rv, self, use, self._finished())
+        replica = self.replica
+        task = rv.task()
+        if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+            raise _ownership.foreign_await(rv, self, task, use)
+        if not _ownership.runs_as(task, self):
+            raise _ownership.driven_by_hand(rv, self, use)
+        self._driver = task
+        return self._started()
 
     def close(self) -> None:
-        """Discard the collective without running it."""
-        if self._coro is not None:
-            self._coro.close()
+        """Discard the collective without running it (it is no longer pending).
+
+        Closing one that has completed does nothing; one in flight is not closed (cancel
+        the task that awaits it instead); another replica's is refused.
+        """
+        rv = self._rv
+        replica = self.replica
+        task = rv.task()
+        if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+            raise _ownership.foreign_await(rv, self, task, "closed")
+        coro = self._coro
+        if coro is None:
+            self._coro = _CLOSED
+            issued = rv.issued
+            if issued[replica] is self:
+                issued[replica] = None
+            else:
+                rv.unawaited[replica].pop(id(self), None)
+            name = self._signature[6]
+            if name is not None and rv.names[replica].get(name) is self:
+                del rv.names[replica][name]
+        elif coro is not _CLOSED and not self._finished():
+            raise _ownership.close_in_flight(rv, self)
+
+    def _finished(self) -> bool:
+        """Whether the collective ran to its end (or was closed): nothing of it runs."""
+        coro = self._coro
+        if coro is _CLOSED:
+            return True
+        if coro is _SPENT:
+            slot = self._slot
+            return slot is not None and slot.done
+        return coro is not None and getattr(coro, "cr_frame", None) is None
 
     def describe(self) -> str:
         """``all_reduce(SUM) on float32[4] at train.py:12``."""
@@ -512,7 +566,7 @@ class Collective:
         return id(self)
 
     def __repr__(self) -> str:
-        state = "awaited" if self.awaited else "not awaited"
+        state = "closed" if self._coro is _CLOSED else "awaited" if self.awaited else "not awaited"
         return f"<collective {self.describe()} ({state})>"
 
 

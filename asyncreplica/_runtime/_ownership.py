@@ -33,12 +33,20 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._report import see_also
 from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
-from ._mode import MODE
 
 if TYPE_CHECKING:
     from ._collective import Collective, Rendezvous
 
-__all__ = ["foreign_await", "foreign_issue", "name_in_flight", "out_of_order"]
+__all__ = [
+    "close_in_flight",
+    "driven_by_hand",
+    "foreign_await",
+    "foreign_issue",
+    "name_in_flight",
+    "out_of_order",
+    "reused",
+    "runs_as",
+]
 
 
 def _where(call: Collective) -> str:
@@ -126,6 +134,7 @@ def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
         report=run.ledger.report(),
     )
     run._fail(replica, error)
+    _reported(task)
     return error
 
 
@@ -147,53 +156,157 @@ def _factory_replaced(run: Any) -> bool:
     return _tasks.rechain_factory(loop)
 
 
-def foreign_await(rv: Rendezvous, call: Collective, task: object) -> BaseException | None:
-    """The error for awaiting ``call`` from code that is not its replica's task.
+def _loop_causes(rv: Rendezvous) -> str:
+    """How a task the run does not count as a replica's comes about, on the run's loop."""
+    if rv.loop is None:  # trio
+        return (
+            "started outside the replica's code, or by another replica's code in a copy of "
+            "this replica's context"
+        )
+    return (
+        "not started inside it, started by another replica's code in a copy of this "
+        "replica's context, or started in a way the run does not see: asyncio.Task(coro) "
+        "called directly, a loop.call_soon callback"
+    )
 
-    None when ``task`` was adopted (``check_call_sites=False``) and the await may go on.
+
+# What a use of a collective is called in "a collective ... was <used> by ...".
+_PASSIVE = {"called send() on": "sent into (send())", "called throw() on": "thrown into (throw())"}
+
+
+def foreign_await(
+    rv: Rendezvous, call: Collective, task: object, use: str = "awaited"
+) -> BaseException:
+    """The error for ``use`` of ``call`` (awaited, closed, ...) by code not of its replica.
+
+    Who created a task decides which replica it belongs to, never the context it runs
+    in: a task the run did not see created by one of the replica's own tasks (one made
+    with ``asyncio.Task(coro)``, in a loop callback, or by another replica's code under a
+    copy of this replica's context) is refused, since it may be any replica's code.
     """
     run: Any = rv.run
     offset = run.strategy._replica_offset
     replica = call.replica
     described = call.describe()
+    used = _PASSIVE.get(use, use)
     if threading.get_ident() != rv.thread:
-        return _thread_error("A collective was awaited", f"({described})", replica + offset)
+        return _thread_error(f"A collective was {used}", f"({described})", replica + offset)
+    if run.closed:
+        return ReplicaContextError(
+            f"A collective of replica {replica + offset} ({described}) was {used} after the "
+            f"{run.strategy.__class__.__name__}.run that issued it ended. A collective "
+            "belongs to the run (and the replica) that issues it: issue a new one in this "
+            "run."
+        )
     owner = _owner(rv, task)
     error: AsyncReplicaError
     if owner >= 0 and owner != replica:
         error = ReplicaContextError(
-            f"Replica {owner + offset} awaited a collective that replica {replica + offset} "
+            f"Replica {owner + offset} {use} a collective that replica {replica + offset} "
             f"issued: {described}.\n\n"
             "A collective belongs to the replica that issues it, and only that replica's "
             "tasks may await it (sharing collective objects between replicas, for example "
-            "through a dict, would make one replica arrive twice and the other never). Each "
-            "replica issues and awaits its own."
+            "through a dict, would make one replica arrive twice and the other never, or "
+            "hand one replica another's result). Each replica issues and awaits its own."
         )
         run._fail(owner, error)
+        _reported(task)
         return error
-    if owner < 0 and task is not None and _in_replica(run, replica):
-        # A task of this replica that the run did not see created awaits a collective
-        # the replica's own code issued (its call site is known): it is watched from now
-        # on, and may await; what it issues itself is refused (see foreign_issue).
-        if not run.watch.knows(task):
-            run.watch.adopt(replica, task, owned=False)
-            if isinstance(task, asyncio.Task):
-                task.add_done_callback(run.task_done)
-        return None
     error = ReplicaContextError(
-        f"A collective of replica {replica + offset} ({described}) was awaited "
+        f"A collective of replica {replica + offset} ({described}) was {used} "
         + (
             "outside any task"
             if task is None
-            else "by a task that is not one of the replica's (not started inside it, or "
-            "started in a way the run does not see: asyncio.Task(coro) called directly, a "
-            "loop.call_soon callback)"
+            else f"by a task that is not one of the replica's ({_loop_causes(rv)})"
         )
         + ". Await a collective in the replica that issued it, in its own coroutine or a "
-        "task it starts with asyncio.create_task or a task group."
+        "task it starts with "
+        + ("a task group or nursery" if rv.loop is None else "asyncio.create_task or a task group")
+        + "."
+    )
+    run._fail(replica, error)
+    _reported(task)
+    return error
+
+
+def _reported(task: object) -> None:
+    """The run reports the error raised in ``task``: asyncio need not log it again."""
+    if isinstance(task, asyncio.Task):
+        task.add_done_callback(_retrieve_error)
+
+
+def _retrieve_error(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def reused(rv: Rendezvous, call: Collective, use: str, finished: bool) -> BaseException:
+    """The error for ``use`` of ``call`` once it was awaited, run as a task, or closed.
+
+    Another replica's (or a thread's) use is :func:`foreign_await`'s error. The
+    replica's own second use of a collective in flight fails the run (its first awaiter
+    would otherwise be cancelled and blamed); one of a finished collective is its own
+    mistake, raised where it happens.
+    """
+    task = rv.task()
+    replica = call.replica
+    if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+        return foreign_await(rv, call, task, use)
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    described = call.describe()
+    from ._collective import _CLOSED
+
+    if call._coro is _CLOSED:
+        return CollectiveError(
+            f"Replica {replica + offset} {use} {described}, which it closed: a closed "
+            "collective never runs. Issue a new collective instead."
+        )
+    how = "is being awaited" if call._driver is None else "runs as a task"
+    if finished:
+        return CollectiveError(
+            f"Replica {replica + offset} {use} {described} again, after it completed: a "
+            "collective runs once. Keep its result (`result = await collective`) and use "
+            "that."
+        )
+    error = CollectiveError(
+        f"Replica {replica + offset} {use} {described} while it {how} elsewhere in the "
+        "replica: a collective has one awaiter. Await it in one place, and share its "
+        "result (or the task that awaits it) with the other code.\n" + see_also("CollectiveError"),
+        report=run.ledger.report(),
     )
     run._fail(replica, error)
     return error
+
+
+def runs_as(task: object, call: Collective) -> bool:
+    """Whether ``task`` (asyncio's or trio's) runs ``call`` as its own coroutine."""
+    get_coro = getattr(task, "get_coro", None)
+    coro = get_coro() if get_coro is not None else getattr(task, "coro", None)
+    return coro is call
+
+
+def driven_by_hand(rv: Rendezvous, call: Collective, use: str) -> BaseException:
+    """The error for the replica's own code calling ``send``/``throw`` on ``call``."""
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    return CollectiveError(
+        f"Replica {call.replica + offset} {use} {call.describe()} by hand: only the event "
+        "loop drives a collective. Await it (`result = await "
+        "collective`), or run it as a task (asyncio.create_task, a task group). The "
+        "collective did not start, and may still be awaited."
+    )
+
+
+def close_in_flight(rv: Rendezvous, call: Collective) -> BaseException:
+    """The error for closing ``call`` while it is awaited (the replica's own code)."""
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    return CollectiveError(
+        f"Replica {call.replica + offset} closed {call.describe()} while it is in flight "
+        "(awaited, or running as a task): closing it would leave its awaiter stranded. "
+        "Cancel the task that awaits it instead."
+    )
 
 
 def unchecked(rv: Rendezvous, signature: Any) -> None:
@@ -205,13 +318,6 @@ def unchecked(rv: Rendezvous, signature: Any) -> None:
         from ._inspect import warn_unchecked
 
         warn_unchecked()
-
-
-def _in_replica(run: Any, replica: int) -> bool:
-    """Whether the running code's context is ``replica``'s, in ``run``."""
-    mode = MODE.get()
-    context = None if mode is None else mode.replica
-    return context is not None and context._run is run and context._replica_id == replica
 
 
 def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:

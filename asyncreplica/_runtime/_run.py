@@ -153,10 +153,11 @@ def _given(coroutine: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
 def _spawned_in_replica(task: object) -> Run | None:
     """Record ``task``, created in a replica's context; the run, if it is active.
 
-    A task created by one of the replica's own tasks is owned by the replica, and the
-    line that created it goes on the call path of its collectives. One created in the
-    replica's context from anywhere else (a loop callback) is watched by the deadlock
-    check, but its collectives are refused (the line that started it is unknown).
+    A task created by one of a replica's own tasks is owned by that replica (even when
+    started in a copy of another replica's context), and the line that created it goes
+    on the call path of its collectives. One created in the replica's context from
+    anywhere else (a loop callback) is watched by the deadlock check, but its
+    collectives are refused (the line that started it is unknown).
     """
     mode = MODE.get()
     if mode is None or mode.replica is None:
@@ -164,12 +165,14 @@ def _spawned_in_replica(task: object) -> Run | None:
     run = mode.replica._run
     if run is None or run.closed:
         return None
-    replica = mode.replica._replica_id  # the local index, as started()
-    creator = run._current_task()
-    owned = run.watch.owns(replica, creator)
-    run.watch.adopt(replica, task, owned=owned)
-    if owned:
+    creator = run.watch.replica_of(run._current_task())
+    if creator >= 0:
+        # Who created the task decides its replica, not the context it runs in (replica
+        # 0's code may start one in a copy of replica 1's context).
+        run.watch.adopt(creator, task)
         _inspect.record_spawn(task)
+    else:
+        run.watch.adopt(mode.replica._replica_id, task, owned=False)  # the local index
     return run
 
 

@@ -391,11 +391,14 @@ class TaskWatch:
             self._mains[replica] = task
         self._all.add(task)
 
-    def owns(self, replica: int, task: object) -> bool:
-        """Whether ``task`` is ``replica``'s main task or an owned helper of it."""
+    def replica_of(self, task: object) -> int:
+        """The replica whose main task or owned helper ``task`` is; -1 for any other."""
         if task is None:
-            return False
-        return self.main.get(replica) is task or self._helpers.get(id(task), -1) == replica
+            return -1
+        for replica, main in self.main.items():
+            if main is task:
+                return replica
+        return self._helpers.get(id(task), -1)
 
     def adopt(self, replica: int, task: object, *, owned: bool = True) -> None:
         """Record ``task`` as one of ``replica``'s tasks (``owned``: see the class)."""
