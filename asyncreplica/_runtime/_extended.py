@@ -363,6 +363,20 @@ class StrategyExtended:
     ) -> list[Any]:
         """Reduce every leaf of every pair, the distributed dense ones in one batch."""
         strategy = self._strategy
+        group = strategy._group
+        if group is not None and options is not None and options.timeout_seconds is not None:
+            # The per-call timeout bounds the wait for the other processes too.
+            with group.call_timeout(options.timeout_seconds):
+                return await self._batch_in(op, pairs, options)
+        return await self._batch_in(op, pairs, options)
+
+    async def _batch_in(
+        self,
+        op: ReduceOp,
+        pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
+        strategy = self._strategy
         bytes_per_pack = self._bytes_per_pack(options)
         n = strategy._num_local
         plan: list[tuple[list[object], Any, int | None]] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import json
 import math
 import os
@@ -209,6 +210,11 @@ class MPIProcessGroup(ProcessGroup):
         if not isinstance(base, MPI.Intracomm):
             raise TypeError(f"communicator must be an mpi4py Intracomm, got {base!r}")
         self._state = State.CREATED
+        self.rank = base.Get_rank() if not MPI.Is_finalized() else -1
+        if MPI.Is_finalized():
+            # No MPI routine may run any more (MPICH would abort the process).
+            self._to(Event.FINALIZE)
+            self._refuse(Refusal.FINALIZED)
         _exit.install_hooks(finalize=True)
         self._base = base
         self._base_serial = _created.get(base.py2f(), (base, 0))[1]
@@ -930,6 +936,10 @@ class MPIProcessGroup(ProcessGroup):
         position: Hashable,
     ) -> Any:
         """Check that an exchange may be made, and post it; its request (None alone)."""
+        if self._state is State.FINALIZED:
+            # MPI.Finalize() ran (its hook moved every group here): an MPI call now
+            # would make MPICH abort the process instead of raising.
+            self._refuse(Refusal.FINALIZED)
         if self._departed or self._broken is not None:
             self._check_usable()
         if self._ended is not None and self._running and status is Status.COLLECTIVE:
@@ -1358,6 +1368,18 @@ class MPIProcessGroup(ProcessGroup):
             self._release()
         return result
 
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float | None) -> Generator[None, None, None]:
+        """Bound each cross-replica operation (:meth:`cross`) made inside by ``seconds``.
+
+        A context variable: only the task that entered it (and tasks it starts) sees it.
+        """
+        token = _CALL_TIMEOUT.set(seconds)
+        try:
+            yield
+        finally:
+            _CALL_TIMEOUT.reset(token)
+
     def committed(self) -> contextlib.AbstractContextManager[Any]:
         """A shield for what follows an agreement (the data movement), where needed.
 
@@ -1417,6 +1439,8 @@ class MPIProcessGroup(ProcessGroup):
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
         await self._acquire()
+        limit = _CALL_TIMEOUT.get()
+        self._limit = self.timeout if limit is None else limit
         try:
             with anyio.CancelScope(shield=True):
                 self._shielded = True
@@ -1434,6 +1458,7 @@ class MPIProcessGroup(ProcessGroup):
                 finally:
                     self._shielded = False
         finally:
+            self._limit = self.timeout
             self._release()
         return result
 
@@ -1448,7 +1473,12 @@ class MPIProcessGroup(ProcessGroup):
             return  # not this group's run (begin_run refused it)
         details = None
         try:
-            if self._run_ended or self._broken is not None or self._departed:
+            if (
+                self._run_ended
+                or self._broken is not None
+                or self._departed
+                or self._state is State.FINALIZED
+            ):
                 self._run_ended = True
             else:
                 status = Status.FINISHED if error is None else Status.FAILED
@@ -1482,7 +1512,12 @@ class MPIProcessGroup(ProcessGroup):
         runs did not overlap), that run meets this exchange and fails on every
         process in step, naming the refusal.
         """
-        while self._owed_refusals and self._broken is None and not self._departed:
+        while (
+            self._owed_refusals
+            and self._broken is None
+            and not self._departed
+            and self._state is not State.FINALIZED
+        ):
             self._owed_refusals -= 1
             detail = {
                 "error": (
@@ -1499,6 +1534,12 @@ class MPIProcessGroup(ProcessGroup):
     def trace_session(self) -> TraceMerger:
         """Start a merged trace (collective: every process calls it)."""
         return TraceMerger(self)
+
+
+# A per-call timeout of the cross-replica operations made inside call_timeout().
+_CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "asyncreplica_mpi_call_timeout", default=None
+)
 
 
 def _consequence() -> None:
