@@ -38,6 +38,7 @@ import numpy as np
 
 from asyncreplica import (
     BackendError,
+    CollectiveDeadlockError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     ReplicaContextError,
@@ -473,6 +474,10 @@ class MPIProcessGroup(ProcessGroup):
             "replicas": [self.offset, self.replica_counts[self.rank]],
             "status": int(status),
             "fields": fields or {},
+            # Another collective of this process waits for this exchange (issued
+            # concurrently): processes at different named collectives then differ in
+            # order, not in a cycle (see _cycle).
+            "queued": bool(self._waiters),
         }
         payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
         lengths = np.empty(self.size, np.int64)
@@ -1109,6 +1114,9 @@ class MPIProcessGroup(ProcessGroup):
         name = key[0] if isinstance(key, list) else None
         position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
+            cycle = _cycle(details)
+            if cycle is not None:
+                raise cycle
             raise CollectiveMismatchError(
                 position,
                 signatures,
@@ -1406,6 +1414,19 @@ class MPIProcessGroup(ProcessGroup):
             self._agreed = True
             self._agreed_at = time.perf_counter()
 
+    async def refuse_collective(self, error: Exception) -> NoReturn:
+        """The current collective cannot be dispatched here: agree on it first, then raise.
+
+        Its agreement compares every field of the match table (sparsity included), so
+        where the processes called different collectives every process raises that
+        mismatch; where they agree, every process refuses alike with ``error``.
+        """
+        deferred = self._deferred
+        if deferred is not None:
+            self._deferred = None
+            await self._agree_or_raise(deferred)
+        raise error
+
     async def settle_with(
         self, arrays: Sequence[np.ndarray[Any, Any]]
     ) -> np.ndarray[Any, Any] | None:
@@ -1540,6 +1561,50 @@ class MPIProcessGroup(ProcessGroup):
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )
+
+
+def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
+    """The deadlock of processes that wait at different collectives, one named.
+
+    Named collectives match by name, so in one process replicas that await them in
+    different orders wait for each other in a cycle (``CollectiveDeadlockError``).
+    Across processes each process's replicas wait at the collective of this exchange,
+    which the others have not issued: the same cycle, built as the one-process ledger
+    builds it (from the lowest waiting replica, each waiting for the first replica
+    that has not issued its collective), so every process raises the same error.
+    None when every process waits at the same collective (a mismatch of its fields), or
+    when a process has another collective queued behind this exchange: its replicas
+    issued them concurrently, in another order than a peer's (a mismatch of the name,
+    the documented limit of named collectives across processes).
+    """
+    waits: dict[int, tuple[int | tuple[str, int], Signature, tuple[int, ...]]] = {}
+    keys: list[int | tuple[str, int]] = []
+    spans: list[range] = []
+    for d in details:
+        raw = d.get("key")
+        if Status(d["status"]) is not Status.COLLECTIVE or not d["fields"] or raw is None:
+            return None
+        if d.get("queued"):
+            return None
+        key: int | tuple[str, int] = (str(raw[0]), int(raw[1])) if isinstance(raw, list) else raw
+        first, count = d["replicas"]
+        keys.append(key)
+        spans.append(range(first, first + count))
+    if len(set(keys)) < 2 or all(isinstance(k, int) for k in keys):
+        return None
+    for d, key, span in zip(details, keys, spans, strict=True):
+        signature = rebuild_signature(d["fields"], d.get("site"))
+        missing = tuple(r for s, k in zip(spans, keys, strict=True) if k != key for r in s)
+        for replica in span:
+            waits[replica] = (key, signature, missing)
+    cycle: list[int] = []
+    rid = min(waits)
+    while rid not in cycle and rid in waits:
+        cycle.append(rid)
+        rid = waits[rid][2][0]
+    cycle = cycle[cycle.index(rid) :]
+    edges = tuple((r, key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
+    return CollectiveDeadlockError(edges, keys=tuple(waits[r][0] for r in cycle))
 
 
 def _consequence() -> None:

@@ -141,6 +141,30 @@ def test_the_others_name_the_failing_process_exception_type(tmp_path: Path) -> N
     assert "failed: ValueError: bad value on replica" in logs[0], logs[0]
 
 
+def test_named_collectives_in_different_orders_deadlock_as_in_one_process(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch(3, "errors.py", "cycle", tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {"class": "CollectiveDeadlockError", "cycle": [[0, "a"], [2, "b"]]}
+    for rank in range(3):
+        assert _fields(logs[rank]) == want, logs[rank]
+        assert "Replicas 0, 2 wait for each other in a cycle" in logs[rank]
+        assert logs[rank].endswith("again 6.0\n"), logs[rank]  # still in step
+
+
+def test_sparse_on_one_process_and_dense_on_another_is_a_sparsity_mismatch(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch(2, "errors.py", "sparsity", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["sparsity"], logs[rank]
+        assert logs[rank].endswith("again 2.0\n"), logs[rank]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_replica_that_exits_gives_the_same_attributes_everywhere(n: int, tmp_path: Path) -> None:
     # Replica 2n-1 returns early; every other replica waits: replica_id and waiting
