@@ -1090,11 +1090,17 @@ class MPIProcessGroup(ProcessGroup):
         """
         refused = first_refusal(details)
         if refused is not None:
-            name, text = refused["refused"]
-            raise REFUSALS.get(name, ValueError)(
+            name, text, *rest = refused["refused"]
+            message = (
                 f"{text}\n\n({self._process(int(refused['rank']))} refused this "
                 "cross-replica operation, so every process raises this error.)"
             )
+            if name == "CollectiveMismatchError":
+                fields = [str(f) for f in rest[0]] if rest else []
+                raise CollectiveMismatchError(
+                    0, {}, fields, num_replicas=self.num_replicas, message=message
+                )
+            raise REFUSALS.get(name, ValueError)(message)
         failed = next((d for d in details if d.get("collective_error")), None)
         if failed is not None:
             # A process's own ledger found the error: every process raises it, with the
@@ -1200,7 +1206,7 @@ class MPIProcessGroup(ProcessGroup):
         fields = refusal_fields(error)
         detail = {
             "describe": f"a refused cross-replica operation ({describe_exception(error)})",
-            "refused": [type(error).__name__, str(error)],
+            "refused": [type(error).__name__, str(error), list(getattr(error, "fields", []))],
         }
         await self._acquire()
         try:

@@ -165,6 +165,39 @@ def test_sparse_on_one_process_and_dense_on_another_is_a_sparsity_mismatch(
         assert logs[rank].endswith("again 2.0\n"), logs[rank]
 
 
+def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
+    tmp_path: Path,
+) -> None:
+    # The process that holds both ranks refuses in the agreement: the same class as the
+    # processes that see a rank differ across processes, and as one process.
+    rc, logs, output = launch(2, "errors.py", "gather_ranks", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["shape"], logs[rank]
+        assert "replica 0 holds float64[2, 3]; replica 1 holds float64[2, 3, 1]" in logs[rank]
+        assert logs[rank].endswith("again 4.0\n"), logs[rank]
+
+
+def test_gather_of_components_of_different_ranks_in_one_process() -> None:
+    import anyio
+    import numpy as np
+
+    import asyncreplica as ar
+
+    async def main() -> None:
+        strategy = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+        value = strategy.experimental_distribute_values_from_function(
+            lambda c: np.ones((2, 3)) if c.replica_id_in_sync_group == 0 else np.ones((2, 3, 1))
+        )
+        with pytest.raises(ar.CollectiveMismatchError) as caught:
+            await strategy.gather(value, axis=0)
+        assert list(caught.value.fields) == ["shape"]
+
+    anyio.run(main)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_replica_that_exits_gives_the_same_attributes_everywhere(n: int, tmp_path: Path) -> None:
     # Replica 2n-1 returns early; every other replica waits: replica_id and waiting
