@@ -252,6 +252,17 @@ def test_the_options_timeout_of_reduce_to_bounds_the_wait_for_other_processes(
         assert f"{name}: ReplicaExitedError" in logs[1], output
 
 
+def test_rank_0_writes_its_own_trace_when_a_peer_fails_in_its_block(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    rc, logs, output = launch("trace_peer_raise", str(trace), tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "got ValueError: process 1 fails inside its trace block" in logs[1], output
+    assert "got ReplicaExitedError" in logs[0], output
+    assert "rank 0 writes its own" in output  # process 1's warning, now true
+    doc = json.loads(trace.read_text())
+    assert "not merged" in doc["otherData"]
+
+
 @pytest.mark.parametrize(
     ("scenario", "error"),
     [

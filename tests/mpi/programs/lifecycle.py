@@ -216,6 +216,18 @@ async def trace_raise(path: str) -> None:
         raise
 
 
+async def trace_peer_raise(path: str) -> None:
+    """Process 1 raises inside ``with strategy.trace`` after its run; process 0 does not."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    try:
+        with strategy.trace(path):
+            await strategy.run(one_reduce)
+            if RANK == 1:
+                raise ValueError("process 1 fails inside its trace block")
+    except Exception as exc:
+        logged(exc)
+
+
 async def crash_before() -> None:
     """Process 0 dies of an uncaught exception before it creates its strategy."""
     if RANK == 0:
@@ -425,6 +437,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         finalize_first,
         reduce_to_timeout,
         trace_raise,
+        trace_peer_raise,
         crash_before,
         crash_inside,
         late,
