@@ -56,6 +56,10 @@ def watch() -> None:
 
     sys.excepthook = hook
     atexit.register(_tell_group, None, exiting=True)
+    if "mpi4py.MPI" in sys.modules:
+        # MPI is in use already: a process that finalizes it before creating its
+        # strategy tells its peers too (the group's finalize hook, installed now).
+        _tell_group(None, exiting=False)
 
 
 def _tell_group(error: BaseException | None, *, exiting: bool) -> None:

@@ -33,6 +33,7 @@ Results come back in the same layout. Rules every backend follows:
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
@@ -238,6 +239,15 @@ class ProcessGroup(abc.ABC):
         message, instead of the others waiting for it. The default raises ``error``.
         """
         raise error
+
+    def call_timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
+        """Bound each cross-replica operation made inside by ``seconds`` (None: the group's).
+
+        ``extended.reduce_to(..., options=CommunicationOptions(timeout_seconds=...))``
+        enters it around its reductions, so that a per-call timeout bounds the wait for
+        the other processes as it bounds a collective's. The default bounds nothing.
+        """
+        return contextlib.nullcontext()
 
     @abc.abstractmethod
     def begin_run(self) -> None:

@@ -75,7 +75,12 @@ def _is_number(value: object) -> bool:
 
 
 def check_components(
-    api: str, kind: CollectiveKind, op: ReduceOp | None, specs: Sequence[LeafSpec]
+    api: str,
+    kind: CollectiveKind,
+    op: ReduceOp | None,
+    specs: Sequence[LeafSpec],
+    axis: int | None = None,
+    first: int = 0,
 ) -> None:
     """Hold a distributed value's components to the match table, as a collective is held.
 
@@ -83,7 +88,10 @@ def check_components(
     combine one component per replica, as ``all_reduce`` and ``all_gather`` combine
     one value per replica: the same rules of :data:`~.._core._match.RULES` decide
     whether they may (dtype, sparse or dense, array type). Shapes are checked by the
-    callers, whose rule depends on ``axis``.
+    callers, whose rule depends on ``axis``; ``gather`` passes its (non-negative)
+    ``axis``, and its components are held to ``all_gather``'s shape row too (one rank,
+    one size in every other dimension). ``first``: the global id of the first
+    component's replica (under MPI, this process's first), for the message.
 
     Raises:
         CollectiveMismatchError: Components differ in a field of the match table.
@@ -91,22 +99,29 @@ def check_components(
     if len(specs) < 2:
         return
     signatures = {
-        i: Signature(kind, op=op, leaves=(LeafSpec((), s.dtype, s.sparse, s.array_type),))
-        for i, s in enumerate(specs)
+        i: Signature(
+            kind,
+            op=op,
+            axis=axis,
+            leaves=(LeafSpec(() if axis is None else s.shape, s.dtype, s.sparse, s.array_type),),
+        )
+        for i, s in enumerate(specs, first)
     }
-    first = signatures[0]
+    base = signatures[first]
     fields: list[str] = []
     for sig in signatures.values():
         fields.extend(
-            f for f in differing_fields(first, sig, check_call_sites=False) if f not in fields
+            f for f in differing_fields(base, sig, check_call_sites=False) if f not in fields
         )
     if not fields:
         return
     groups: dict[str, list[int]] = {}
-    for i, spec in enumerate(specs):
+    for i, spec in enumerate(specs, first):
         what = f"IndexedSlices of {spec.dtype}" if spec.sparse else spec.dtype
         if spec.array_type is not None:
             what = f"{spec.array_type} of {what}"
+        if "shape" in fields:
+            what = f"{what}{list(spec.shape)}"
         groups.setdefault(what, []).append(i)
     held = "; ".join(
         f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} {what}"
@@ -116,6 +131,9 @@ def check_components(
         "array type": "Convert every component to one array type (np.asarray, jnp.asarray).",
         "sparsity": "Pass IndexedSlices on every replica or dense values on every replica.",
         "dtype": "Cast every component to one dtype first (TensorFlow raises here too).",
+        "shape": (
+            f"Give every component one rank, and one size in every dimension but axis {axis}."
+        ),
     }
     raise CollectiveMismatchError(
         0,
@@ -362,6 +380,20 @@ class StrategyExtended:
         options: CommunicationOptions | None,
     ) -> list[Any]:
         """Reduce every leaf of every pair, the distributed dense ones in one batch."""
+        strategy = self._strategy
+        group = strategy._group
+        if group is not None and options is not None and options.timeout_seconds is not None:
+            # The per-call timeout bounds the wait for the other processes too.
+            with group.call_timeout(options.timeout_seconds):
+                return await self._batch_in(op, pairs, options)
+        return await self._batch_in(op, pairs, options)
+
+    async def _batch_in(
+        self,
+        op: ReduceOp,
+        pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
         strategy = self._strategy
         bytes_per_pack = self._bytes_per_pack(options)
         n = strategy._num_local

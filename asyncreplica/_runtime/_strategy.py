@@ -25,6 +25,7 @@ from .._exceptions import (
     BackendError,
     BackendNotFoundError,
     CollectiveError,
+    CollectiveMismatchError,
     ReplicaContextError,
 )
 from .._options import CommunicationOptions
@@ -427,7 +428,23 @@ class Strategy:
                 out.append(leaf)  # one value, as in one process
                 continue
             specs = [self._backend.describe(c) for c in components]
-            check_components("Strategy.gather", CollectiveKind.ALL_GATHER, None, specs)
+            rank = len(specs[0].shape)
+            # all_gather's shape row needs the axis itself (a negative one counts from
+            # the end of the first component's rank; out of range: refused below).
+            along = axis % rank if rank and -rank <= axis < rank else None
+            try:
+                check_components(
+                    "Strategy.gather",
+                    CollectiveKind.ALL_GATHER,
+                    None,
+                    specs,
+                    along,
+                    0 if group is None else group.offset,
+                )
+            except CollectiveMismatchError as error:
+                if group is None:
+                    raise
+                await group.refuse(error)  # every process raises it, none waits
             axes = set()
             for spec in specs:
                 shape = spec.shape

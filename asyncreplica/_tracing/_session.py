@@ -113,7 +113,11 @@ def traced(
         if merger is None:
             tracer.write(target)
         else:
-            merged = merger.merge(tracer.to_json(), tracer._origin)
+            merged = merger.merge(
+                tracer.to_json(),
+                tracer._origin,
+                lambda doc: write_json(target, doc),  # rank 0's own, when the merge raises
+            )
             if merged is not None:
                 write_json(target, merged)
 

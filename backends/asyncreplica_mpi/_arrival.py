@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedErro
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive", "_note_exit", "drain_exit_notes"]
+__all__ = ["_arrive", "_note_exit", "created_any", "drain_exit_notes"]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -181,9 +181,7 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
                 "(every process arrived)."
             )
         if timeout is not None and waited >= timeout:
-            for request in recvs.values():
-                with contextlib.suppress(Exception):
-                    request.Cancel()
+            _cancel(recvs.values())
             _pending_notes.extend(sends)
             raise BackendError(
                 f"Timed out after {timeout:g} s confirming the creation of "
@@ -256,6 +254,11 @@ def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) ->
                 break
 
 
+def created_any() -> bool:
+    """Whether this process started creating a strategy (on any communicator)."""
+    return bool(_created)
+
+
 def _note_exit(error: str | None, finalized: bool) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
@@ -270,6 +273,8 @@ def _note_exit(error: str | None, finalized: bool) -> None:
     why = (
         f"exited after an uncaught {error}"
         if error
+        else "finalized MPI (MPI.Finalize()) before creating its strategy"
+        if finalized and not _created
         else "finalized MPI (MPI.Finalize())"
         if finalized
         else "exited"
@@ -290,11 +295,21 @@ def _note_exit(error: str | None, finalized: bool) -> None:
 
 def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
     """Stop waiting for arrivals: tell the others, so that a late one does not wait."""
-    for request in recvs.values():
-        with contextlib.suppress(Exception):
-            request.Cancel()
+    _cancel(recvs.values())
     _pending_notes.extend(sends)
     _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
+
+
+def _cancel(requests: Iterable[Any]) -> None:
+    """Cancel posted receives and complete them.
+
+    A cancelled request never completed keeps its communicator referenced, and MPICH's
+    finalize reports it on stderr ("Builtin communicator ... has pending 1 references").
+    """
+    for request in requests:
+        with contextlib.suppress(Exception):
+            request.Cancel()
+            request.Wait()
 
 
 _pending_notes: list[Any] = []

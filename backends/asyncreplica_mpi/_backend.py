@@ -376,7 +376,8 @@ class MPIBackend(Backend):
         self, op: ReduceOp, values: Sequence[Sequence[object]], *, bytes_per_pack: int = 0
     ) -> list[list[object]]:
         """Combine every replica's leaves across all processes (see the module docstring)."""
-        _no_sparse(values, "all_reduce")
+        if _sparse(values):
+            await self.group.refuse_collective(_no_sparse("all_reduce"))
         host, libraries = _host_rows(values)
         if libraries is not None:
             results = await self.all_reduce(op, host, bytes_per_pack=bytes_per_pack)
@@ -462,7 +463,8 @@ class MPIBackend(Backend):
 
     async def all_gather(self, values: Sequence[Sequence[object]], axis: int) -> list[list[object]]:
         """Concatenate every replica's leaves along ``axis`` in global replica order."""
-        _no_sparse(values, "all_gather")
+        if _sparse(values):
+            await self.group.refuse_collective(_no_sparse("all_gather"))
         host, libraries = _host_rows(values)
         if libraries is not None:
             return restore_host(await self.all_gather(host, axis), libraries, values)
@@ -724,10 +726,12 @@ def _exact_quotient(
     return np.array(means, dtype=np.float64).reshape(high.shape)
 
 
-def _no_sparse(values: Sequence[Sequence[object]], what: str) -> None:
-    for leaf in values[0] if values else ():
-        if isinstance(leaf, IndexedSlices):
-            raise NotImplementedError(
-                f"{what} of IndexedSlices across processes is not supported by the MPI "
-                "backend; convert them to dense arrays first"
-            )
+def _sparse(values: Sequence[Sequence[object]]) -> bool:
+    return any(isinstance(leaf, IndexedSlices) for leaf in (values[0] if values else ()))
+
+
+def _no_sparse(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{what} of IndexedSlices across processes is not supported by the MPI "
+        "backend; convert them to dense arrays first"
+    )

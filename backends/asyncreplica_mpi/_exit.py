@@ -40,7 +40,7 @@ import numpy as np
 
 from asyncreplica import BackendError, ReplicaExitedError
 
-from ._arrival import _logger, _note_exit, drain_exit_notes
+from ._arrival import _logger, _note_exit, created_any, drain_exit_notes
 from ._lifecycle import Event, State
 from ._protocol import Status, outcome_message
 
@@ -134,6 +134,12 @@ def process_ends(error: BaseException | None, *, exiting: bool) -> None:
         _uncaught.append(describe_exception(error))
     if exiting:
         goodbye_all()
+    elif error is None:
+        # Called at import, MPI in use: a process that finalizes MPI before creating
+        # its strategy tells the peers that wait for it in their constructors.
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            install_hooks(finalize=True)
 
 
 def goodbye_all(*, finalized: bool = False) -> None:
@@ -154,7 +160,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
         return
     _said.append(True)
     error = uncaught_error()
-    if error is not None:
+    if error is not None or (finalized and not created_any()):
         # A peer still creating a strategy (or creating one later) learns that this
         # process will create none: its arrival notes end with an exit note. Only on an
         # uncaught exception: MPICH's MPI_Finalize fails on a message nobody received,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import json
 import math
 import os
@@ -37,6 +38,7 @@ import numpy as np
 
 from asyncreplica import (
     BackendError,
+    CollectiveDeadlockError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     ReplicaContextError,
@@ -209,6 +211,11 @@ class MPIProcessGroup(ProcessGroup):
         if not isinstance(base, MPI.Intracomm):
             raise TypeError(f"communicator must be an mpi4py Intracomm, got {base!r}")
         self._state = State.CREATED
+        self.rank = base.Get_rank() if not MPI.Is_finalized() else -1
+        if MPI.Is_finalized():
+            # No MPI routine may run any more (MPICH would abort the process).
+            self._to(Event.FINALIZE)
+            self._refuse(Refusal.FINALIZED)
         _exit.install_hooks(finalize=True)
         self._base = base
         self._base_serial = _created.get(base.py2f(), (base, 0))[1]
@@ -467,6 +474,10 @@ class MPIProcessGroup(ProcessGroup):
             "replicas": [self.offset, self.replica_counts[self.rank]],
             "status": int(status),
             "fields": fields or {},
+            # Another collective of this process waits for this exchange (issued
+            # concurrently): processes at different named collectives then differ in
+            # order, not in a cycle (see _cycle).
+            "queued": bool(self._waiters),
         }
         payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
         lengths = np.empty(self.size, np.int64)
@@ -930,6 +941,10 @@ class MPIProcessGroup(ProcessGroup):
         position: Hashable,
     ) -> Any:
         """Check that an exchange may be made, and post it; its request (None alone)."""
+        if self._state is State.FINALIZED:
+            # MPI.Finalize() ran (its hook moved every group here): an MPI call now
+            # would make MPICH abort the process instead of raising.
+            self._refuse(Refusal.FINALIZED)
         if self._departed or self._broken is not None:
             self._check_usable()
         if self._ended is not None and self._running and status is Status.COLLECTIVE:
@@ -1075,11 +1090,17 @@ class MPIProcessGroup(ProcessGroup):
         """
         refused = first_refusal(details)
         if refused is not None:
-            name, text = refused["refused"]
-            raise REFUSALS.get(name, ValueError)(
+            name, text, *rest = refused["refused"]
+            message = (
                 f"{text}\n\n({self._process(int(refused['rank']))} refused this "
                 "cross-replica operation, so every process raises this error.)"
             )
+            if name == "CollectiveMismatchError":
+                fields = [str(f) for f in rest[0]] if rest else []
+                raise CollectiveMismatchError(
+                    0, {}, fields, num_replicas=self.num_replicas, message=message
+                )
+            raise REFUSALS.get(name, ValueError)(message)
         failed = next((d for d in details if d.get("collective_error")), None)
         if failed is not None:
             # A process's own ledger found the error: every process raises it, with the
@@ -1099,6 +1120,9 @@ class MPIProcessGroup(ProcessGroup):
         name = key[0] if isinstance(key, list) else None
         position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
+            cycle = _cycle(details)
+            if cycle is not None:
+                raise cycle
             raise CollectiveMismatchError(
                 position,
                 signatures,
@@ -1182,7 +1206,7 @@ class MPIProcessGroup(ProcessGroup):
         fields = refusal_fields(error)
         detail = {
             "describe": f"a refused cross-replica operation ({describe_exception(error)})",
-            "refused": [type(error).__name__, str(error)],
+            "refused": [type(error).__name__, str(error), list(getattr(error, "fields", []))],
         }
         await self._acquire()
         try:
@@ -1358,6 +1382,18 @@ class MPIProcessGroup(ProcessGroup):
             self._release()
         return result
 
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float | None) -> Generator[None, None, None]:
+        """Bound each cross-replica operation (:meth:`cross`) made inside by ``seconds``.
+
+        A context variable: only the task that entered it (and tasks it starts) sees it.
+        """
+        token = _CALL_TIMEOUT.set(seconds)
+        try:
+            yield
+        finally:
+            _CALL_TIMEOUT.reset(token)
+
     def committed(self) -> contextlib.AbstractContextManager[Any]:
         """A shield for what follows an agreement (the data movement), where needed.
 
@@ -1383,6 +1419,19 @@ class MPIProcessGroup(ProcessGroup):
             await self._agree_or_raise(deferred)
             self._agreed = True
             self._agreed_at = time.perf_counter()
+
+    async def refuse_collective(self, error: Exception) -> NoReturn:
+        """The current collective cannot be dispatched here: agree on it first, then raise.
+
+        Its agreement compares every field of the match table (sparsity included), so
+        where the processes called different collectives every process raises that
+        mismatch; where they agree, every process refuses alike with ``error``.
+        """
+        deferred = self._deferred
+        if deferred is not None:
+            self._deferred = None
+            await self._agree_or_raise(deferred)
+        raise error
 
     async def settle_with(
         self, arrays: Sequence[np.ndarray[Any, Any]]
@@ -1417,6 +1466,8 @@ class MPIProcessGroup(ProcessGroup):
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
         await self._acquire()
+        limit = _CALL_TIMEOUT.get()
+        self._limit = self.timeout if limit is None else limit
         try:
             with anyio.CancelScope(shield=True):
                 self._shielded = True
@@ -1434,6 +1485,7 @@ class MPIProcessGroup(ProcessGroup):
                 finally:
                     self._shielded = False
         finally:
+            self._limit = self.timeout
             self._release()
         return result
 
@@ -1448,7 +1500,12 @@ class MPIProcessGroup(ProcessGroup):
             return  # not this group's run (begin_run refused it)
         details = None
         try:
-            if self._run_ended or self._broken is not None or self._departed:
+            if (
+                self._run_ended
+                or self._broken is not None
+                or self._departed
+                or self._state is State.FINALIZED
+            ):
                 self._run_ended = True
             else:
                 status = Status.FINISHED if error is None else Status.FAILED
@@ -1482,7 +1539,12 @@ class MPIProcessGroup(ProcessGroup):
         runs did not overlap), that run meets this exchange and fails on every
         process in step, naming the refusal.
         """
-        while self._owed_refusals and self._broken is None and not self._departed:
+        while (
+            self._owed_refusals
+            and self._broken is None
+            and not self._departed
+            and self._state is not State.FINALIZED
+        ):
             self._owed_refusals -= 1
             detail = {
                 "error": (
@@ -1499,6 +1561,56 @@ class MPIProcessGroup(ProcessGroup):
     def trace_session(self) -> TraceMerger:
         """Start a merged trace (collective: every process calls it)."""
         return TraceMerger(self)
+
+
+# A per-call timeout of the cross-replica operations made inside call_timeout().
+_CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "asyncreplica_mpi_call_timeout", default=None
+)
+
+
+def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
+    """The deadlock of processes that wait at different collectives, one named.
+
+    Named collectives match by name, so in one process replicas that await them in
+    different orders wait for each other in a cycle (``CollectiveDeadlockError``).
+    Across processes each process's replicas wait at the collective of this exchange,
+    which the others have not issued: the same cycle, built as the one-process ledger
+    builds it (from the lowest waiting replica, each waiting for the first replica
+    that has not issued its collective), so every process raises the same error.
+    None when every process waits at the same collective (a mismatch of its fields), or
+    when a process has another collective queued behind this exchange: its replicas
+    issued them concurrently, in another order than a peer's (a mismatch of the name,
+    the documented limit of named collectives across processes).
+    """
+    waits: dict[int, tuple[int | tuple[str, int], Signature, tuple[int, ...]]] = {}
+    keys: list[int | tuple[str, int]] = []
+    spans: list[range] = []
+    for d in details:
+        raw = d.get("key")
+        if Status(d["status"]) is not Status.COLLECTIVE or not d["fields"] or raw is None:
+            return None
+        if d.get("queued"):
+            return None
+        key: int | tuple[str, int] = (str(raw[0]), int(raw[1])) if isinstance(raw, list) else raw
+        first, count = d["replicas"]
+        keys.append(key)
+        spans.append(range(first, first + count))
+    if len(set(keys)) < 2 or all(isinstance(k, int) for k in keys):
+        return None
+    for d, key, span in zip(details, keys, spans, strict=True):
+        signature = rebuild_signature(d["fields"], d.get("site"))
+        missing = tuple(r for s, k in zip(spans, keys, strict=True) if k != key for r in s)
+        for replica in span:
+            waits[replica] = (key, signature, missing)
+    cycle: list[int] = []
+    rid = min(waits)
+    while rid not in cycle and rid in waits:
+        cycle.append(rid)
+        rid = waits[rid][2][0]
+    cycle = cycle[cycle.index(rid) :]
+    edges = tuple((r, key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
+    return CollectiveDeadlockError(edges, keys=tuple(waits[r][0] for r in cycle))
 
 
 def _consequence() -> None:

@@ -332,6 +332,9 @@ def refusal_fields(error: Exception) -> dict[str, Any]:
 #: the order one process checks: the runtime's checks of the arguments (ValueError)
 #: before the backend's of the values (its dtypes: TypeError).
 REFUSALS: dict[str, type[Exception]] = {
+    # A distributed value's components differ in a field of the match table (the
+    # runtime's check_components): rebuilt with its fields (see MPIProcessGroup).
+    "CollectiveMismatchError": CollectiveMismatchError,
     "ValueError": ValueError,
     "NotImplementedError": NotImplementedError,
     "TypeError": TypeError,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -48,7 +48,12 @@ class TraceMerger:
         # An exception already being handled around the block is not the block's own.
         self._before = sys.exc_info()[1]
 
-    def merge(self, trace: dict[str, Any], origin_ns: int) -> dict[str, Any] | None:
+    def merge(
+        self,
+        trace: dict[str, Any],
+        origin_ns: int,
+        write_alone: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any] | None:
         """Every process's ``trace`` merged into one (on rank 0; None elsewhere).
 
         Each process's timestamps are microseconds since its own ``origin_ns``
@@ -57,7 +62,9 @@ class TraceMerger:
         replica tracks are renamed with global replica ids, and flow ids are made
         unique. When the processes cannot merge (a peer left the block with an
         exception while this one did not, or exited, or the group failed), rank 0 gets
-        its own trace alone, and a warning says why.
+        its own trace alone, and a warning says why. Where this raises on rank 0 (it
+        left its block normally, a peer did not), its own trace is handed to
+        ``write_alone`` first, as the peers' warning says.
 
         Raises:
             CollectiveError: This process left the block normally, but another process
@@ -85,6 +92,10 @@ class TraceMerger:
             return self._alone(trace, describe(exc))
         if details is not None:
             if error is None:
+                if write_alone is not None and group.rank == 0:
+                    alone = self._alone(trace, "another process did not reach the end of its block")
+                    if alone is not None:
+                        write_alone(alone)
                 group._raise_for(details)
             return self._alone(trace, "another process did not reach the end of its block")
         since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)

@@ -141,6 +141,63 @@ def test_the_others_name_the_failing_process_exception_type(tmp_path: Path) -> N
     assert "failed: ValueError: bad value on replica" in logs[0], logs[0]
 
 
+def test_named_collectives_in_different_orders_deadlock_as_in_one_process(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch(3, "errors.py", "cycle", tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {"class": "CollectiveDeadlockError", "cycle": [[0, "a"], [2, "b"]]}
+    for rank in range(3):
+        assert _fields(logs[rank]) == want, logs[rank]
+        assert "Replicas 0, 2 wait for each other in a cycle" in logs[rank]
+        assert logs[rank].endswith("again 6.0\n"), logs[rank]  # still in step
+
+
+def test_sparse_on_one_process_and_dense_on_another_is_a_sparsity_mismatch(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch(2, "errors.py", "sparsity", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["sparsity"], logs[rank]
+        assert logs[rank].endswith("again 2.0\n"), logs[rank]
+
+
+def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
+    tmp_path: Path,
+) -> None:
+    # The process that holds both ranks refuses in the agreement: the same class as the
+    # processes that see a rank differ across processes, and as one process.
+    rc, logs, output = launch(2, "errors.py", "gather_ranks", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["shape"], logs[rank]
+        assert "replica 0 holds float64[2, 3]; replica 1 holds float64[2, 3, 1]" in logs[rank]
+        assert logs[rank].endswith("again 4.0\n"), logs[rank]
+
+
+def test_gather_of_components_of_different_ranks_in_one_process() -> None:
+    import anyio
+    import numpy as np
+
+    import asyncreplica as ar
+
+    async def main() -> None:
+        strategy = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+        value = strategy.experimental_distribute_values_from_function(
+            lambda c: np.ones((2, 3)) if c.replica_id_in_sync_group == 0 else np.ones((2, 3, 1))
+        )
+        with pytest.raises(ar.CollectiveMismatchError) as caught:
+            await strategy.gather(value, axis=0)
+        assert list(caught.value.fields) == ["shape"]
+
+    anyio.run(main)
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_replica_that_exits_gives_the_same_attributes_everywhere(n: int, tmp_path: Path) -> None:
     # Replica 2n-1 returns early; every other replica waits: replica_id and waiting

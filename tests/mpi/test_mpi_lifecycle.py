@@ -62,6 +62,7 @@ PROGRAM = Path(__file__).parent / "programs" / "lifecycle.py"
 GUARD_S = 25  # each program dumps its stacks and exits past this
 KILL_S = GUARD_S + 15  # then the whole launch is killed
 UCX_WARNING = "was not returned to mpool"
+MPICH_LEAK = "has pending 1 references"
 
 
 # -- the table, without processes -------------------------------------------------------
@@ -132,6 +133,7 @@ def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, st
         log = tmp_path / f"rank{rank}.log"
         logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
     assert UCX_WARNING not in output, output
+    assert MPICH_LEAK not in output, output  # a request left holding a communicator
     assert "Stack (most recent call first)" not in output, f"a process hung:\n{output}"
     return proc.returncode, logs, output
 
@@ -210,6 +212,53 @@ def test_an_exception_in_a_trace_block_reaches_a_peer_in_a_run(tmp_path: Path) -
     assert "got ReplicaExitedError: Process 0 failed" in logs[1], output
     assert "failed: ValueError: process 0 fails inside its trace block" in logs[1]
     # Rank 0 still writes its own timeline, and says why it is alone.
+    doc = json.loads(trace.read_text())
+    assert "not merged" in doc["otherData"]
+
+
+def test_every_use_after_finalize_inside_a_run_raises_backend_error(tmp_path: Path) -> None:
+    # MPICH aborts a process that calls MPI after MPI_Finalize: every entry checks first.
+    rc, logs, output = launch("finalize_mid", tmp_path=tmp_path)
+    assert rc == 0, output
+    finalized = "BackendError: This MultiWorkerMirroredStrategy cannot be used any more: MPI "
+    for use in ("run", "reduce", "gather", "reduce_to", "next run", "create"):
+        assert f"{use}: {finalized}was finalized on this process" in logs[1], output
+    assert "run: ReplicaExitedError" in logs[0], output
+    assert "process 1 (replica 1) finalized MPI (MPI.Finalize())" in output
+    for use in ("reduce", "gather", "reduce_to", "next run"):
+        assert f"{use}: ReplicaExitedError: Process 1 of this" in logs[0], output
+
+
+def test_finalizing_mpi_before_creating_a_strategy_reaches_the_others(tmp_path: Path) -> None:
+    # Process 0 waits (no timeout) in its constructor: the finalize hook's exit note ends
+    # the wait, and process 1's MPI.Finalize() returns.
+    rc, logs, output = launch("finalize_first", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "finalized" in logs[1], output
+    assert (
+        "got ReplicaExitedError: Process 1 finalized MPI (MPI.Finalize()) before creating its "
+        "strategy, without creating its MultiWorkerMirroredStrategy number 1"
+    ) in logs[0], output
+
+
+def test_the_options_timeout_of_reduce_to_bounds_the_wait_for_other_processes(
+    tmp_path: Path,
+) -> None:
+    _, logs, output = launch("reduce_to_timeout", tmp_path=tmp_path)
+    for name in ("reduce_to", "batch_reduce_to"):
+        line = next(x for x in logs[0].splitlines() if x.startswith(f"{name}:"))
+        assert "CollectiveTimeoutError after" in line, output
+        assert float(line.split("after ")[1]) < 5.0, line  # 1 s, not the strategy's 20 s
+        assert f"{name}: ReplicaExitedError" in logs[1], output
+
+
+def test_rank_0_writes_its_own_trace_when_a_peer_fails_in_its_block(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    rc, logs, output = launch("trace_peer_raise", str(trace), tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "got ValueError: process 1 fails inside its trace block" in logs[1], output
+    assert "got ReplicaExitedError" in logs[0], output
+    assert "rank 0 writes its own" in output  # process 1's warning, now true
     doc = json.loads(trace.read_text())
     assert "not merged" in doc["otherData"]
 

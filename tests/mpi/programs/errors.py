@@ -12,6 +12,12 @@ Scenarios:
   ``ValueError``: the others name the exception type.
 * ``exited``: 2 replicas per process; the last replica returns early while every
   other waits at a collective: the same ``ReplicaExitedError`` attributes everywhere.
+* ``cycle``: 2 replicas per process; process 0 awaits named collectives ``a`` then
+  ``b``, the others ``b`` then ``a``: ``CollectiveDeadlockError``, as in one process.
+* ``sparsity``: one replica per process; the last one all-reduces ``IndexedSlices``,
+  the others dense arrays: ``CollectiveMismatchError`` (sparsity) everywhere.
+* ``gather_ranks``: 2 replicas per process; ``strategy.gather`` of components of rank 2
+  on replica 0 and rank 3 elsewhere: ``CollectiveMismatchError`` (shape) everywhere.
 """
 
 from __future__ import annotations
@@ -61,17 +67,51 @@ async def exited() -> object:
     return await ctx.all_reduce("SUM", np.ones(2))
 
 
-SCENARIOS = {"queued": (queued, 1), "raise": (raise_, 2), "exited": (exited, 2)}
+async def cycle() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    order = ("a", "b") if RANK == 0 else ("b", "a")
+    return [await ctx.all_reduce("SUM", np.ones(1), name=name) for name in order]
+
+
+async def sparsity() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    if RANK == SIZE - 1:
+        value: object = ar.IndexedSlices(np.ones((1, 2)), np.array([0]), np.array([4, 2]))
+    else:
+        value = np.ones((4, 2))
+    return await ctx.all_reduce("SUM", value)
+
+
+def mixed_ranks(context: ar.ValueContext) -> object:
+    """Components of ``strategy.gather`` of rank 2 on replica 0, of rank 3 elsewhere."""
+    return np.ones((2, 3)) if context.replica_id_in_sync_group == 0 else np.ones((2, 3, 1))
+
+
+SCENARIOS = {
+    "queued": (queued, 1),
+    "raise": (raise_, 2),
+    "exited": (exited, 2),
+    "cycle": (cycle, 2),
+    "sparsity": (sparsity, 1),
+    "gather_ranks": (None, 2),
+}
 
 
 async def main(name: str) -> None:
     step, local = SCENARIOS[name]
     strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(local)])
     try:
-        await strategy.run(step)
+        if step is None:  # gather_ranks: a cross-replica gather, outside run
+            await strategy.gather(
+                strategy.experimental_distribute_values_from_function(mixed_ranks), axis=0
+            )
+        else:
+            await strategy.run(step)
     except Exception as error:  # logged for the test
         fields: dict[str, object] = {"class": type(error).__name__}
-        for attribute in ("replica_id", "position", "name", "fields"):
+        for attribute in ("replica_id", "position", "name", "fields", "cycle"):
             if hasattr(error, attribute):
                 fields[attribute] = getattr(error, attribute)
         for attribute in ("waiting", "signatures"):

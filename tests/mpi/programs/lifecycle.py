@@ -128,6 +128,81 @@ async def finalize_only() -> None:
     report("done")
 
 
+async def finalize_mid() -> None:
+    """Process 1 finalizes MPI inside a run, then keeps using asyncreplica.
+
+    Every later use on process 1 raises BackendError (MPICH would abort the process on
+    any MPI call); process 0 sees process 1 leave.
+    """
+    strategy = ar.MultiWorkerMirroredStrategy()
+
+    async def step() -> float:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        first = await ctx.all_reduce("SUM", np.ones(3))
+        if RANK == 1:
+            MPI.Finalize()
+        return float((await ctx.all_reduce("SUM", first))[0])
+
+    uses: dict[str, Callable[[], Awaitable[Any]]] = {
+        "run": lambda: strategy.run(step),
+        "reduce": lambda: strategy.reduce("SUM", np.float64(1.0), axis=None),
+        "gather": lambda: strategy.gather(np.ones(2), axis=0),
+        "reduce_to": lambda: strategy.extended.reduce_to("SUM", np.float64(1.0), "CPU:0"),
+        "next run": lambda: strategy.run(one_reduce),
+    }
+    for name, use in uses.items():
+        try:
+            await use()
+            report(f"{name}: returned")
+        except Exception as exc:
+            report(f"{name}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    if RANK == 1:
+        try:
+            ar.MultiWorkerMirroredStrategy()
+        except Exception as exc:
+            report(f"create: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+async def finalize_first() -> None:
+    """Process 1 finalizes MPI before creating any strategy; process 0 creates one."""
+    if RANK == 1:
+        MPI.Finalize()
+        report("finalized")
+        return
+    try:
+        ar.MultiWorkerMirroredStrategy()
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+
+
+async def reduce_to_timeout() -> None:
+    """``options=`` of extended.reduce_to / batch_reduce_to bounds the wait (1 s, not 20)."""
+    import time
+
+    options = ar.CommunicationOptions(timeout_seconds=20)
+    a = ar.MultiWorkerMirroredStrategy(communication_options=options)
+    b = ar.MultiWorkerMirroredStrategy(communication_options=options)
+    one = ar.CommunicationOptions(timeout_seconds=1)
+    if RANK == 1:
+        await wait_for_go()  # late until process 0 has timed out on both
+    for name, call in (
+        ("reduce_to", lambda: a.extended.reduce_to("SUM", np.float64(1), "CPU:0", options=one)),
+        (
+            "batch_reduce_to",
+            lambda: b.extended.batch_reduce_to("SUM", [(np.float64(1), "CPU:0")], options=one),
+        ),
+    ):
+        start = time.perf_counter()
+        try:
+            await call()
+            report(f"{name}: returned")
+        except ar.CollectiveError as exc:
+            report(f"{name}: {type(exc).__name__} after {time.perf_counter() - start:.1f}")
+    if RANK == 0:
+        go(1)
+
+
 async def trace_raise(path: str) -> None:
     """Process 0 raises inside ``with strategy.trace`` but outside run; 1 is in a run."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -139,6 +214,18 @@ async def trace_raise(path: str) -> None:
     except ar.ReplicaExitedError as exc:
         logged(exc)
         raise
+
+
+async def trace_peer_raise(path: str) -> None:
+    """Process 1 raises inside ``with strategy.trace`` after its run; process 0 does not."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    try:
+        with strategy.trace(path):
+            await strategy.run(one_reduce)
+            if RANK == 1:
+                raise ValueError("process 1 fails inside its trace block")
+    except Exception as exc:
+        logged(exc)
 
 
 async def crash_before() -> None:
@@ -346,7 +433,11 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         opposite,
         finalize_run,
         finalize_only,
+        finalize_mid,
+        finalize_first,
+        reduce_to_timeout,
         trace_raise,
+        trace_peer_raise,
         crash_before,
         crash_inside,
         late,
