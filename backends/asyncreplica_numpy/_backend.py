@@ -24,6 +24,7 @@ from asyncreplica.abc import (
     Backend,
     LeafSpec,
     ReduceOp,
+    not_reducible_message,
     number_dtype,
 )
 
@@ -837,11 +838,7 @@ class NumpyBackend(Backend):
         if not _reducible_dtype(array.dtype):
             if array.dtype == object and any(isinstance(v, IndexedSlices) for v in array.flat):
                 raise _internal("a dense reduction was given IndexedSlices")
-            raise TypeError(
-                f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
-                "complex values (cast booleans first: x.astype(np.int32) in numpy, "
-                "xp.astype(x, xp.int32) in other array API libraries, x.int() in PyTorch)"
-            )
+            raise TypeError(not_reducible_message(str(array.dtype)))
         return array
 
     async def all_reduce(

@@ -19,7 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncreplica import BackendError, IndexedSlices
-from asyncreplica.abc import EXACT_MEAN_COUNT, ReduceOp, is_reducible, reduced_dtype
+from asyncreplica.abc import (
+    EXACT_MEAN_COUNT,
+    ReduceOp,
+    is_reducible,
+    reduced_dtype,
+    sparse_op_message,
+)
 
 Array = npt.NDArray[Any]
 
@@ -273,7 +279,7 @@ def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array
             every replica's leaf is sparse or none is: a bug in asyncreplica).
     """
     if op not in (ReduceOp.SUM, ReduceOp.MEAN):
-        raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+        raise ValueError(sparse_op_message(op))
     parts = [s for s in slices if isinstance(s, IndexedSlices)]
     if len(parts) != len(slices):
         raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
