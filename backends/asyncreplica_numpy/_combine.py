@@ -45,6 +45,15 @@ def _holdable(dtype: np.dtype[Any]) -> bool:
     return dtype.kind in _HOLDABLE_KINDS or dtype == _BFLOAT16
 
 
+def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """``dtype`` in this machine's byte order: a result's dtype is the rule's, by name.
+
+    ``'>f8'`` and ``'<f8'`` are both float64 (the signature names dtypes): every path
+    returns float64 in native order, whatever order the inputs had.
+    """
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
+
+
 def _reducible_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether values of ``dtype`` reduce: the library's one rule (``_core._dtypes``)."""
     return is_reducible(_dtype_name(dtype))
@@ -121,7 +130,7 @@ def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
         return _mean_of_ints(arrays)
     ufunc = _binary(op, arrays[0].dtype)
     if len(arrays) == 1:
-        out = np.array(arrays[0], copy=True)
+        out = np.array(arrays[0], dtype=_native(arrays[0].dtype), copy=True)
     else:
         # np.asarray: a ufunc of two 0-d arrays returns a numpy scalar, not an array.
         out = np.asarray(ufunc(arrays[0], arrays[1]))
@@ -243,15 +252,15 @@ def _local(op: ReduceOp, array: Array, axis: tuple[int, ...]) -> Array:
         kept = rows.shape[len(axis) :]
         rows = rows.reshape((-1, *kept))
         if not len(rows):
-            return np.ones(kept, array.dtype)  # the empty product
+            return np.ones(kept, _native(array.dtype))  # the empty product
         out: Array = rows[0].copy()
         for row in rows[1:]:
             _complex_multiply(out, row, out=out)
         return out
     if op in (ReduceOp.SUM, ReduceOp.MEAN):
-        return np.asarray(np.sum(array, axis=axis, dtype=array.dtype))
+        return np.asarray(np.sum(array, axis=axis, dtype=_native(array.dtype)))
     if op is ReduceOp.PROD:
-        return np.asarray(np.prod(array, axis=axis, dtype=array.dtype))
+        return np.asarray(np.prod(array, axis=axis, dtype=_native(array.dtype)))
     local = np.min if op is ReduceOp.MIN else np.max
     return np.asarray(local(array, axis=axis))
 

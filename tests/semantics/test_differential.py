@@ -99,6 +99,17 @@ def draw_leaf(rng: random.Random, dtype: np.dtype[Any], shape: tuple[int, ...]) 
         return np.array(values, dtype=dtype).reshape(shape)
 
 
+def _swapped(array: np.ndarray) -> np.ndarray:
+    """``array``'s values in the other byte order (``'>f8'`` on a little-endian machine)."""
+    return array.astype(array.dtype.newbyteorder("S"))
+
+
+def _native(got: Any) -> np.ndarray:
+    """A non-reduction's result in native byte order (its order is not a rule's)."""
+    array = np.asarray(got)
+    return array.astype(array.dtype.newbyteorder("="))
+
+
 class Program:
     """One generated program: n replicas' batches of leaves of one dtype."""
 
@@ -116,6 +127,19 @@ class Program:
         self.values = [
             [draw_leaf(rng, self.dtype, shape) for shape in self.shapes] for _ in range(self.n)
         ]
+        # The reference's inputs; the library's are byte-swapped in some programs (every
+        # leaf, or every other one): a result's dtype is the rule's, native, on every path.
+        self.native = self.values
+        self.swapped = ""
+        if self.dtype.itemsize > 1 and self.dtype.isbuiltin == 1 and rng.random() < 0.3:
+            self.swapped = rng.choice(["all", "some"])
+            self.values = [
+                [
+                    _swapped(v) if self.swapped == "all" or j % 2 == 0 else v
+                    for j, v in enumerate(row)
+                ]
+                for row in self.native
+            ]
         ranked = [j for j, s in enumerate(self.shapes) if s]
         self.gather_leaf = rng.choice(ranked) if ranked else None
         self.axis = (
@@ -125,7 +149,8 @@ class Program:
     def __repr__(self) -> str:
         return (
             f"Program(seed={self.seed}: n={self.n} {self.op.value} {self.dtype} "
-            f"shapes={self.shapes} bytes_per_pack={self.bytes_per_pack})"
+            f"shapes={self.shapes} bytes_per_pack={self.bytes_per_pack}"
+            f"{' byte-swapped: ' + self.swapped if self.swapped else ''})"
         )
 
 
@@ -164,8 +189,9 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
     if not cpass:
         strategy.backend._cpass = None  # type: ignore[attr-defined]
     values = program.values
+    native = program.native
     m = len(program.shapes)
-    want = ref.all_reduce(op, values)
+    want = ref.all_reduce(op, native)
 
     async def step(leaves: list[np.ndarray]) -> Any:
         ctx = ar.get_replica_context()
@@ -204,12 +230,14 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                     assert_same(
                         row["batch"][j], mine[j], f"replica {r} leaf {j} in the batch", strict=True
                     )
-                    assert_same(row["broadcast"][j], values[-1][j], f"replica {r} broadcast")
+                    assert_same(
+                        _native(row["broadcast"][j]), native[-1][j], f"replica {r} broadcast"
+                    )
                 every, one = row["merge"]
                 for j in range(m):
                     where = f"replica {r} leaf {j} in a merge_fn"
                     if n == 1:  # a merge_fn's arguments at one replica are plain values
-                        plain = ref.reduce_plain(values[0][j])
+                        plain = ref.reduce_plain(native[0][j])
                         assert_same(every[j], plain, f"{where} (batch_reduce_to)", strict=True)
                         assert_same(one[j], plain, f"{where} (reduce_to)", strict=True)
                         continue
@@ -217,10 +245,10 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                     assert_same(every[j], mine[j], f"{where} (batch_reduce_to)", strict=True)
                     assert_same(one[j], mine[j], f"{where} (reduce_to)", strict=True)
                 if "gather" in row:
-                    g = ref.all_gather([[v[program.gather_leaf]] for v in values], program.axis)[0]
-                    assert_same(row["gather"], g, f"replica {r} all_gather")
+                    g = ref.all_gather([[v[program.gather_leaf]] for v in native], program.axis)[0]
+                    assert_same(_native(row["gather"]), g, f"replica {r} all_gather")
                 if "scatter" in row:
-                    chunks = ref.reduce_scatter(op, [[v[program.gather_leaf]] for v in values], 0)
+                    chunks = ref.reduce_scatter(op, [[v[program.gather_leaf]] for v in native], 0)
                     assert_same(row["scatter"], chunks[r][0], f"replica {r} reduce_scatter")
             leaves = [ar.PerReplica([values[r][j] for r in range(n)]) for j in range(m)]
             for j, leaf in enumerate(leaves):
@@ -236,7 +264,7 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                         assert_same(component, mine[j], where, strict=True)
                 if program.shapes[j]:
                     axis = (len(program.shapes[j]) - 1,)
-                    comps = [values[r][j] for r in range(n)]
+                    comps = [native[r][j] for r in range(n)]
                     if op in (ar.ReduceOp.MIN, ar.ReduceOp.MAX) and not comps[0].size:
                         continue  # numpy and TensorFlow refuse the MIN of nothing
                     assert_same(
@@ -252,8 +280,8 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
             if program.gather_leaf is not None:
                 leaf = leaves[program.gather_leaf]
                 gathered = await strategy.gather(leaf, program.axis)
-                comps = [values[r][program.gather_leaf] for r in range(n)]
-                assert_same(gathered, ref.gather(comps, program.axis), "Strategy.gather")
+                comps = [native[r][program.gather_leaf] for r in range(n)]
+                assert_same(_native(gathered), ref.gather(comps, program.axis), "Strategy.gather")
 
     anyio.run(main, backend=loop[0], backend_options=loop[1])
 
