@@ -170,7 +170,9 @@ def _exact_quotient(total: Array, count: int, dtype: np.dtype[Any]) -> Array:
     return quotient if result == quotient.dtype else quotient.astype(result)
 
 
-def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) -> Array:
+def _mean_of_ints(
+    arrays: Sequence[Array], axis: tuple[int, ...] | None = None, *, count: int = 0
+) -> Array:
     """The MEAN of integer arrays: the exact sum, divided, rounded once.
 
     The sum is never taken in the input dtype (int8 ``100 + 100`` wraps to -56, int64
@@ -186,13 +188,16 @@ def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) 
         arrays: One integer array per replica, all of one shape (``axis`` None) or rank.
         axis: Also sum each array along these axes first (``Backend.reduce``); the
             count is then the number of elements summed.
+        count: The divisor, when not the number of values summed: ``IndexedSlices``
+            MEAN divides each replica's rows (one array, their concatenation) by the
+            number of replicas.
 
     Returns:
         A new, writable array of the MEAN's dtype (``_core._dtypes.reduced_dtype``).
     """
     dtype = arrays[0].dtype
     if axis is None:
-        count = len(arrays)
+        count = count or len(arrays)
         small = dtype.itemsize <= 4 and count < EXACT_MEAN_COUNT
         bound = 0 if small else sum(map(_magnitude, arrays))
     else:
@@ -300,8 +305,8 @@ def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array
     indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
     if op is ReduceOp.MEAN:
         if values.dtype.kind in "iu":
-            # Each value divided (not summed): exact below 2**53, as _mean_of_ints.
-            values = _exact_quotient(values.astype(np.int64), len(parts), values.dtype)
+            # Each value divided (not summed), by the one exact rule: rounded once.
+            values = _mean_of_ints([values], count=len(parts))
         else:
             values = _divide(values, len(parts))
     return values, indices, parts[0].dense_shape

@@ -362,3 +362,68 @@ def test_a_dtype_mismatch_raises_the_same_error_on_every_path(seed: int, api: st
     with pytest.raises(ar.CollectiveMismatchError) as info:
         anyio.run(main)
     assert info.value.fields == fields
+
+
+def draw_slices(rng: random.Random, dtype: np.dtype[Any], n: int) -> list[ar.IndexedSlices]:
+    """Each replica's IndexedSlices of ``dtype``: 0 to 3 rows of width 2, of (2**k)-ish values."""
+    out = []
+    for _ in range(n):
+        rows = rng.randrange(4)
+        values = draw_leaf(rng, dtype, (rows, 2))
+        if dtype.kind in "iu" and values.size:
+            # Near the ends of 64-bit ranges and around 2**53 (where float64 rounds).
+            info = np.iinfo(dtype)
+            edges = [int(info.max), int(info.min), 2**53 + 1, -(2**53) - 1, 2**62 + 1]
+            edges = [e for e in edges if info.min <= e <= info.max]
+            flat = values.reshape(-1)
+            for k in range(flat.size):
+                if rng.random() < 0.5:
+                    flat[k] = rng.choice(edges)
+        indices = np.array([rng.randrange(5) for _ in range(rows)], np.int64)
+        out.append(ar.IndexedSlices(values, indices, (5, 2)))
+    return out
+
+
+def check_slices(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
+    """One generated IndexedSlices program on every reduce path."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 4])
+    op = rng.choice([ar.ReduceOp.SUM, ar.ReduceOp.MEAN])
+    dtype = rng.choice([np.dtype(d) for d in ("int64", "uint64", "int32", "int8", "float64")])
+    slices = draw_slices(rng, dtype, n)
+    want = ref.slices_values(op, [s.values for s in slices])
+    where = f"seed {seed}: n={n} {op.value} {dtype}"
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step(x: ar.IndexedSlices) -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce(op, x)
+
+    async def main() -> list[tuple[str, Any]]:
+        with anyio.fail_after(60):  # hang guard
+            per = ar.PerReplica(slices)
+            got: list[tuple[str, Any]] = [
+                (f"all_reduce replica {r}", x)
+                for r, x in enumerate(
+                    strategy.experimental_local_results(await strategy.run(step, args=(per,)))
+                )
+            ]
+            got.append(("reduce", await strategy.reduce(op, per, axis=None)))
+            got.append(("reduce_to", await strategy.extended.reduce_to(op, per, "CPU:0")))
+            batch = await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")])
+            got.append(("batch_reduce_to", batch[0]))
+            return got
+
+    for path, result in anyio.run(main, backend=loop[0], backend_options=loop[1]):
+        if n == 1 and not isinstance(result, ar.IndexedSlices):
+            continue  # a single replica's all_reduce may hand the value back as is
+        assert isinstance(result, ar.IndexedSlices), f"{where} {path}: {result!r}"
+        assert_same(result.values, want, f"{where} {path}", strict=True)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_indexed_slices_on_every_path_match_the_reference(loop: tuple[str, dict[str, Any]]) -> None:
+    """all_reduce, Strategy.reduce, reduce_to and batch_reduce_to of IndexedSlices."""
+    for seed in range(60):
+        check_slices(seed, loop)
