@@ -116,8 +116,10 @@ def number_dtype(value: int | float | complex) -> str:
     """The dtype a Python number reduces in: TensorFlow's conversion of a Python number.
 
     ``float`` is ``float32``; ``int`` is ``int32``, or ``int64`` past int32's range;
-    ``complex`` is ``complex128``. (A collective's Python numbers are described as
-    numpy describes them instead: see docs/migration.md.)
+    ``complex`` is ``complex128``. This is for a plain (non-distributed) number only:
+    a collective's Python numbers, and a ``PerReplica`` of them in every cross-replica
+    API, are described as the backend describes them (numpy: int64, float64) instead:
+    see docs/migration.md.
     """
     if isinstance(value, bool):
         return "bool"

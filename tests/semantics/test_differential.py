@@ -427,3 +427,66 @@ def test_indexed_slices_on_every_path_match_the_reference(loop: tuple[str, dict[
     """all_reduce, Strategy.reduce, reduce_to and batch_reduce_to of IndexedSlices."""
     for seed in range(60):
         check_slices(seed, loop)
+
+
+def draw_numbers(rng: random.Random, n: int) -> list[Any]:
+    """Each replica's Python number, of one kind: near int32's and float32's limits too."""
+    kind = rng.choice(["int", "float", "complex"])
+    if kind == "int":
+        pool = [0, 1, -1, 2**31 - 1, -(2**31), 2**40, 2**53 + 1, 2**62]
+        return [rng.choice(pool) if rng.random() < 0.6 else rng.randint(-99, 99) for _ in range(n)]
+    if kind == "float":
+        pool = [0.1, 0.2, 16777217.0, -0.0, 1e300, 2.5]
+        return [rng.choice(pool) if rng.random() < 0.6 else rng.uniform(-9, 9) for _ in range(n)]
+    return [complex(rng.uniform(-9, 9), rng.choice([0.1, 16777217.0])) for _ in range(n)]
+
+
+def check_numbers(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
+    """A PerReplica of Python numbers through every reduce API: one rule, one result kind.
+
+    Distributed Python numbers are a collective's values, as numpy describes them
+    (int64, float64, complex128); the result is a 0-d array on every path.
+    """
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 4])
+    op = rng.choice(OPS)
+    numbers = draw_numbers(rng, n)
+    want = ref.combine(op, [np.asarray(x) for x in numbers])
+    where = f"seed {seed}: n={n} {op.value} {numbers}"
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step(x: Any) -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce(op, x)
+
+    async def main() -> list[tuple[str, Any]]:
+        with anyio.fail_after(60):  # hang guard
+            per = ar.PerReplica(list(numbers))
+            got: list[tuple[str, Any]] = [
+                ("reduce", await strategy.reduce(op, per, axis=None)),
+                ("reduce_to", await strategy.extended.reduce_to(op, per, "CPU:0")),
+                (
+                    "batch_reduce_to",
+                    (await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")]))[0],
+                ),
+            ]
+            if n > 1:
+                results = await strategy.run(step, args=(per,))
+                got += [
+                    (f"all_reduce replica {r}", x)
+                    for r, x in enumerate(strategy.experimental_local_results(results))
+                ]
+            return got
+
+    for path, result in anyio.run(main, backend=loop[0], backend_options=loop[1]):
+        assert type(result) is np.ndarray, f"{where} {path}: {result!r} is not a 0-d array"
+        assert_same(result, want, f"{where} {path}", strict=True)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_per_replica_python_numbers_on_every_path_match_the_reference(
+    loop: tuple[str, dict[str, Any]],
+) -> None:
+    for seed in range(60):
+        check_numbers(seed, loop)
