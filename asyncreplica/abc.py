@@ -37,7 +37,14 @@ import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
-from ._core._dtypes import EXACT_MEAN_COUNT, is_reducible, number_dtype, reduced_dtype
+from ._core._dtypes import (
+    EXACT_MEAN_COUNT,
+    is_reducible,
+    not_reducible_message,
+    number_dtype,
+    reduced_dtype,
+    sparse_op_message,
+)
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import treedef_key
@@ -58,10 +65,12 @@ __all__ = [
     "available_backends",
     "is_reducible",
     "key_text",
+    "not_reducible_message",
     "number_dtype",
     "reduced_dtype",
     "register_backend",
     "signature_differences",
+    "sparse_op_message",
     "treedef_key",
 ]
 

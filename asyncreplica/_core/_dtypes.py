@@ -20,7 +20,9 @@ The rules, as TensorFlow 2.21 applies them (measured: docs/migration.md):
 
 from __future__ import annotations
 
-from ._signature import ReduceOp
+from collections.abc import Sequence
+
+from ._signature import LeafSpec, ReduceOp
 
 __all__ = [
     "EXACT_MEAN_COUNT",
@@ -29,8 +31,11 @@ __all__ = [
     "REDUCIBLE_DTYPES",
     "is_integer",
     "is_reducible",
+    "not_reducible_message",
     "number_dtype",
+    "reduce_refusal",
     "reduced_dtype",
+    "sparse_op_message",
 ]
 
 #: Integer dtypes, by name.
@@ -53,6 +58,36 @@ def is_integer(dtype: str) -> bool:
 def is_reducible(dtype: str) -> bool:
     """Whether values of ``dtype`` (a name) can be reduced (SUM, MEAN, MIN, MAX, PROD)."""
     return dtype in REDUCIBLE_DTYPES
+
+
+def not_reducible_message(dtype: str) -> str:
+    """Why values of ``dtype`` (a name, not reducible) are refused by a reduction."""
+    return (
+        f"cannot reduce values of dtype {dtype}: reductions need integer, float or "
+        "complex values (cast booleans first: x.astype(np.int32) in numpy, "
+        "xp.astype(x, xp.int32) in other array API libraries, x.int() in PyTorch)"
+    )
+
+
+def sparse_op_message(op: ReduceOp) -> str:
+    """Why ``IndexedSlices`` are refused by a reduction with ``op`` (not SUM or MEAN)."""
+    return f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}"
+
+
+def reduce_refusal(op: ReduceOp, leaves: Sequence[LeafSpec]) -> TypeError | ValueError | None:
+    """The error a reduction of leaves described by ``leaves`` must raise, or None.
+
+    Both refusals follow from the signature alone, so a replica raises them when it
+    issues the collective, before any replica waits on it: a refusal found when the
+    last replica dispatched would reach that replica only (its peers, parked, would
+    wait for a result that never comes if it caught the error).
+    """
+    for spec in leaves:
+        if spec.sparse and op is not ReduceOp.SUM and op is not ReduceOp.MEAN:
+            return ValueError(sparse_op_message(op))
+        if spec.dtype not in REDUCIBLE_DTYPES:
+            return TypeError(not_reducible_message(spec.dtype))
+    return None
 
 
 def reduced_dtype(op: ReduceOp, dtype: str) -> str:
@@ -81,8 +116,10 @@ def number_dtype(value: int | float | complex) -> str:
     """The dtype a Python number reduces in: TensorFlow's conversion of a Python number.
 
     ``float`` is ``float32``; ``int`` is ``int32``, or ``int64`` past int32's range;
-    ``complex`` is ``complex128``. (A collective's Python numbers are described as
-    numpy describes them instead: see docs/migration.md.)
+    ``complex`` is ``complex128``. This is for a plain (non-distributed) number only:
+    a collective's Python numbers, and a ``PerReplica`` of them in every cross-replica
+    API, are described as the backend describes them (numpy: int64, float64) instead:
+    see docs/migration.md.
     """
     if isinstance(value, bool):
         return "bool"

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import collections.abc
+import copy
+import functools
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from threading import get_ident
@@ -144,7 +146,11 @@ async def _dispatch(rv: Rendezvous, call: Collective, slot: Slot) -> Any:
 
     :meth:`~._run.Run._dispatch` is the general form (tracing, merge_call, processes).
     """
-    results = await call.dispatch(rv.run, call, slot.payloads)
+    try:
+        results = await call.dispatch(rv.run, call, slot.payloads)
+    except Exception as exc:
+        fail_waiters(slot, exc)
+        raise
     slot.results = results
     slot.release()
     rv.gen += 1  # the waiters are runnable again
@@ -153,6 +159,36 @@ async def _dispatch(rv: Rendezvous, call: Collective, slot: Slot) -> Any:
     treedef = call.treedef
     result = results[call.replica]
     return result[0] if treedef is None else rebuild(treedef, result)
+
+
+def fail_waiters(slot: Slot, exc: BaseException) -> None:
+    """The dispatch of ``slot``'s collective raised ``exc``: every waiting replica gets it.
+
+    The replica that dispatched raises ``exc`` itself; each replica parked at the
+    collective wakes with a copy of it (one exception object is not raised in several
+    tasks: each gets its own traceback; uncaught, a copy is not a second root cause).
+    Whether the run fails is then each replica's
+    business, as for a refusal at issue: one that catches the error goes on, and no
+    replica is left waiting for a result that never comes.
+    """
+    if not slot.done:
+        slot.abort(functools.partial(_twin, exc))
+        slot.run._rv.gen += 1  # the waiters are runnable again
+
+
+def _twin(exc: BaseException) -> BaseException:
+    """A fresh copy of ``exc`` (``exc`` itself where it cannot be copied)."""
+    try:
+        twin = copy.copy(exc)
+    except Exception:
+        return exc
+    if type(twin) is not type(exc):
+        return exc
+    twin.__cause__ = exc.__cause__
+    # Uncaught, a copy is the dispatching replica's error again, not a second root
+    # cause (Run._recorded reads this).
+    twin._ar_twin_of = exc  # type: ignore[attr-defined]
+    return twin
 
 
 class Slot:

@@ -393,8 +393,10 @@ class ReplicaContext:
             replica's own view of one shared buffer. ``all_reduce([])`` returns ``[]``.
 
         Raises:
-            ValueError: ``reduce_op`` is not a reduce op.
-            TypeError: A leaf is not numeric.
+            ValueError: ``reduce_op`` is not a reduce op, or reduces ``IndexedSlices``
+                with an op other than SUM or MEAN (raised by this call, before any
+                replica waits).
+            TypeError: A leaf is not numeric, or is boolean (raised by this call).
             CollectiveMismatchError: Another replica issued a different collective at
                 this position. The run fails; every replica is cancelled.
             ReplicaExitedError: A replica finished without reaching this collective.

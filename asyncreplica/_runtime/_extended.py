@@ -148,6 +148,9 @@ def check_components(
     )
 
 
+_NUMBERS = (int, float, complex)
+
+
 async def reduce_leaf(
     strategy: Strategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
 ) -> object:
@@ -176,6 +179,13 @@ async def reduce_leaf(
                     "axis=0 to reduce along the batch axis too (then only the other "
                     "dimensions must agree)."
                 )
+            if strategy._group is None and all(type(c) in _NUMBERS for c in components):
+                # Distributed Python numbers are a collective's values, described as
+                # the backend describes them (numpy: int64, float64): reduced by the
+                # path reduce_to and all_reduce take, to the same bits and a 0-d array.
+                # (TensorFlow's int32/float32 is for a plain number: see below.)
+                reduced = await backend.all_reduce(op, [[c] for c in components])
+                return await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
             return await backend.reduce(op, components, None)
         if len({len(s) for s in shapes}) > 1:
             raise ValueError(

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core._dtypes import reduce_refusal
 from .._core._nest import TreeDef, flatten
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._inspect import DEPENDENT_CACHES, call_path
@@ -131,6 +132,11 @@ def all_reduce(
             or signature[1] is not op
             or signature[6] != name
         ):
+            # Refused here, by every replica, before any waits (checked once per new
+            # signature: a refused one is never cached).
+            refusal = reduce_refusal(op, (spec,))
+            if refusal is not None:
+                raise refusal
             signature = Signature(_ALL_REDUCE, op, name=name, leaves=(spec,), call_path=path)
             if len(_SIGNATURES) >= _MAX_SIGNATURES:
                 _SIGNATURES.clear()
@@ -139,6 +145,9 @@ def all_reduce(
     else:
         leaves, treedef = flatten_value(value)
         specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
+        refusal = reduce_refusal(op, specs)
+        if refusal is not None:
+            raise refusal
         if name is not None:
             ctx._check_name(name)
         # A plain tuple build: the named tuple's keyword constructor costs more

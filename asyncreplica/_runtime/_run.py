@@ -52,7 +52,7 @@ from .._exceptions import (
 )
 from . import _ending, _inspect, _tasks
 from ._clock import loop_clock
-from ._collective import NO_TREE, Collective, Rendezvous, Slot, rebuild
+from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._mode import MODE, Mode
 from ._waiter import Waiter
 
@@ -292,6 +292,9 @@ class Run:
         """
         if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
+        origin = getattr(error, "_ar_twin_of", None)
+        if origin is not None and any(e is origin for _, e in self._errors):
+            return True  # a waiter's copy of a dispatch error (_collective.fail_waiters)
         if isinstance(error, BaseExceptionGroup):
             return all(
                 self._recorded(e) or isinstance(e, anyio.get_cancelled_exc_class())
@@ -466,7 +469,11 @@ class Run:
             if signature.kind is CollectiveKind.MERGE_CALL:
                 slot.results = await self._merge(call, key, slot)
             else:
-                slot.results = await call.dispatch(self, call, slot.payloads)
+                try:
+                    slot.results = await call.dispatch(self, call, slot.payloads)
+                except Exception as exc:
+                    fail_waiters(slot, exc)
+                    raise
         else:
             # Scale-out: the processes agree on this position first (MPI).
             payloads = slot.payloads
@@ -484,6 +491,7 @@ class Run:
                 self._fail(replica, exc)
                 raise
             except Exception as exc:
+                fail_waiters(slot, exc)
                 if self.failed:
                     # Another collective of this run failed across processes first
                     # (e.g. timed out, leaving the processes out of step): this one's

@@ -62,6 +62,7 @@ __all__ = [
     "reduce",
     "reduce_plain",
     "reduce_scatter",
+    "slices_values",
 ]
 
 Array = npt.NDArray[Any]
@@ -146,6 +147,30 @@ def combine(op: ReduceOp, values: Sequence[Array]) -> Array:
         for v in values[1:]:
             acc = _step(op, acc, v[index])
         out[index] = _divide(acc, n) if op is ReduceOp.MEAN else acc
+    return out
+
+
+def slices_values(op: ReduceOp, values: Sequence[Array]) -> Array:
+    """The values of every replica's ``IndexedSlices`` reduced with SUM or MEAN.
+
+    The rows are concatenated in replica order (not summed); MEAN divides each value
+    by the number of replicas, in the MEAN's dtype (integers: the float64 nearest the
+    exact quotient, as :func:`combine`).
+    """
+    if op not in (ReduceOp.SUM, ReduceOp.MEAN):
+        raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+    rows = np.concatenate(values, axis=0)
+    _check_reducible(rows.dtype)
+    if op is ReduceOp.SUM:
+        return rows
+    n = len(values)
+    result = np.dtype(reduced_dtype(op, _name(rows.dtype)))
+    out = np.empty(rows.shape, result)
+    for index in np.ndindex(rows.shape):
+        if is_integer(_name(rows.dtype)):
+            out[index] = nearest(fractions.Fraction(int(rows[index]), n), result)
+        else:
+            out[index] = _divide(rows[index], n)
     return out
 
 

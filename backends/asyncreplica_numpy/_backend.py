@@ -24,6 +24,7 @@ from asyncreplica.abc import (
     Backend,
     LeafSpec,
     ReduceOp,
+    not_reducible_message,
     number_dtype,
 )
 
@@ -40,6 +41,7 @@ from ._combine import (
     _internal,
     _local,
     _mean_of_ints,
+    _native,
     _reducible_dtype,
 )
 from ._devices import place_like, restore_host
@@ -837,11 +839,7 @@ class NumpyBackend(Backend):
         if not _reducible_dtype(array.dtype):
             if array.dtype == object and any(isinstance(v, IndexedSlices) for v in array.flat):
                 raise _internal("a dense reduction was given IndexedSlices")
-            raise TypeError(
-                f"cannot reduce values of dtype {array.dtype}: reductions need integer, float or "
-                "complex values (cast booleans first: x.astype(np.int32) in numpy, "
-                "xp.astype(x, xp.int32) in other array API libraries, x.int() in PyTorch)"
-            )
+            raise TypeError(not_reducible_message(str(array.dtype)))
         return array
 
     async def all_reduce(
@@ -957,7 +955,7 @@ class NumpyBackend(Backend):
         first = arrays[0]
         if first.nbytes >= POOL_BYTES:
             return await self._combine_large(
-                op, arrays, out=aligned_empty(first.shape, first.dtype)
+                op, arrays, out=aligned_empty(first.shape, _native(first.dtype))
             )
         return _combine(op, arrays)
 
@@ -976,6 +974,7 @@ class NumpyBackend(Backend):
         every element sees the same operations in the same order.
         """
         n = len(values)
+        dtype = _native(dtype)  # the result's dtype is the rule's, by name
         total = sum(size for _, _, size in pack)
         indices = [j for j, _, _ in pack]
         pick = operator.itemgetter(*indices)  # a pack holds two leaves or more
@@ -1056,7 +1055,7 @@ class NumpyBackend(Backend):
         ):
             return _combine(op, arrays)
         if out is None:
-            out = await self._buffer(first.shape, first.dtype)
+            out = await self._buffer(first.shape, _native(first.dtype))
         flat_in = [a.reshape(-1) for a in arrays]
         flat_out = out.reshape(-1)
         ufunc = _binary(op, first.dtype)

@@ -19,7 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from asyncreplica import BackendError, IndexedSlices
-from asyncreplica.abc import EXACT_MEAN_COUNT, ReduceOp, is_reducible, reduced_dtype
+from asyncreplica.abc import (
+    EXACT_MEAN_COUNT,
+    ReduceOp,
+    is_reducible,
+    reduced_dtype,
+    sparse_op_message,
+)
 
 Array = npt.NDArray[Any]
 
@@ -37,6 +43,15 @@ except ImportError:  # pragma: no cover - ml_dtypes is installed with the test e
 def _holdable(dtype: np.dtype[Any]) -> bool:
     """Whether a value of ``dtype`` can be a collective's leaf (bool, numbers, bfloat16)."""
     return dtype.kind in _HOLDABLE_KINDS or dtype == _BFLOAT16
+
+
+def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
+    """``dtype`` in this machine's byte order: a result's dtype is the rule's, by name.
+
+    ``'>f8'`` and ``'<f8'`` are both float64 (the signature names dtypes): every path
+    returns float64 in native order, whatever order the inputs had.
+    """
+    return dtype if dtype.isnative else dtype.newbyteorder("=")
 
 
 def _reducible_dtype(dtype: np.dtype[Any]) -> bool:
@@ -115,7 +130,7 @@ def _combine(op: ReduceOp, arrays: Sequence[Array]) -> Array:
         return _mean_of_ints(arrays)
     ufunc = _binary(op, arrays[0].dtype)
     if len(arrays) == 1:
-        out = np.array(arrays[0], copy=True)
+        out = np.array(arrays[0], dtype=_native(arrays[0].dtype), copy=True)
     else:
         # np.asarray: a ufunc of two 0-d arrays returns a numpy scalar, not an array.
         out = np.asarray(ufunc(arrays[0], arrays[1]))
@@ -155,7 +170,9 @@ def _exact_quotient(total: Array, count: int, dtype: np.dtype[Any]) -> Array:
     return quotient if result == quotient.dtype else quotient.astype(result)
 
 
-def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) -> Array:
+def _mean_of_ints(
+    arrays: Sequence[Array], axis: tuple[int, ...] | None = None, *, count: int = 0
+) -> Array:
     """The MEAN of integer arrays: the exact sum, divided, rounded once.
 
     The sum is never taken in the input dtype (int8 ``100 + 100`` wraps to -56, int64
@@ -171,13 +188,16 @@ def _mean_of_ints(arrays: Sequence[Array], axis: tuple[int, ...] | None = None) 
         arrays: One integer array per replica, all of one shape (``axis`` None) or rank.
         axis: Also sum each array along these axes first (``Backend.reduce``); the
             count is then the number of elements summed.
+        count: The divisor, when not the number of values summed: ``IndexedSlices``
+            MEAN divides each replica's rows (one array, their concatenation) by the
+            number of replicas.
 
     Returns:
         A new, writable array of the MEAN's dtype (``_core._dtypes.reduced_dtype``).
     """
     dtype = arrays[0].dtype
     if axis is None:
-        count = len(arrays)
+        count = count or len(arrays)
         small = dtype.itemsize <= 4 and count < EXACT_MEAN_COUNT
         bound = 0 if small else sum(map(_magnitude, arrays))
     else:
@@ -237,15 +257,15 @@ def _local(op: ReduceOp, array: Array, axis: tuple[int, ...]) -> Array:
         kept = rows.shape[len(axis) :]
         rows = rows.reshape((-1, *kept))
         if not len(rows):
-            return np.ones(kept, array.dtype)  # the empty product
+            return np.ones(kept, _native(array.dtype))  # the empty product
         out: Array = rows[0].copy()
         for row in rows[1:]:
             _complex_multiply(out, row, out=out)
         return out
     if op in (ReduceOp.SUM, ReduceOp.MEAN):
-        return np.asarray(np.sum(array, axis=axis, dtype=array.dtype))
+        return np.asarray(np.sum(array, axis=axis, dtype=_native(array.dtype)))
     if op is ReduceOp.PROD:
-        return np.asarray(np.prod(array, axis=axis, dtype=array.dtype))
+        return np.asarray(np.prod(array, axis=axis, dtype=_native(array.dtype)))
     local = np.min if op is ReduceOp.MIN else np.max
     return np.asarray(local(array, axis=axis))
 
@@ -273,7 +293,7 @@ def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array
             every replica's leaf is sparse or none is: a bug in asyncreplica).
     """
     if op not in (ReduceOp.SUM, ReduceOp.MEAN):
-        raise ValueError(f"IndexedSlices can be reduced with SUM or MEAN only, not {op.value}")
+        raise ValueError(sparse_op_message(op))
     parts = [s for s in slices if isinstance(s, IndexedSlices)]
     if len(parts) != len(slices):
         raise _internal("one leaf is IndexedSlices on some replicas and dense on others")
@@ -285,8 +305,8 @@ def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array
     indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
     if op is ReduceOp.MEAN:
         if values.dtype.kind in "iu":
-            # Each value divided (not summed): exact below 2**53, as _mean_of_ints.
-            values = _exact_quotient(values.astype(np.int64), len(parts), values.dtype)
+            # Each value divided (not summed), by the one exact rule: rounded once.
+            values = _mean_of_ints([values], count=len(parts))
         else:
             values = _divide(values, len(parts))
     return values, indices, parts[0].dense_shape

@@ -99,6 +99,17 @@ def draw_leaf(rng: random.Random, dtype: np.dtype[Any], shape: tuple[int, ...]) 
         return np.array(values, dtype=dtype).reshape(shape)
 
 
+def _swapped(array: np.ndarray) -> np.ndarray:
+    """``array``'s values in the other byte order (``'>f8'`` on a little-endian machine)."""
+    return array.astype(array.dtype.newbyteorder("S"))
+
+
+def _native(got: Any) -> np.ndarray:
+    """A non-reduction's result in native byte order (its order is not a rule's)."""
+    array = np.asarray(got)
+    return array.astype(array.dtype.newbyteorder("="))
+
+
 class Program:
     """One generated program: n replicas' batches of leaves of one dtype."""
 
@@ -116,6 +127,19 @@ class Program:
         self.values = [
             [draw_leaf(rng, self.dtype, shape) for shape in self.shapes] for _ in range(self.n)
         ]
+        # The reference's inputs; the library's are byte-swapped in some programs (every
+        # leaf, or every other one): a result's dtype is the rule's, native, on every path.
+        self.native = self.values
+        self.swapped = ""
+        if self.dtype.itemsize > 1 and self.dtype.isbuiltin == 1 and rng.random() < 0.3:
+            self.swapped = rng.choice(["all", "some"])
+            self.values = [
+                [
+                    _swapped(v) if self.swapped == "all" or j % 2 == 0 else v
+                    for j, v in enumerate(row)
+                ]
+                for row in self.native
+            ]
         ranked = [j for j, s in enumerate(self.shapes) if s]
         self.gather_leaf = rng.choice(ranked) if ranked else None
         self.axis = (
@@ -125,7 +149,8 @@ class Program:
     def __repr__(self) -> str:
         return (
             f"Program(seed={self.seed}: n={self.n} {self.op.value} {self.dtype} "
-            f"shapes={self.shapes} bytes_per_pack={self.bytes_per_pack})"
+            f"shapes={self.shapes} bytes_per_pack={self.bytes_per_pack}"
+            f"{' byte-swapped: ' + self.swapped if self.swapped else ''})"
         )
 
 
@@ -164,8 +189,9 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
     if not cpass:
         strategy.backend._cpass = None  # type: ignore[attr-defined]
     values = program.values
+    native = program.native
     m = len(program.shapes)
-    want = ref.all_reduce(op, values)
+    want = ref.all_reduce(op, native)
 
     async def step(leaves: list[np.ndarray]) -> Any:
         ctx = ar.get_replica_context()
@@ -204,12 +230,14 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                     assert_same(
                         row["batch"][j], mine[j], f"replica {r} leaf {j} in the batch", strict=True
                     )
-                    assert_same(row["broadcast"][j], values[-1][j], f"replica {r} broadcast")
+                    assert_same(
+                        _native(row["broadcast"][j]), native[-1][j], f"replica {r} broadcast"
+                    )
                 every, one = row["merge"]
                 for j in range(m):
                     where = f"replica {r} leaf {j} in a merge_fn"
                     if n == 1:  # a merge_fn's arguments at one replica are plain values
-                        plain = ref.reduce_plain(values[0][j])
+                        plain = ref.reduce_plain(native[0][j])
                         assert_same(every[j], plain, f"{where} (batch_reduce_to)", strict=True)
                         assert_same(one[j], plain, f"{where} (reduce_to)", strict=True)
                         continue
@@ -217,10 +245,10 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                     assert_same(every[j], mine[j], f"{where} (batch_reduce_to)", strict=True)
                     assert_same(one[j], mine[j], f"{where} (reduce_to)", strict=True)
                 if "gather" in row:
-                    g = ref.all_gather([[v[program.gather_leaf]] for v in values], program.axis)[0]
-                    assert_same(row["gather"], g, f"replica {r} all_gather")
+                    g = ref.all_gather([[v[program.gather_leaf]] for v in native], program.axis)[0]
+                    assert_same(_native(row["gather"]), g, f"replica {r} all_gather")
                 if "scatter" in row:
-                    chunks = ref.reduce_scatter(op, [[v[program.gather_leaf]] for v in values], 0)
+                    chunks = ref.reduce_scatter(op, [[v[program.gather_leaf]] for v in native], 0)
                     assert_same(row["scatter"], chunks[r][0], f"replica {r} reduce_scatter")
             leaves = [ar.PerReplica([values[r][j] for r in range(n)]) for j in range(m)]
             for j, leaf in enumerate(leaves):
@@ -236,7 +264,7 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                         assert_same(component, mine[j], where, strict=True)
                 if program.shapes[j]:
                     axis = (len(program.shapes[j]) - 1,)
-                    comps = [values[r][j] for r in range(n)]
+                    comps = [native[r][j] for r in range(n)]
                     if op in (ar.ReduceOp.MIN, ar.ReduceOp.MAX) and not comps[0].size:
                         continue  # numpy and TensorFlow refuse the MIN of nothing
                     assert_same(
@@ -252,8 +280,8 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
             if program.gather_leaf is not None:
                 leaf = leaves[program.gather_leaf]
                 gathered = await strategy.gather(leaf, program.axis)
-                comps = [values[r][program.gather_leaf] for r in range(n)]
-                assert_same(gathered, ref.gather(comps, program.axis), "Strategy.gather")
+                comps = [native[r][program.gather_leaf] for r in range(n)]
+                assert_same(_native(gathered), ref.gather(comps, program.axis), "Strategy.gather")
 
     anyio.run(main, backend=loop[0], backend_options=loop[1])
 
@@ -334,3 +362,131 @@ def test_a_dtype_mismatch_raises_the_same_error_on_every_path(seed: int, api: st
     with pytest.raises(ar.CollectiveMismatchError) as info:
         anyio.run(main)
     assert info.value.fields == fields
+
+
+def draw_slices(rng: random.Random, dtype: np.dtype[Any], n: int) -> list[ar.IndexedSlices]:
+    """Each replica's IndexedSlices of ``dtype``: 0 to 3 rows of width 2, of (2**k)-ish values."""
+    out = []
+    for _ in range(n):
+        rows = rng.randrange(4)
+        values = draw_leaf(rng, dtype, (rows, 2))
+        if dtype.kind in "iu" and values.size:
+            # Near the ends of 64-bit ranges and around 2**53 (where float64 rounds).
+            info = np.iinfo(dtype)
+            edges = [int(info.max), int(info.min), 2**53 + 1, -(2**53) - 1, 2**62 + 1]
+            edges = [e for e in edges if info.min <= e <= info.max]
+            flat = values.reshape(-1)
+            for k in range(flat.size):
+                if rng.random() < 0.5:
+                    flat[k] = rng.choice(edges)
+        indices = np.array([rng.randrange(5) for _ in range(rows)], np.int64)
+        out.append(ar.IndexedSlices(values, indices, (5, 2)))
+    return out
+
+
+def check_slices(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
+    """One generated IndexedSlices program on every reduce path."""
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 4])
+    op = rng.choice([ar.ReduceOp.SUM, ar.ReduceOp.MEAN])
+    dtype = rng.choice([np.dtype(d) for d in ("int64", "uint64", "int32", "int8", "float64")])
+    slices = draw_slices(rng, dtype, n)
+    want = ref.slices_values(op, [s.values for s in slices])
+    where = f"seed {seed}: n={n} {op.value} {dtype}"
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step(x: ar.IndexedSlices) -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce(op, x)
+
+    async def main() -> list[tuple[str, Any]]:
+        with anyio.fail_after(60):  # hang guard
+            per = ar.PerReplica(slices)
+            got: list[tuple[str, Any]] = [
+                (f"all_reduce replica {r}", x)
+                for r, x in enumerate(
+                    strategy.experimental_local_results(await strategy.run(step, args=(per,)))
+                )
+            ]
+            got.append(("reduce", await strategy.reduce(op, per, axis=None)))
+            got.append(("reduce_to", await strategy.extended.reduce_to(op, per, "CPU:0")))
+            batch = await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")])
+            got.append(("batch_reduce_to", batch[0]))
+            return got
+
+    for path, result in anyio.run(main, backend=loop[0], backend_options=loop[1]):
+        if n == 1 and not isinstance(result, ar.IndexedSlices):
+            continue  # a single replica's all_reduce may hand the value back as is
+        assert isinstance(result, ar.IndexedSlices), f"{where} {path}: {result!r}"
+        assert_same(result.values, want, f"{where} {path}", strict=True)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_indexed_slices_on_every_path_match_the_reference(loop: tuple[str, dict[str, Any]]) -> None:
+    """all_reduce, Strategy.reduce, reduce_to and batch_reduce_to of IndexedSlices."""
+    for seed in range(60):
+        check_slices(seed, loop)
+
+
+def draw_numbers(rng: random.Random, n: int) -> list[Any]:
+    """Each replica's Python number, of one kind: near int32's and float32's limits too."""
+    kind = rng.choice(["int", "float", "complex"])
+    if kind == "int":
+        pool = [0, 1, -1, 2**31 - 1, -(2**31), 2**40, 2**53 + 1, 2**62]
+        return [rng.choice(pool) if rng.random() < 0.6 else rng.randint(-99, 99) for _ in range(n)]
+    if kind == "float":
+        pool = [0.1, 0.2, 16777217.0, -0.0, 1e300, 2.5]
+        return [rng.choice(pool) if rng.random() < 0.6 else rng.uniform(-9, 9) for _ in range(n)]
+    return [complex(rng.uniform(-9, 9), rng.choice([0.1, 16777217.0])) for _ in range(n)]
+
+
+def check_numbers(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
+    """A PerReplica of Python numbers through every reduce API: one rule, one result kind.
+
+    Distributed Python numbers are a collective's values, as numpy describes them
+    (int64, float64, complex128); the result is a 0-d array on every path.
+    """
+    rng = random.Random(seed)
+    n = rng.choice([1, 2, 3, 4])
+    op = rng.choice(OPS)
+    numbers = draw_numbers(rng, n)
+    want = ref.combine(op, [np.asarray(x) for x in numbers])
+    where = f"seed {seed}: n={n} {op.value} {numbers}"
+    strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step(x: Any) -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce(op, x)
+
+    async def main() -> list[tuple[str, Any]]:
+        with anyio.fail_after(60):  # hang guard
+            per = ar.PerReplica(list(numbers))
+            got: list[tuple[str, Any]] = [
+                ("reduce", await strategy.reduce(op, per, axis=None)),
+                ("reduce_to", await strategy.extended.reduce_to(op, per, "CPU:0")),
+                (
+                    "batch_reduce_to",
+                    (await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")]))[0],
+                ),
+            ]
+            if n > 1:
+                results = await strategy.run(step, args=(per,))
+                got += [
+                    (f"all_reduce replica {r}", x)
+                    for r, x in enumerate(strategy.experimental_local_results(results))
+                ]
+            return got
+
+    for path, result in anyio.run(main, backend=loop[0], backend_options=loop[1]):
+        assert type(result) is np.ndarray, f"{where} {path}: {result!r} is not a 0-d array"
+        assert_same(result, want, f"{where} {path}", strict=True)
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_per_replica_python_numbers_on_every_path_match_the_reference(
+    loop: tuple[str, dict[str, Any]],
+) -> None:
+    for seed in range(60):
+        check_numbers(seed, loop)
