@@ -29,12 +29,14 @@ __all__ = [
     "FLOATING_DTYPES",
     "INTEGER_DTYPES",
     "REDUCIBLE_DTYPES",
+    "REFUSAL_MARK",
     "is_integer",
     "is_reducible",
     "not_reducible_message",
     "number_dtype",
     "reduce_refusal",
     "reduced_dtype",
+    "same_refusal",
     "sparse_op_message",
 ]
 
@@ -84,10 +86,32 @@ def reduce_refusal(op: ReduceOp, leaves: Sequence[LeafSpec]) -> TypeError | Valu
     """
     for spec in leaves:
         if spec.sparse and op is not ReduceOp.SUM and op is not ReduceOp.MEAN:
-            return ValueError(sparse_op_message(op))
+            return _refusal(ValueError(sparse_op_message(op)))
         if spec.dtype not in REDUCIBLE_DTYPES:
-            return TypeError(not_reducible_message(spec.dtype))
+            return _refusal(TypeError(not_reducible_message(spec.dtype)))
     return None
+
+
+#: The attribute that marks an error as a refusal of :func:`reduce_refusal`: every replica
+#: that issues the same collective raises the same one, and the run reports it once.
+REFUSAL_MARK = "_asyncreplica_refusal"
+
+
+def _refusal(error: TypeError | ValueError) -> TypeError | ValueError:
+    setattr(error, REFUSAL_MARK, True)
+    return error
+
+
+def same_refusal(errors: Sequence[BaseException]) -> bool:
+    """Whether ``errors`` (two or more) are one refusal raised by every replica alike.
+
+    Each replica refuses the collective it issues, before any waits, so a refused
+    collective fails every replica with the same error: one error, not a group of copies
+    (its class must not depend on how many replicas a process holds).
+    """
+    first = errors[0]
+    key = (type(first), str(first))
+    return all(getattr(e, REFUSAL_MARK, False) and (type(e), str(e)) == key for e in errors)
 
 
 def reduced_dtype(op: ReduceOp, dtype: str) -> str:

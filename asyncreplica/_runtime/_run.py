@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
+from .._core._dtypes import same_refusal
 from .._core._ledger import Key, Ledger, key_index
 from .._core._lifecycle import Event, Lifecycle, Outcome, State
 from .._core._report import (
@@ -1220,6 +1221,8 @@ class Run:
         if len(errors) == 1:
             return errors[0][1]
         exceptions = [e for _, e in errors]
+        if same_refusal(exceptions):
+            return exceptions[0]  # one collective refused alike by every replica
         if all(isinstance(e, Exception) for e in exceptions):
             return ExceptionGroup(
                 f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run",

@@ -128,3 +128,20 @@ async def test_a_waiter_that_does_not_catch_fails_the_run_when_the_dispatcher_ca
 
     with anyio.fail_after(HANG_GUARD_S), pytest.raises(ValueError, match="changed while its"):
         await s.run(step)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_a_refusal_raised_by_every_replica_is_reported_once(n: int) -> None:
+    """Each replica refuses the collective it issues, alike: the run raises that one error,
+    not a group of its copies (whose class would depend on how many replicas a process
+    holds, and so differ between the processes of a multi-process run)."""
+    s = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+    async def step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", np.array([True]))
+
+    with pytest.raises(TypeError, match="cannot reduce values of dtype bool") as info:
+        await s.run(step)
+    assert type(info.value) is TypeError

@@ -121,8 +121,10 @@ async def test_forgotten_await_in_a_condition_fails_the_run_with_the_type_error(
 
     async def step() -> None:
         ctx = context()
-        finite = np.isfinite(1.0 / (ctx.replica_id_in_sync_group + 1))
-        if ctx.all_reduce("min", finite):  # @fa-condition
+        # A float (booleans are refused when the collective is issued, before the
+        # forgotten await could be noticed).
+        share = 1.0 / (ctx.replica_id_in_sync_group + 1)
+        if ctx.all_reduce("min", share):  # @fa-condition
             await ctx.barrier()
 
     with anyio.fail_after(HANG_GUARD), pytest.raises(TypeError) as info:
