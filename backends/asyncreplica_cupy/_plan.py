@@ -21,7 +21,7 @@ import functools
 import re
 from collections.abc import Sequence
 
-from asyncreplica.abc import ReduceOp
+from asyncreplica.abc import EXACT_MEAN_COUNT, ReduceOp
 
 __all__ = [
     "EXACT_INT64_SUMMANDS",
@@ -81,8 +81,9 @@ NCCL_OPS: dict[ReduceOp, str] = {
 MAX_FOLD_ARITY = 16
 
 #: Fewer summands than this: a sum of 32-bit or smaller integers, taken in int64, stays
-#: below ``2**52`` in magnitude, so it is exact and converts to float64 exactly.
-EXACT_INT64_SUMMANDS = 1 << 20
+#: below ``2**52`` in magnitude, so it is exact and converts to float64 exactly. The one
+#: bound of the exact integer MEAN rule (``asyncreplica.abc.EXACT_MEAN_COUNT``).
+EXACT_INT64_SUMMANDS = EXACT_MEAN_COUNT
 _NARROW_INTS = frozenset({"int8", "int16", "int32", "uint8", "uint16", "uint32"})
 
 
