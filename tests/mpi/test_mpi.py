@@ -37,16 +37,22 @@ def _mpiexec() -> str:
     return found
 
 
-def launch(n: int, program: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, str], str]:
-    """Run ``program`` on ``n`` processes; return the exit status and each rank's log."""
-    env = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    env.pop("ASYNCREPLICA_TRACE", None)
+def launch(
+    n: int, program: str, *args: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[int, dict[int, str], str]:
+    """Run ``program`` on ``n`` processes; return the exit status and each rank's log.
+
+    ``env`` adds variables to the processes' environment (test_mpi_errors uses it).
+    """
+    environ = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    environ.pop("ASYNCREPLICA_TRACE", None)
+    environ.update(env or {})
     proc = subprocess.run(
         [_mpiexec(), "-n", str(n), sys.executable, str(PROGRAMS / program), *args],
         capture_output=True,
         text=True,
         timeout=HANG_GUARD_S,
-        env=env,
+        env=environ,
         check=False,
     )
     logs = {}

@@ -9,9 +9,6 @@ collective queued behind a failed exchange, a failing process's exception type, 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +20,8 @@ from asyncreplica_mpi._protocol import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_mpi import launch
 
-from asyncreplica._launch import find_mpiexec
 from asyncreplica._tracing._session import rank_path
 from asyncreplica.abc import (
     CallSite,
@@ -37,32 +34,6 @@ from asyncreplica.abc import (
 
 pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
 
-PROGRAMS = Path(__file__).parent / "programs"
-HANG_GUARD_S = 90
-
-
-def launch(
-    n: int, program: str, *args: str, tmp_path: Path, env: dict[str, str] | None = None
-) -> tuple[int, dict[int, str], str]:
-    mpiexec = find_mpiexec()
-    if mpiexec is None:
-        pytest.skip("mpiexec not found (pip install 'asyncreplica[mpi]' brings MPICH's)")
-    environ = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
-    environ.pop("ASYNCREPLICA_TRACE", None)
-    environ.update(env or {})
-    proc = subprocess.run(
-        [mpiexec, "-n", str(n), sys.executable, str(PROGRAMS / program), *args],
-        capture_output=True,
-        text=True,
-        timeout=HANG_GUARD_S,
-        env=environ,
-        check=False,
-    )
-    logs = {}
-    for rank in range(n):
-        log = tmp_path / f"rank{rank}.log"
-        logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
-    return proc.returncode, logs, proc.stdout + proc.stderr
 
 
 # -- plain values: one process's answer ------------------------------------------------
