@@ -268,6 +268,15 @@ class Run:
         self._left: list[tuple[int, Key]] = []  # their replicas and collectives
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
+        # The reason the run cancels its scope with (see _cancel_run, _by_run), and
+        # whether the loop's anyio took it.
+        self._reason = f"asyncreplica: run {id(self):x} ended its replicas"
+        self._reason_given = False
+        # Replicas whose task had a cancellation pending when the run first cancelled its
+        # scope (asked by no scope of the run's), and replicas whose leaving a collective
+        # is already told by an error of its own (see _abandoned, _dispatch_ended).
+        self._pending_outside: set[int] = set()
+        self._left_replicas: set[int] = set()
         # Errors that already carry a note saying where they came from.
         self._noted: set[int] = set()
         # Errors raised because the run had already failed (ids): never root causes.
@@ -309,8 +318,55 @@ class Run:
             self._errors.append((replica, error))
             if self.tracer is not None:
                 self.tracer.failed(error, getattr(error, "report", None))
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
+        self._cancel_run()
+
+    def _cancel_run(self) -> None:
+        """Cancel the run's scope (its replicas), with the run's reason.
+
+        First, the replicas whose task already has a cancellation pending are noted:
+        asked for before the run's, it is not the run's (``task.cancel()`` of several
+        replica tasks in one turn: each is cancelled from outside, see
+        :meth:`_cancelled_outside`).
+        """
+        scope = self._cancel_scope
+        if scope is None or scope.cancel_called:
+            return
+        if self._loop is not None:
+            for replica, task in enumerate(self._rv.mains):
+                if (
+                    isinstance(task, asyncio.Task)
+                    and not task.done()
+                    and task.cancelling()
+                    and task is not self._current_task()
+                ):
+                    self._pending_outside.add(replica)
+        try:
+            scope.cancel(self._reason)  # type: ignore[call-arg,unused-ignore]
+        except TypeError:  # anyio before 4.11 takes no reason
+            scope.cancel()
+        else:
+            self._reason_given = True
+
+    def _by_run(self, error: BaseException) -> bool | None:
+        """Whether the cancellation ``error`` is the run's own (None: cannot be told)."""
+        scope = self._cancel_scope
+        if scope is None or not scope.cancel_called:
+            return False
+        return _ending.delivered_by(error, scope, self._reason if self._reason_given else None)
+
+    def _cancelled_outside(self, replica: int, error: BaseException) -> bool:
+        """Whether ``replica``'s task, ended by ``error``, was cancelled from outside.
+
+        By no scope of the run's nor around it, though the run's scope is cancelled now.
+        Two replica tasks cancelled with ``task.cancel()`` in one turn: the first one's end
+        cancels the run's scope; the second one's cancellation came first all the same.
+        """
+        return (
+            replica in self._pending_outside
+            and replica not in self._left_replicas
+            and self._by_run(error) is False
+            and not _ending.scope_cancellation(error)
+        )
 
     # -- collectives ----------------------------------------------------------------
 
@@ -353,8 +409,10 @@ class Run:
         self._rv.gen += 1
         scope = self._cancel_scope
         if scope is not None and scope.cancel_called:
-            if outside and not slot.done:
-                self.ledger.abandon(replica, key)  # the first abandonment is the error
+            if outside:
+                self._left_replicas.add(replica)  # told by the first abandonment's error
+                if not slot.done:
+                    self.ledger.abandon(replica, key)  # the first abandonment is the error
             # The run's own scope cancelled it: a consequence. (With no root cause recorded
             # the scope was cancelled for a task that ended cancelled before it ran, which
             # the run's end tells as that replica's: see _account_for_every_replica.)
@@ -362,21 +420,61 @@ class Run:
         if not self._errors and slot.error is None:
             # After the collective completed (its peers have their results, computed
             # with this replica's value) the cancellation fails the run all the same:
-            # it never took its result, and would go on with a value its peers lack.
+            # it never took its result, and would go on with a value its peers lack. The
+            # same while the backend combines it (every replica arrived: it left _slots).
+            combining = not slot.done and self._slots.get(key) is not slot
             error = (
-                self.ledger.cancelled_after(replica, key)
-                if slot.done
+                self.ledger.cancelled_after(replica, key, combining=combining)
+                if slot.done or combining
                 else self.ledger.abandon(replica, key)
             )
             if error is not None:
+                self._left_replicas.add(replica)
                 self._errors.append((replica, error))
                 self._abandonments.append(error)
-                if not slot.done:
+                if not slot.done and not combining:
                     self._left.append((replica, key))
                 else:
                     self._left.append((-1, key))  # told as it is
-                if self._cancel_scope is not None:
-                    self._cancel_scope.cancel()
+                self._cancel_run()
+
+    def _dispatch_ended(self, replica: int, slot: Slot, error: BaseException) -> None:
+        """The backend call that combines ``slot``'s collective ended with ``error``.
+
+        ``error`` is not an ``Exception`` (those go to every waiter as they are, see
+        ``fail_waiters``): a cancellation, ``KeyboardInterrupt``, ``SystemExit``. The
+        combine is abandoned half-way, so no replica waiting there can ever get a result:
+        each is woken with an error now, never left waiting. A cancellation the run did
+        not ask for is the run's root cause (a ``CollectiveError`` naming the replica whose
+        combine was cancelled); otherwise the waiters learn that the run ended.
+        """
+        if slot.done:
+            return
+        key = slot.key
+        if (
+            _ending.cancellation(error)
+            and not self._errors
+            and slot.error is None
+            and self._by_run(error) is not True
+        ):
+            waiting = [r for r in range(self.num_replicas) if r != replica]
+            cause = self.ledger.cancelled_combining(replica, key, waiting)
+            cause.__cause__ = error
+            self._left_replicas.add(replica)
+            self._errors.append((replica, cause))
+            self._abandonments.append(cause)
+            self._left.append((-1, key))  # told as it is
+            fail_waiters(slot, cause)  # each waiter raises a copy: not a second root cause
+            self._cancel_run()
+            return
+        slot.abort(functools.partial(self._consequence, key))
+        self._rv.gen += 1  # the waiters are runnable again
+
+    def _consequence(self, key: Key) -> CollectiveError:
+        """:meth:`_ended_error` for ``key``, raised because the run already failed."""
+        error = self._ended_error(key, None)
+        self._consequences.add(id(error))
+        return error
 
     def _replica_awaiting(self, waiter: object) -> int | None:
         """The replica whose task awaits ``waiter`` (a completed fast-path waiter), if any.
@@ -430,8 +528,10 @@ class Run:
                     await future
                 else:
                     await self._park(slot)
-            except anyio.get_cancelled_exc_class():
-                self._abandoned(replica, key, slot)
+            except anyio.get_cancelled_exc_class() as exc:
+                # Not the run's own cancellation: another replica cancelled in the same
+                # turn may have failed the run meanwhile; this one left all the same.
+                self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
             finally:
                 del parked[id(task)]
@@ -475,6 +575,9 @@ class Run:
                 except Exception as exc:
                     fail_waiters(slot, exc)
                     raise
+                except BaseException as exc:  # cancelled inside the backend call
+                    self._dispatch_ended(replica, slot, exc)
+                    raise
         else:
             # Scale-out: the processes agree on this position first (MPI).
             payloads = slot.payloads
@@ -498,6 +601,9 @@ class Run:
                     # (e.g. timed out, leaving the processes out of step): this one's
                     # error is its consequence, not a second root cause.
                     self._consequences.add(id(exc))
+                raise
+            except BaseException as exc:  # cancelled inside the process group's call
+                self._dispatch_ended(replica, slot, exc)
                 raise
         if tracer is not None:
             tracer.dispatch_end(key)
@@ -903,6 +1009,8 @@ class Run:
                 event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
         else:
             event = _ending.event_of(error)
+            if event is Event.CANCEL and self._cancelled_outside(replica, error):
+                event = Event.CANCEL_OUTSIDE
         state = self.life.handle(replica, event)
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
@@ -971,10 +1079,12 @@ class Run:
         life = self.life
         for replica in range(self.num_replicas):
             if life.states[replica] is State.NOT_STARTED:
-                event = Event.SKIP if self.failed else Event.CANCEL_OUTSIDE
-                if life.handle(replica, event) is State.CANCELLED_OUTSIDE:
-                    self.ledger.cancel(replica)
-                    self._fail(replica, self._replica_cancelled(replica, "cancelled", None))
+                # Neither anyio nor trio cancels a task before its first step (a replica
+                # that starts after the run failed skips itself, in _replica_main): only
+                # task.cancel() does, from outside, even in the turn the run failed.
+                life.handle(replica, Event.CANCEL_OUTSIDE)
+                self.ledger.cancel(replica)
+                self._fail(replica, self._replica_cancelled(replica, "cancelled", None))
         if self.failed:
             return
         for replica in range(self.num_replicas):
