@@ -181,6 +181,12 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
     """Task factory hook: record tasks created inside a replica (asyncio)."""
     run = _spawned_in_replica(task)
     if run is not None:
+        mode = MODE.get()
+        replica = run.watch.replica_of(task)
+        if replica < 0 and mode is not None and mode.replica is not None:
+            replica = mode.replica._replica_id
+        # First: the note goes on before anything else looks at the task's end.
+        task.add_done_callback(functools.partial(run.note_interrupt, replica))
         task.add_done_callback(_inspect.forget_spawn)
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
@@ -293,6 +299,29 @@ class Run:
         """Attach ``note`` to ``error`` instead of the usual "raised in replica k" note."""
         _add_note(error, note)
         self._noted.add(id(error))
+
+    def note_interrupt(self, replica: int, task: asyncio.Task[Any]) -> None:
+        """A helper task of ``replica`` ended: note a ``KeyboardInterrupt`` or ``SystemExit``.
+
+        asyncio lets those leave the event loop at once, from the helper task, past the
+        run (which never sees them): they go on as themselves, with the replica's note as
+        any other error of a replica has. The note is added when the loop runs its
+        callbacks again (``asyncio.run`` does, cancelling the tasks left).
+        """
+        if task.cancelled():
+            return
+        error = getattr(task, "_exception", None)  # not exception(): it is not retrieved
+        if not isinstance(error, BaseException) or isinstance(error, Exception):
+            return
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+            return  # (a loop callback: anyio cannot tell which loop runs it)
+        where = _ending.where_ended(error)
+        self.note(
+            error,
+            f"(raised in a task started by replica {replica + self.strategy._replica_offset} "
+            f"of {self.strategy.num_replicas_in_sync} in {type(self.strategy).__name__}.run"
+            + (f", at {where})" if where else ")"),
+        )
 
     def _recorded(self, error: BaseException) -> bool:
         """Whether ``error`` is a recorded root cause, or only wraps recorded ones.

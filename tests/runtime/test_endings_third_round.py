@@ -259,3 +259,47 @@ async def test_task_cancel_inside_the_backend_call_wakes_every_waiter(
         await strategy(backend=Cancelling(DEVICES), check_call_sites=False).run(step)
     assert "was cancelled while the backend combined its 1st collective" in str(info.value)
     assert helpers[0].done()
+
+
+# -- 3: KeyboardInterrupt / SystemExit in an asyncio helper task ---------------------------
+
+
+def _loop_factories() -> list[Any]:
+    factories: list[Any] = [pytest.param(None, id="asyncio")]
+    try:
+        import uvloop
+    except ImportError:
+        return factories
+    factories.append(pytest.param(uvloop.new_event_loop, id="uvloop"))
+    return factories
+
+
+@pytest.mark.parametrize("loop_factory", _loop_factories())
+@pytest.mark.parametrize("kind", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_in_a_helper_task_carries_the_replica_note(
+    kind: type[BaseException], loop_factory: Any
+) -> None:
+    # Before: asyncio let it leave the loop from the helper task, past the run: no note
+    # said which replica, or where.
+    async def helper() -> None:
+        await asyncio.sleep(0)
+        raise kind("stop")
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 1:
+            await asyncio.ensure_future(helper())
+        return await ctx.all_reduce("SUM", 1.0)
+
+    async def main() -> None:
+        await strategy(2).run(step)
+
+    with pytest.raises(kind) as info, asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(main())
+    assert info.value.args == ("stop",)
+    (note,) = info.value.__notes__
+    assert note.startswith(
+        "(raised in a task started by replica 1 of 2 in MirroredStrategy.run, at "
+        "runtime/test_endings_third_round.py:"
+    )
+    assert note.endswith(" in helper())")
