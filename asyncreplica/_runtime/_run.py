@@ -50,6 +50,7 @@ from .._exceptions import (
     CollectiveTimeoutError,
     InternalError,
     ReplicaCancelledError,
+    ReplicaContextError,
 )
 from . import _ending, _inspect, _tasks
 from ._clock import loop_clock
@@ -194,7 +195,58 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
 
 def _on_trio_task_spawned(task: object) -> None:
     """Trio instrument hook: record a task started inside a replica (any nursery)."""
+    if _trio_system_task(task):
+        _refuse_system_task(task)
+        return
     _spawned_in_replica(task)
+
+
+def _trio_system_task(task: object) -> bool:
+    """Whether trio ``task`` is a system task (``trio.lowlevel.spawn_system_task``).
+
+    System tasks run in the nursery of trio's root task; the only other task there, the
+    main one, starts before any run can watch.
+    """
+    import trio
+
+    nursery = getattr(task, "parent_nursery", None)
+    return nursery is not None and nursery.parent_task is trio.lowlevel.current_root_task()
+
+
+def _refuse_system_task(task: Any) -> None:
+    """A trio system task was started in a copy of a replica's context: refuse it.
+
+    A system task is no replica's task: it outlives the run, and any exception leaving it
+    (a collective's refusal or the run's end, raised there) crashes trio with
+    ``TrioInternalError``. The run fails with a ``ReplicaContextError`` instead, and the
+    task runs outside any replica (its copy of the context is reset, so a collective
+    there is the default context's identity, never one of the run's).
+    """
+    context = getattr(task, "context", None)
+    if context is None:
+        return
+    mode = context.get(MODE, None)
+    if mode is None or mode.replica is None:
+        return  # the default: a copy of the context trio.run was called in
+    run = mode.replica._run
+    context.run(MODE.set, None)
+    if run is None or run.closed:
+        return
+    replica = mode.replica._replica_id
+    where = _tasks.where_called()
+    run._fail(
+        replica,
+        ReplicaContextError(
+            f"Replica {replica + run.strategy._replica_offset} started a trio system task "
+            f"(trio.lowlevel.spawn_system_task) in a copy of its context"
+            + (f", at {where}" if where else "")
+            + ". A system task is not the replica's: it outlives the run, and an exception "
+            "leaving it (a collective refused there) crashes trio with TrioInternalError. "
+            "Start the task in a nursery the step function opens (async with "
+            "trio.open_nursery()), or spawn the system task without the replica's context "
+            "(leave out context=).\n" + see_also("ReplicaContextError")
+        ),
+    )
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

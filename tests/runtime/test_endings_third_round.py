@@ -303,3 +303,43 @@ def test_an_interrupt_in_a_helper_task_carries_the_replica_note(
         "runtime/test_endings_third_round.py:"
     )
     assert note.endswith(" in helper())")
+
+
+# -- 4: a trio system task in a copy of a replica's context --------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_trio_system_task_in_a_replicas_context_is_refused() -> None:
+    # Before: its collective waited past the run's end, whose error, raised in the system
+    # task, crashed trio with TrioInternalError.
+    import contextvars
+
+    import trio
+
+    seen: list[object] = []
+
+    async def system_task() -> None:
+        ctx = ar.get_replica_context()
+        seen.append(ctx)
+        assert ctx is not None
+        await ctx.all_reduce("SUM", 1.0)  # the default context's identity: no run's
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            trio.lowlevel.spawn_system_task(system_task, context=contextvars.copy_context())
+        await trio.lowlevel.checkpoint()
+        return await ctx.all_reduce("SUM", 1.0)
+
+    with pytest.raises(ar.ReplicaContextError) as info:
+        await strategy(2).run(step)
+    message = str(info.value)
+    assert message.startswith(
+        "Replica 0 started a trio system task (trio.lowlevel.spawn_system_task) in a copy of "
+        "its context, at runtime/test_endings_third_round.py:"
+    )
+    assert "Start the task in a nursery the step function opens" in message
+    await trio.lowlevel.checkpoint()
+    assert len(seen) == 1
+    assert seen[0] is not None
+    assert seen[0].num_replicas_in_sync == 1  # type: ignore[attr-defined]
