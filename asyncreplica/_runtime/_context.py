@@ -15,8 +15,8 @@ from .._exceptions import ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
-from ._issue import all_reduce as _issue_all_reduce
-from ._issue import flatten_value as _flatten
+from ._issuing import all_reduce as _issue_all_reduce
+from ._issuing import flatten_value as _flatten
 from ._mode import MODE, Mode, current_mode
 from ._run import Collective
 from ._values import component
@@ -49,7 +49,7 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
 
 # Dispatch functions: called once per collective, by the last replica to arrive, with
 # every replica's payload in replica order. Module-level (no closure per call): what
-# they need is in the run, the collective's signature and its ``extra`` field.
+# they need is in the run, the collective's signature and its ``bytes_per_pack`` field.
 
 
 def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> None:
@@ -113,9 +113,9 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
         return [[] for _ in payloads]
     _check_unchanged(run, call, payloads)
     op = call._signature.op
-    bytes_per_pack = call.extra
+    bytes_per_pack = call.bytes_per_pack
     assert op is not None
-    assert isinstance(bytes_per_pack, int)
+    assert bytes_per_pack is not None
     results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
     return results
 
@@ -403,7 +403,7 @@ class ReplicaContext:
             CollectiveTimeoutError: ``timeout_seconds`` passed with replicas missing.
             ReplicaContextError: Called outside this replica.
         """
-        # The body is compiled (see _issue): this method keeps the docstring.
+        # The body is compiled (see _issuing): this method keeps the docstring.
         return _issue_all_reduce(
             self,
             self._run,

@@ -1008,7 +1008,7 @@ class Run:
             loop = None
         self._loop = self._rv.loop = loop
         self._rv.clock = loop_clock(loop)
-        self._rv.fast = loop is not None and self.tracer is None and self.shuffle is None
+        self._rv.fast_await = loop is not None and self.tracer is None and self.shuffle is None
         self._current_task = _tasks.current_task
         if loop is not None:
             self._current_task = asyncio.current_task
