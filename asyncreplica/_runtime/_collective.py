@@ -5,7 +5,8 @@ into native classes with typed attributes: reading a field is a C struct access,
 between these classes and the compiled ledger are C calls. It runs interpreted too
 (``ASYNCREPLICA_NO_EXTENSIONS=1``), with the same behaviour. What it needs from the
 interpreted :class:`~._run.Run` (failures, deadlock checks, the general coroutine) it calls
-there: those are the rare paths.
+there: those are the rare paths. It names no class above it, not even for types: the run
+it is handed is an ``IssuingRun`` (``_protocols``), called through ``Any``.
 
 * :class:`Rendezvous`: the fields of a run that every arrival reads, in one native object
   (the run holds it as ``run._rv`` and shares its lists and dicts).
@@ -34,7 +35,7 @@ from ._tasks import current_task
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from ._protocols import IssuingRun
 
 __all__ = ["NO_TREE", "Collective", "Rendezvous", "Slot", "rebuild"]
 
@@ -309,11 +310,11 @@ class Collective:
 
     def __init__(
         self,
-        run: Run,
+        run: IssuingRun,
         replica: int,
         signature: Signature,
         payload: object,
-        dispatch: Callable[[Run, Collective, list[Any]], Awaitable[Sequence[Any]]],
+        dispatch: Callable[[Any, Collective, list[Any]], Awaitable[Sequence[Any]]],
         bytes_per_pack: int | None = None,
         timeout: float | None = None,
         treedef: Any = NO_TREE,
@@ -420,7 +421,9 @@ class Collective:
             return self._started().__await__()  # type: ignore[no-any-return]
         # Awaited (or run, or closed) already: a second consumer would drive the one
         # coroutine from two places, or take another replica's result.
-        raise _ownership.reused(self._rv, self, "awaited", self._finished())
+        raise _ownership.reused(
+            self._rv, self, "awaited", self._finished(), closed=self._coro is _CLOSED
+        )
 
     def send(self, value: Any) -> Any:
         """Run the collective to its next suspension (coroutine protocol).
@@ -448,7 +451,7 @@ class Collective:
         """
         rv = self._rv
         if self._coro is not None:
-            raise _ownership.reused(rv, self, use, self._finished())
+            raise _ownership.reused(rv, self, use, self._finished(), closed=self._coro is _CLOSED)
         replica = self.replica
         task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:

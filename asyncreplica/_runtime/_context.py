@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ReplicaContext",
     "get_replica_context",
-    "get_strategy",
-    "has_strategy",
     "in_cross_replica_context",
 ]
 
@@ -193,24 +191,13 @@ def get_replica_context() -> ReplicaContext | None:
     ``strategy.scope()`` or a ``merge_fn`` it is None; elsewhere it is the default
     replica context (one replica, whose collectives are the identity).
     """
-    return current_mode().replica
+    context: ReplicaContext | None = current_mode().replica
+    return context
 
 
 def in_cross_replica_context() -> bool:
     """Return True inside ``strategy.scope()`` or a ``merge_fn``, False elsewhere."""
     return current_mode().cross_replica
-
-
-def get_strategy() -> Strategy:
-    """Return the current strategy: the one in scope or running, else the default strategy."""
-    return current_mode().strategy
-
-
-def has_strategy() -> bool:
-    """Return True when a strategy other than the default one is current."""
-    from ._strategy import DefaultStrategy
-
-    return not isinstance(current_mode().strategy, DefaultStrategy)
 
 
 def _check_args(args: object, kwargs: object, what: str) -> tuple[Sequence[Any], Mapping[str, Any]]:
