@@ -42,6 +42,7 @@ from .._core._report import (
     merge_fn_timeout_message,
     resumed_message,
     see_also,
+    told_once,
 )
 from .._core._signature import CollectiveKind, ReduceOp, Signature
 from .._exceptions import (
@@ -1393,6 +1394,10 @@ class Run:
 
     def _root_cause(self) -> BaseException:
         errors = sorted(self._errors, key=lambda item: item[0])
+        offset = self.strategy._replica_offset
+        once = told_once([(r + offset, e) for r, e in errors]) if errors[0][0] >= 0 else None
+        if once is not None:
+            return once  # one refusal, raised alike by each replica: its message names them
         name = f"{type(self.strategy).__name__}.run"
         for replica, error in errors:
             if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:

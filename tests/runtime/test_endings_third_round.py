@@ -8,6 +8,8 @@ returned values that disagree, and the other findings listed at each section.
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 import re
 from typing import Any
 
@@ -343,3 +345,62 @@ async def test_a_trio_system_task_in_a_replicas_context_is_refused() -> None:
     assert len(seen) == 1
     assert seen[0] is not None
     assert seen[0].num_replicas_in_sync == 1  # type: ignore[attr-defined]
+
+
+# -- 5: asyncio.wait over collectives awaited out of order -------------------------------
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_asyncio_wait_over_out_of_order_collectives_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: "Task exception was never retrieved" for each replica's task: the run raised
+    # the refusal, and asyncio logged it again from the task that asyncio.wait left.
+    async def step() -> object:
+        ctx = _ctx()
+        a = ctx.all_reduce("SUM", 1.0)
+        b = ctx.all_reduce("SUM", 2.0)
+        done, _ = await asyncio.wait([asyncio.ensure_future(b), asyncio.ensure_future(a)])
+        return [t.result() for t in done]
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(ar.CollectiveError) as info:
+            await strategy(2).run(step)
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+    assert str(info.value).startswith("Each of replicas 0, 1 awaited all_reduce(SUM)")
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
+
+
+# -- 6: a refusal every replica gets alike is reported once ----------------------------------
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_a_collective_issued_from_call_soon_on_every_replica_is_reported_once() -> None:
+    # Before: "3 replicas failed" with three copies of one refusal.
+    async def step() -> object:
+        ctx = _ctx()
+        loop = asyncio.get_running_loop()
+        issued: asyncio.Future[Any] = loop.create_future()
+
+        def callback() -> None:
+            try:
+                collective = ctx.all_reduce("SUM", 1.0)
+            except ar.ReplicaContextError as exc:
+                collective = exc
+            if not issued.done():  # the run, failed, may have cancelled the step
+                issued.set_result(collective)
+
+        loop.call_soon(callback)
+        found = await issued
+        if isinstance(found, BaseException):
+            raise found
+        return await found
+
+    with pytest.raises(ar.ReplicaContextError) as info:
+        await strategy().run(step)
+    message = str(info.value)
+    assert message.startswith("Each of replicas 0-2 issued all_reduce(SUM) on float64[] at ")
+    assert "outside any task (in a callback the event loop ran" in message
+    assert message.count("For more on this error") == 1
