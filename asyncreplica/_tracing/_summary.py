@@ -156,9 +156,7 @@ def summarize(path: PathLike) -> str:
             label = _POSITION_LABELS.get(str(failure.get("type")), "at position")
             lines.append(f"  {label}: {failure['position']}{differ}")
         for row in failure.get("replicas") or ():
-            at = f" at {row['call_site']}" if row.get("call_site") else ""
-            what = f" {row['collective']}{at}" if row.get("collective") else ""
-            lines.append(f"  replica {row.get('replica')}: {row.get('state')}{what}")
+            lines.append(f"  replica {row.get('replica')}: {_row_text(row, failure)}")
     lines += _cancelled(trace, slices)
     if not slices and not _failures(trace):
         lines.append("No collectives were recorded.")
@@ -173,6 +171,33 @@ _POSITION_LABELS = {
     "ReplicaExitedError": "waited at position",
     "CollectiveDeadlockError": "deadlocked at position",
 }
+
+
+def failed_at(failure: Mapping[str, Any]) -> str | None:
+    """The collective a failure names: ``"position 1"`` or ``"'grads' #0"``, or None."""
+    position = failure.get("position")
+    if not isinstance(position, int):
+        return None
+    name = failure.get("name")
+    return f"position {position}" if name is None else f"{name!r} #{position}"
+
+
+def _row_text(row: Mapping[str, Any], failure: Mapping[str, Any]) -> str:
+    """One replica's line under a failure: where it waits, or that it did not arrive.
+
+    A waiting replica's recorded collective is the one it waits at; any other replica's
+    is the last one it made, which is not the failed one: saying "finished
+    all_reduce(SUM) at line 8" would name a collective that completed.
+    """
+    state = str(row.get("state"))
+    at = f" at {row['call_site']}" if row.get("call_site") else ""
+    collective = f"{row['collective']}{at}" if row.get("collective") else None
+    if state == "waiting":
+        return f"{state} {collective}" if collective else state
+    where = failed_at(failure)
+    text = state if where is None else f"{state}, did not arrive at {where}"
+    last = f"its last collective was {collective}" if collective else "it made no collective"
+    return f"{text} ({last})"
 
 
 def _num_replicas(run_records: list[_Slice]) -> int:
