@@ -92,6 +92,15 @@ def test_relative_links_resolve_when_read_as_plain_markdown() -> None:
     assert not broken, f"links that lead nowhere on a code host: {broken}"
 
 
+def test_generated_pages_say_how_to_read_them_as_plain_markdown() -> None:
+    """A ``::: module`` directive is all a code host shows of an API page: say where the text is."""
+    for page in _doc_pages():
+        text = (DOCS / page).read_text(encoding="utf-8")
+        for module in re.findall(r"^::: ([\w.]+)$", text, flags=re.MULTILINE):
+            said = " ".join(text.split(":::", 1)[0].split())
+            assert f"`python3 -m pydoc {module}` shows the same text" in said, page
+
+
 def test_the_readme_links_every_guide_of_the_home_page() -> None:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     linked = {target.removeprefix("docs/") for target in LINK.findall(readme)}
