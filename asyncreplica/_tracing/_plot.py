@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
-from ._summary import _collectives, _num_replicas, _Slice, _slowest, failed_at, load_trace
+from ._records import did_not_arrive
+from ._summary import _collectives, _num_replicas, _Slice, _slowest, load_trace
 
 __all__ = ["plot"]
 
@@ -138,8 +139,8 @@ def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives
     missing = []
     for event in failures:
         args = event.get("args") or {}
-        where = failed_at(args)
-        if where is None:
+        missed = did_not_arrive(args)
+        if missed is None:
             continue
         arrived = {
             s.args.get("replica")
@@ -153,7 +154,6 @@ def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives
             if r in arrived or r in absent:
                 continue
             state = rows.get(r, {}).get("state") or states.get(r)
-            text = f"did not arrive at {where}"
             # After its last bar of that run, and not before the failure's line.
             ends = [
                 e.end
@@ -161,7 +161,7 @@ def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives
                 if e.args.get("replica") == r and e.args.get("run") == args.get("run")
             ]
             at = max([float(event["ts"]), *ends])
-            missing.append((r, at, f"{state}: {text}" if state else text))
+            missing.append((r, at, f"{state}: {missed}" if state else missed))
     title = [f"asyncreplica timeline: {name}"]
     if shown is not None:
         what = "the failed run" if shown in failed_runs else "one run"

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
+from ._records import did_not_arrive
 
 __all__ = ["load_trace", "summarize"]
 
@@ -173,15 +174,6 @@ _POSITION_LABELS = {
 }
 
 
-def failed_at(failure: Mapping[str, Any]) -> str | None:
-    """The collective a failure names: ``"position 1"`` or ``"'grads' #0"``, or None."""
-    position = failure.get("position")
-    if not isinstance(position, int):
-        return None
-    name = failure.get("name")
-    return f"position {position}" if name is None else f"{name!r} #{position}"
-
-
 def _row_text(row: Mapping[str, Any], failure: Mapping[str, Any]) -> str:
     """One replica's line under a failure: where it waits, or that it did not arrive.
 
@@ -194,8 +186,8 @@ def _row_text(row: Mapping[str, Any], failure: Mapping[str, Any]) -> str:
     collective = f"{row['collective']}{at}" if row.get("collective") else None
     if state == "waiting":
         return f"{state} {collective}" if collective else state
-    where = failed_at(failure)
-    text = state if where is None else f"{state}, did not arrive at {where}"
+    missed = did_not_arrive(failure)
+    text = state if missed is None else f"{state}, {missed}"
     last = f"its last collective was {collective}" if collective else "it made no collective"
     return f"{text} ({last})"
 

@@ -191,6 +191,19 @@ def test_the_summary_does_not_name_a_finished_collective_as_the_failed_one(
     ) in lines
 
 
+def test_perfettos_flight_recorder_markers_say_who_did_not_arrive(skipped_second: Path) -> None:
+    markers = {
+        e["args"]["replica"]: e["name"]
+        for e in load_trace(skipped_second)["traceEvents"]
+        if e.get("cat") == "failure" and e.get("s") == "t"
+    }
+    assert markers == {
+        0: "flight recorder: replica 0 waiting",
+        1: "flight recorder: replica 1 running, did not arrive at position 1",
+        2: "flight recorder: replica 2 finished, did not arrive at position 1",
+    }
+
+
 def test_a_replica_that_made_no_collective_says_so_in_the_summary(
     failed_after_healthy_runs: Path,
 ) -> None:
