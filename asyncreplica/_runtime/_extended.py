@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import parse_device
 from .._core._match import differing_fields
-from .._core._nest import map_structure, regroup, select_replica, unflatten
+from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
@@ -479,7 +479,8 @@ class StrategyExtended:
         (``PerReplica``, ``Mirrored``) are returned unchanged, as TensorFlow returns them.
 
         Args:
-            value: The value to copy.
+            value: The value to copy, or a nest of values (each leaf is copied, and the
+                nest comes back with the same structure).
             destinations: A device string, a list of devices or a distributed value.
                 Unlike ``reduce_to``, an array is refused, as in TensorFlow.
 
@@ -498,6 +499,13 @@ class StrategyExtended:
                 "device, e.g. 'CPU:0'"
             )
         count = _destination_count(destinations, strategy._num_local)
+        if is_nest(value):  # leaf by leaf, as reduce_to takes a nest
+            leaves, treedef = flatten(value)
+            return unflatten(treedef, [await self._broadcast(v, count) for v in leaves])
+        return await self._broadcast(value, count)
+
+    async def _broadcast(self, value: object, count: int | None) -> object:
+        strategy = self._strategy
         if _is_number(value) or isinstance(value, DistributedValues):
             return value
         strategy.backend.describe(value)

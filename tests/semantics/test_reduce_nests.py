@@ -1,4 +1,4 @@
-"""A distributed value whose components are nests, through every cross-replica reduction.
+"""A distributed value whose components are nests (and a nest), through every cross-replica call.
 
 ``strategy.reduce(op, PerReplica([{"a": x0}, {"a": x1}]))`` raised a TypeError that listed
 dicts as allowed while refusing one. Such a value now stands for the nest of distributed
@@ -198,3 +198,20 @@ def test_a_component_that_is_not_a_nest_among_nests_is_a_structure_mismatch() ->
     value = ar.PerReplica([[np.ones(2)], np.ones(2)])
     with pytest.raises(ValueError, match=r"replica 0's is \[\*\] and replica 1's is \*"):
         run(lambda: s.reduce("SUM", value))
+
+
+def test_broadcast_to_of_a_nest_copies_each_leaf() -> None:
+    """broadcast_to({"a": x}) raised the TypeError that lists dicts as allowed."""
+    s = strategy(2)
+    value = {"a": np.arange(2.0), "b": [np.float32(3)], "n": 1.5}
+    one = run(lambda: s.extended.broadcast_to(value, "CPU:0"))
+    assert one["n"] == 1.5
+    assert type(one["n"]) is float  # a Python number comes back unchanged, as in TF
+    assert one["a"] is not value["a"]
+    assert_same({"a": one["a"], "b": one["b"]}, {"a": np.arange(2.0), "b": [np.float32(3)]})
+    both = run(lambda: s.extended.broadcast_to(value, ["CPU:0", "CPU:1"]))
+    assert isinstance(both["a"], ar.Mirrored)
+    assert both["n"] == 1.5
+    assert_same(
+        plain({"a": both["a"], "b": both["b"]}), {"a": np.arange(2.0), "b": [np.float32(3)]}
+    )
