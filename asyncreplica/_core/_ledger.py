@@ -406,24 +406,23 @@ class Ledger:
                     rep.state = ReplicaState.CANCELLED
         return self.abandoned_error(replica, key, None)
 
-    def cancelled_after(
-        self, replica: int, key: Key, *, combining: bool = False
-    ) -> CollectiveError:
+    def cancelled_after(self, replica: int, key: Key, *, during: str = "") -> CollectiveError:
         """The error for ``replica`` cancelled at ``key`` after that collective completed.
 
         Its value went into its peers' results, but the cancellation reached it before it
         took its own result: its peers and it would go on with values that disagree. The
         run fails as when the cancellation lands before the collective completes.
 
-        ``combining``: every replica had arrived and the backend was still combining the
-        values (the cancellation came during the backend call): the same consequence.
+        ``during``: what ran when every replica had arrived and the collective had not
+        completed yet ("the backend combined their values", "their merge_fn ran"): the
+        cancellation came then, with the same consequence.
         """
         rep = self._replicas[replica]
         if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
             rep.state = ReplicaState.CANCELLED
         when = (
-            "after every replica had arrived there, while the backend combined their values"
-            if combining
+            f"after every replica had arrived there, while {during}"
+            if during
             else "after that collective had completed"
         )
         return CollectiveError(

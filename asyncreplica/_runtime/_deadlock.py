@@ -30,7 +30,7 @@ from .._exceptions import (
     CollectiveError,
 )
 from . import _ending, _tasks
-from ._collective import Collective, Slot
+from ._collective import Slot
 from ._park import Parking
 
 if TYPE_CHECKING:
@@ -51,7 +51,6 @@ class Watching(Parking):
     _scan_gen: int
     _scan_rid: int
     _deferred: int
-    _dispatching: dict[Key, tuple[Slot, Collective]]
 
     def _log_resumed(self, slot: Slot) -> None:
         """A collective that was reported stalled completed after all."""

@@ -38,7 +38,7 @@ from .._exceptions import (
     ReplicaCancelledError,
 )
 from . import _ending, _tasks
-from ._collective import Rendezvous, Slot, fail_waiters
+from ._collective import Collective, Rendezvous, Slot, fail_waiters
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
@@ -119,6 +119,7 @@ class Parking:
     _left_replicas: set[int]
     _noted: set[int]
     _consequences: set[int]
+    _dispatching: dict[Key, tuple[Slot, Collective]]
 
     @property
     def failed(self) -> bool:
@@ -162,8 +163,12 @@ class Parking:
         if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
         origin = getattr(error, "_ar_twin_of", None)
-        if origin is not None and any(e is origin for _, e in self._errors):
-            return True  # a waiter's copy of a dispatch error (_collective.fail_waiters)
+        if origin is not None and any(
+            e is origin or e.__cause__ is origin for _, e in self._errors
+        ):
+            # A waiter's copy of a dispatch error (_collective.fail_waiters), recorded as
+            # it is or as the error that chains it (an InternalError, for a bug of ours).
+            return True
         if isinstance(error, BaseExceptionGroup):
             return all(
                 self._recorded(e) or isinstance(e, anyio.get_cancelled_exc_class())
@@ -255,8 +260,12 @@ class Parking:
             # it never took its result, and would go on with a value its peers lack. The
             # same while the backend combines it (every replica arrived: it left _slots).
             combining = not slot.done and self._slots.get(key) is not slot
+            during = ""
+            if combining:
+                merging = key in self._dispatching
+                during = "their merge_fn ran" if merging else "the backend combined their values"
             error = (
-                self.ledger.cancelled_after(replica, key, combining=combining)
+                self.ledger.cancelled_after(replica, key, during=during)
                 if slot.done or combining
                 else self.ledger.abandon(replica, key)
             )
@@ -270,28 +279,35 @@ class Parking:
                     self._left.append((-1, key))  # told as it is
                 self._cancel_run()
 
-    def _dispatch_ended(self, replica: int, slot: Slot, error: BaseException) -> None:
-        """The backend call that combines ``slot``'s collective ended with ``error``.
+    def _dispatch_ended(
+        self, replica: int, slot: Slot, error: BaseException, *, merge: bool = False
+    ) -> None:
+        """The call that combines ``slot``'s collective ended with ``error``.
 
-        ``error`` is not an ``Exception`` (those go to every waiter as they are, see
-        ``fail_waiters``): a cancellation, ``KeyboardInterrupt``, ``SystemExit``. The
-        combine is abandoned half-way, so no replica waiting there can ever get a result:
-        each is woken with an error now, never left waiting. A cancellation the run did
-        not ask for is the run's root cause (a ``CollectiveError`` naming the replica whose
-        combine was cancelled); otherwise the waiters learn that the run ended.
+        The backend's combine, or a merge_call's ``merge_fn`` (``merge``), runs in the task
+        of the replica that arrived last. ``error`` is not an ``Exception`` (those go to
+        every waiter as they are, see ``fail_waiters``). A cancellation abandons the
+        combine half-way, so no replica waiting there can ever get a result: each is woken
+        with an error now, never left waiting (a replica that catches its cancellation
+        must not leave its peers parked for ever). One the run did not ask for is the
+        run's root cause: a ``CollectiveError`` naming the replica whose combine was
+        cancelled, or for a ``merge_fn`` the ``ReplicaCancelledError`` of its replica (its
+        ``where`` is the merge_fn's line); otherwise the waiters learn that the run
+        ended. ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` fail the run
+        when they leave the replica's task, which cancels the waiters.
         """
-        if slot.done:
+        if slot.done or not _ending.cancellation(error):
             return
         key = slot.key
-        if (
-            _ending.cancellation(error)
-            and not self._errors
-            and slot.error is None
-            and self._by_run(error) is not True
-        ):
-            waiting = [r for r in range(self.num_replicas) if r != replica]
-            cause = self.ledger.cancelled_combining(replica, key, waiting)
-            cause.__cause__ = error
+        if not self._errors and slot.error is None and self._by_run(error) is not True:
+            cause: CollectiveError
+            if merge:
+                self.ledger.cancel(replica)
+                cause = self._replica_cancelled(replica, "cancelled", error, called=True)
+            else:
+                waiting = [r for r in range(self.num_replicas) if r != replica]
+                cause = self.ledger.cancelled_combining(replica, key, waiting)
+                cause.__cause__ = error
             self._left_replicas.add(replica)
             self._errors.append((replica, cause))
             self._abandonments.append(cause)
@@ -357,12 +373,21 @@ class Parking:
                 event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
         else:
             event = _ending.event_of(error)
-            if event is Event.CANCEL and self._cancelled_outside(replica, error):
+            if event is Event.CANCEL and (
+                not _cancelled(error) or self._cancelled_outside(replica, error)
+            ):
+                # Not the run's: asyncio's CancelledError raised on trio (trio cancels
+                # with its own class), or a cancellation asked for before the run's.
                 event = Event.CANCEL_OUTSIDE
         state = self.life.handle(replica, event)
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
             return True
+        if state is State.CANCELLED_OUTSIDE and replica in self._left_replicas:
+            # Its leaving a collective is already told by an error of its own (the run's
+            # root cause, or its consequence): not a second root cause.
+            self.ledger.cancel(replica)
+            return False
         if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
             self.ledger.cancel(replica)
         else:

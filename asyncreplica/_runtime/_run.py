@@ -398,7 +398,16 @@ class Run(Watching):
         group = self.group
         if group is None:
             if signature.kind is CollectiveKind.MERGE_CALL:
-                slot.results = await self._merge(call, key, slot)
+                try:
+                    slot.results = await self._merge(call, key, slot)
+                except Exception as exc:
+                    # Every replica parked there gets the merge_fn's error (a copy): one
+                    # that catches it must not leave the others waiting for ever.
+                    fail_waiters(slot, exc)
+                    raise
+                except BaseException as exc:  # cancelled inside the merge_fn
+                    self._dispatch_ended(replica, slot, exc, merge=True)
+                    raise
             else:
                 try:
                     slot.results = await call.dispatch(self, call, slot.payloads)

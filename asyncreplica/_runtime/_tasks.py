@@ -45,6 +45,7 @@ def _internal(filename: str) -> bool:
         filename.startswith(_INTERNAL)
         or f"{os.sep}anyio{os.sep}" in filename
         or (f"{os.sep}trio{os.sep}" in filename)
+        or f"{os.sep}outcome{os.sep}" in filename  # trio's way of resuming a task
     )
 
 

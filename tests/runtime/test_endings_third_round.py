@@ -223,7 +223,10 @@ async def test_a_replica_cancelled_while_the_backend_combines_fails_the_run(
         assert "was cancelled while the backend combined its 1st collective" in message
         assert "the collective can never complete" in message
     else:
-        assert "after every replica had arrived there, while the backend combined" in message
+        assert (
+            "after every replica had arrived there, while the backend combined their values"
+            in message
+        )
 
 
 @pytest.mark.usefixtures("asyncio_only")
@@ -261,6 +264,66 @@ async def test_task_cancel_inside_the_backend_call_wakes_every_waiter(
         await strategy(backend=Cancelling(DEVICES), check_call_sites=False).run(step)
     assert "was cancelled while the backend combined its 1st collective" in str(info.value)
     assert helpers[0].done()
+
+
+@pytest.mark.parametrize("last", [True, False], ids=["merging-replica", "waiting-replica"])
+async def test_a_replica_cancelled_while_its_merge_fn_runs_fails_the_run(last: bool) -> None:
+    # Before: the replica that ran the merge_fn, cancelled there by a scope of its own
+    # that it caught, left its peers parked for ever (a hang).
+    scopes: list[anyio.CancelScope] = []
+    arrived: list[int] = []
+
+    async def merge_fn(strategy: ar.Strategy, value: Any) -> float:
+        for scope in scopes:
+            scope.cancel()
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        return 1.0
+
+    async def step() -> object:
+        ctx = _ctx()
+        with anyio.CancelScope() as scope:
+            arrived.append(ctx.replica_id_in_sync_group)
+            if (len(arrived) == 3) == last and not scopes:
+                scopes.append(scope)
+            return await ctx.merge_call(merge_fn, args=(1.0,))
+        return "cancelled"
+
+    with anyio.fail_after(10):
+        if last:
+            with pytest.raises(ar.ReplicaCancelledError) as cancelled:
+                await strategy().run(step)
+            assert cancelled.value.how == "cancelled"
+            assert cancelled.value.where is not None
+            assert cancelled.value.where.endswith("in merge_fn()")
+        else:
+            with pytest.raises(ar.CollectiveError) as info:
+                await strategy().run(step)
+            assert "after every replica had arrived there, while their merge_fn ran" in str(
+                info.value
+            )
+
+
+async def test_a_merge_fn_error_caught_by_one_replica_reaches_every_replica() -> None:
+    # Before: the replica that ran the merge_fn caught its error; the others waited for
+    # ever. Now each replica parked there gets a copy of it, as from a backend's error.
+    def merge_fn(strategy: ar.Strategy, value: Any) -> float:
+        raise ValueError("bad merge")
+
+    async def step() -> object:
+        try:
+            return await _ctx().merge_call(merge_fn, args=(1.0,))
+        except ValueError as exc:
+            return str(exc)
+
+    s = strategy()
+    with anyio.fail_after(10):
+        result = await s.run(step)
+    # Every replica returned the same value (so the run returns it once).
+    assert [str(v) for v in s.experimental_local_results(result)] in (
+        ["bad merge"],
+        ["bad merge"] * 3,
+    )
 
 
 # -- 3: KeyboardInterrupt / SystemExit in an asyncio helper task ---------------------------
