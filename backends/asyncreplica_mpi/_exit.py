@@ -160,16 +160,28 @@ def goodbye_all(*, finalized: bool = False) -> None:
         return
     _said.append(True)
     error = uncaught_error()
-    if error is not None or (finalized and not created_any()):
-        # A peer still creating a strategy (or creating one later) learns that this
-        # process will create none: its arrival notes end with an exit note. Only on an
-        # uncaught exception: MPICH's MPI_Finalize fails on a message nobody received,
-        # and a peer that exits normally receives none.
-        _note_exit(error, finalized)
     groups = [g for g in _groups if not g.is_closed()]
+    # A peer still creating a strategy (or creating one later) learns that this process
+    # will create none: its arrival notes end with an exit note. MPICH's MPI_Finalize
+    # fails on a message nobody received, so a process that ends normally sends them
+    # only where a goodbye exchange with every peer follows (the communicators of its
+    # groups that no peer has left): the exchange tells the peers to receive them (see
+    # farewell, and _complete where a peer in a collective meets it). An uncaught
+    # exception (or a finalize before any strategy) tells every communicator.
+    if error is not None or (finalized and not created_any()):
+        _note_exit(error, finalized)
+        noted = {g._base.py2f() for g in groups}
+    else:
+        noted = {
+            g._base.py2f()
+            for g in groups
+            if g.size > 1 and not g._departed and g._broken is None and not g._failed_here
+        }
+        if noted:
+            _note_exit(None, finalized, only=noted)
     for group in groups:
         acknowledge(group)
-    steps = [(g, farewell(g, error, finalized)) for g in groups]
+    steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
     _drive_all(steps)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
@@ -295,12 +307,13 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
 
 
 def farewell(
-    group: MPIProcessGroup, error: str | None, finalized: bool
+    group: MPIProcessGroup, error: str | None, finalized: bool, noted: bool = False
 ) -> Generator[Any, None, None]:
     """This group's goodbye (at exit or MPI.Finalize): the steps of one last exchange.
 
     A generator of requests, driven by :func:`._exit.goodbye_all` together with every
-    other group's, so that no goodbye waits for one that a peer makes later.
+    other group's, so that no goodbye waits for one that a peer makes later. ``noted``:
+    this process sent exit notes on the group's communicator (the exchange says so).
     """
     state = group._state
     group._to(Event.FINALIZE if finalized else Event.EXIT)
@@ -319,13 +332,12 @@ def farewell(
         return
     if group.size == 1:
         return
-    detail: dict[str, Any] = {"error": error}
+    detail: dict[str, Any] = {"error": error, "noted": noted}
     if finalized and error is None:
         detail["finalized"] = True
     # The fingerprint says whether this process sent exit notes (see _note_exit): the
     # peers then receive them, so that none is left unreceived at MPI_Finalize.
-    noted = 1 if error is not None else 0
-    request = group._post(Status.EXITED, noted)
+    request = group._post(Status.EXITED, int(noted))
     yield request
     group._in_flight = False
     if group._unanimous():
@@ -341,7 +353,7 @@ def farewell(
     group._noted_peers = {
         int(d["rank"])
         for d in details
-        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("error")
+        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("noted")
     }
     waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
     if waiting:

@@ -403,6 +403,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
+            # Their exit notes (see _exit.goodbye_all), received before MPI_Finalize.
+            self._noted_peers.update(
+                int(d["rank"])
+                for d in details
+                if Status(d["status"]) is Status.EXITED and d.get("noted")
+            )
             self._to(Event.PEER_EXITED)
         return details
 

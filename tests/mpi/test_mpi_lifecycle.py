@@ -18,6 +18,9 @@ created                    arrival failed (peer gave up  late
 created                    arrived                       every scenario
 joined / running           peer exited (exit, several    exit_two (exit, raise)
                            strategies)
+created                    arrival failed (peer ended    exit_normal (create)
+                           normally, creates no more)
+running                    peer exited (ended normally)  exit_normal (collective)
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
@@ -159,6 +162,26 @@ def test_exit_with_two_strategies_releases_a_peer_in_the_first(how: str, tmp_pat
         "again ReplicaExitedError: Process 0 of this MultiWorkerMirroredStrategy has exited"
         in (logs[1])
     )
+
+
+@pytest.mark.parametrize("then", ["create", "collective"])
+def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
+    then: str, tmp_path: Path
+) -> None:
+    # Process 0 returns from main (no exception); process 1 then creates a second
+    # strategy (process 0's exit notes end its arrival notes), or makes a collective on
+    # the first (process 0's goodbye meets it). Neither waits for ever.
+    rc, logs, output = launch("exit_normal", then, tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "not reached" not in logs[1], output
+    if then == "create":
+        assert (
+            "got ReplicaExitedError: Process 0 exited, without creating its "
+            "MultiWorkerMirroredStrategy number 2 on this communicator"
+        ) in logs[1], output
+    else:
+        assert "got ReplicaExitedError: " in logs[1], output
+        assert "process 0 (replica 0) exited" in logs[1], output
 
 
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:

@@ -68,6 +68,30 @@ async def exit_two(how: str) -> None:
         report(f"again {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
+async def exit_normal(then: str) -> None:
+    """Process 0 ends normally (no exception) while process 1 goes on.
+
+    ``then``: what process 1 does once process 0 has left ``main``: ``create`` a second
+    strategy (process 0 will create none), or a ``collective`` on the one they share.
+    """
+    first = ar.MultiWorkerMirroredStrategy()
+    await first.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        go(1)
+        return
+    await wait_for_go()
+    try:
+        if then == "create":
+            second = ar.MultiWorkerMirroredStrategy()
+            await second.run(one_reduce)
+        else:
+            await first.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+
+
 async def merge_in_run(path: str) -> None:
     """A trace block that ends inside a run is refused on every process, in step."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -429,6 +453,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
         exit_two,
+        exit_normal,
         merge_in_run,
         opposite,
         finalize_run,
