@@ -22,9 +22,10 @@ The hooks are installed when the first group is created and, when asyncreplica i
 imported in a process an MPI launcher started, by :func:`watch` (before any strategy
 exists), so an uncaught exception before or inside a constructor reaches the peers.
 
-Every wait here is polled (never ``Wait()``), with a stall warning. The goodbye has no
-timeout: a peer that ends later (a last checkpoint) is not an error, and aborting the
-job would kill it mid-way.
+Every wait here is polled (never ``Wait()``), with a stall warning. Without
+``timeout_seconds`` the goodbye waits for ever: a peer that ends later (a last
+checkpoint) is not an error. With it, a goodbye that waits longer than its strategy's
+``timeout_seconds`` aborts the MPI job, with a message naming what it waited for.
 """
 
 from __future__ import annotations
@@ -199,9 +200,10 @@ def goodbye_all(*, finalized: bool = False) -> None:
 def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
     """Drive every group's goodbye steps together, polling their requests.
 
-    The wait has the stall warning, but no timeout: a peer that ends later (a last
-    checkpoint, a slower step) is not an error, and ending the job then would kill it
-    mid-way. A failure's acknowledgements are bounded by _ACK_SECONDS.
+    The wait has the stall warning, and each group's goodbye exchange its strategy's
+    ``timeout_seconds`` (none: a peer that ends later, a last checkpoint, is not an
+    error), past which the MPI job is aborted (see :func:`_exit_timed_out`). A
+    failure's acknowledgements are bounded by _ACK_SECONDS.
     """
     active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
     for group, gen in steps:
@@ -230,6 +232,13 @@ def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) 
         for group, _, _ in active:  # a peer's failure, acknowledged at once
             acknowledge(group)
         waited = time.monotonic() - start
+        late = [
+            g
+            for g, _, r in active
+            if g.timeout is not None and waited >= g.timeout and not isinstance(r, _Until)
+        ]
+        if late:
+            _exit_timed_out(late, [g for g, _, _ in active], waited)
         if not warned and waited >= stall:
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
@@ -251,6 +260,24 @@ def _exit_stall_message(groups: list[MPIProcessGroup], waited: float) -> str:
         "finish: a process that is busy, blocked, or waits for something this process "
         "would have sent delays this one. This is a warning, not an error."
     )
+
+
+def _exit_timed_out(
+    late: list[MPIProcessGroup], waiting: list[MPIProcessGroup], waited: float
+) -> None:
+    """The goodbye of ``late`` passed its strategy's ``timeout_seconds``: abort the job."""
+    group = late[0]
+    which = ", ".join(g.label() for g in waiting)
+    _say(
+        f"asyncreplica: process {group.rank} is exiting and has waited {waited:.1f} s, "
+        f"past the timeout_seconds ({group.timeout:g} s) of {group.label()}, for the other "
+        f"processes to reach the end of {which} (their exit, a collective on it, or "
+        "MPI.Finalize()); aborting the MPI job.\n\nEvery process must exit (or finalize "
+        "MPI) for the others to finish: one is busy, blocked, or waits for something this "
+        "process would have sent (its own output says where it is). To let a process end "
+        "later than the others (a last checkpoint), raise timeout_seconds or leave it unset."
+    )
+    group._MPI.COMM_WORLD.Abort(1)
 
 
 # -- one group's end ---------------------------------------------------------------------

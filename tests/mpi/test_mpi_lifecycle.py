@@ -21,6 +21,8 @@ joined / running           peer exited (exit, several    exit_two (exit, raise)
 created                    arrival failed (peer ended    exit_normal (create)
                            normally, creates no more)
 running                    peer exited (ended normally)  exit_normal (collective)
+closed                     exit, a peer never ends       goodbye_timeout
+                           (timeout_seconds)
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
@@ -182,6 +184,23 @@ def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
     else:
         assert "got ReplicaExitedError: " in logs[1], output
         assert "process 0 (replica 0) exited" in logs[1], output
+
+
+def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
+    # Process 0 ends; process 1 stays busy (it waits for a message nobody sends): process
+    # 0's goodbye warns at 1 s, then aborts the job at the strategy's timeout (2 s).
+    rc, logs, output = launch("goodbye_timeout", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "busy" in logs[1] and "not reached" not in logs[1], output
+    assert "Exit stalled: process 0 is exiting and has waited 1.0 s" in output
+    assert re.search(
+        r"asyncreplica: process 0 is exiting and has waited 2\.\d s, past the "
+        r"timeout_seconds \(2 s\) of MultiWorkerMirroredStrategy #1, for the other "
+        r"processes to reach the end of MultiWorkerMirroredStrategy #1",
+        output,
+    ), output
+    assert "aborting the MPI job" in output
+    assert "raise timeout_seconds or leave it unset" in output
 
 
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:

@@ -92,6 +92,21 @@ async def exit_normal(then: str) -> None:
         logged(exc)
 
 
+async def goodbye_timeout() -> None:
+    """Process 0 ends; process 1 stays busy: process 0's goodbye times out (2 s)."""
+    options = ar.CommunicationOptions(timeout_seconds=2)
+    strategy = ar.MultiWorkerMirroredStrategy(
+        communication_options=options, stall_warning_seconds=1
+    )
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    report("busy")
+    WORLD.recv(source=0, tag=_GO_TAG)  # never sent: busy until the job is aborted
+    report("not reached")
+
+
 async def merge_in_run(path: str) -> None:
     """A trace block that ends inside a run is refused on every process, in step."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -454,6 +469,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     for f in (
         exit_two,
         exit_normal,
+        goodbye_timeout,
         merge_in_run,
         opposite,
         finalize_run,
