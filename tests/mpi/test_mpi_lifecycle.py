@@ -23,6 +23,8 @@ created                    arrival failed (peer ended    exit_normal (create)
 running                    peer exited (ended normally)  exit_normal (collective)
 closed                     exit, a peer never ends       goodbye_timeout
                            (timeout_seconds)
+running                    interrupted (SIGINT) in a     interrupt
+                           collective
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
@@ -191,7 +193,8 @@ def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
     # 0's goodbye warns at 1 s, then aborts the job at the strategy's timeout (2 s).
     rc, logs, output = launch("goodbye_timeout", tmp_path=tmp_path)
     assert rc != 0, output
-    assert "busy" in logs[1] and "not reached" not in logs[1], output
+    assert "busy" in logs[1], output
+    assert "not reached" not in logs[1], output
     assert "Exit stalled: process 0 is exiting and has waited 1.0 s" in output
     assert re.search(
         r"asyncreplica: process 0 is exiting and has waited 2\.\d s, past the "
@@ -201,6 +204,20 @@ def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
     ), output
     assert "aborting the MPI job" in output
     assert "raise timeout_seconds or leave it unset" in output
+
+
+def test_a_process_interrupted_in_a_collective_is_named_as_interrupted(tmp_path: Path) -> None:
+    # SIGINT cancels asyncio's main task: process 0's run ends with a CancelledError,
+    # which the peers must read as the interruption it is.
+    rc, logs, output = launch("interrupt", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "run ended" in logs[0], output
+    assert "got ReplicaExitedError: Process 0 failed" in logs[1], output
+    assert (
+        "process 0 (replica 0) failed: KeyboardInterrupt: the process was interrupted "
+        "(SIGINT, Ctrl-C)"
+    ) in logs[1], output
+    assert "CancelledError" not in logs[1]
 
 
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:

@@ -107,6 +107,51 @@ async def goodbye_timeout() -> None:
     report("not reached")
 
 
+async def interrupt() -> None:
+    """Process 1 interrupts process 0 (SIGINT) while process 0 waits for it in a collective.
+
+    Process 0 tells process 1 just before its collective; process 1 sends the signal,
+    waits until process 0 saw it (a task of process 0's that the interruption cancels
+    says so), then makes the same collective.
+    """
+    import signal
+
+    strategy = ar.MultiWorkerMirroredStrategy()
+    pids = WORLD.allgather(os.getpid())
+
+    async def step() -> float:
+        if RANK == 0:
+            go(1)  # about to wait for process 1 in the collective
+        return await one_reduce()
+
+    if RANK == 1:
+        await wait_for_go()
+        os.kill(pids[0], signal.SIGINT)
+        await wait_for_go()  # process 0 was interrupted
+        try:
+            await strategy.run(step)
+            report("returned")
+        except ar.CollectiveError as exc:
+            logged(exc)
+        return
+
+    async def watch() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            go(1)
+
+    async def run() -> None:
+        try:
+            await strategy.run(step)
+        finally:
+            report("run ended")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        tg.start_soon(run)
+
+
 async def merge_in_run(path: str) -> None:
     """A trace block that ends inside a run is refused on every process, in step."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -470,6 +515,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         exit_two,
         exit_normal,
         goodbye_timeout,
+        interrupt,
         merge_in_run,
         opposite,
         finalize_run,
