@@ -35,7 +35,6 @@ from asyncreplica.abc import (
 pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
 
 
-
 # -- plain values: one process's answer ------------------------------------------------
 
 
@@ -149,6 +148,39 @@ def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
         assert fields["fields"] == ["shape"], logs[rank]
         assert "replica 0 holds float64[2, 3]; replica 1 holds float64[2, 3, 1]" in logs[rank]
         assert logs[rank].endswith("again 4.0\n"), logs[rank]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_components_refused_inside_one_process_raise_alike_everywhere(
+    n: int, tmp_path: Path
+) -> None:
+    # The last process alone holds a float32 and a float64 component: it refuses in the
+    # agreement, so every process raises its CollectiveMismatchError (the others raised
+    # ReplicaExitedError), naming global replica ids.
+    rc, logs, output = launch(n, "errors.py", "reduce_dtype", tmp_path=tmp_path)
+    assert rc == 0, output
+    fields = [_fields(logs[r]) for r in range(n)]
+    assert fields[0]["class"] == "CollectiveMismatchError", logs[0]
+    assert fields[0]["fields"] == ["dtype"], logs[0]
+    assert all(f == fields[0] for f in fields), fields
+    last = 2 * n - 1
+    for rank in range(n):
+        assert f"replica {last - 1} holds float64; replica {last} holds float32" in logs[rank]
+        assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_shapes_refused_inside_one_process_raise_alike_everywhere(
+    n: int, tmp_path: Path
+) -> None:
+    # Replica 1 (on process 0) holds another shape: ValueError on every process, as in
+    # one process, never a ReplicaExitedError on the others.
+    rc, logs, output = launch(n, "errors.py", "reduce_shape", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        assert _fields(logs[rank]) == {"class": "ValueError"}, logs[rank]
+        assert "replica 0 holds shape (2, 4); replica 1 holds shape (2, 3)" in logs[rank]
+        assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 
 def test_gather_of_components_of_different_ranks_in_one_process() -> None:
