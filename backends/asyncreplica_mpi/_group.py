@@ -28,7 +28,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -47,7 +47,7 @@ from asyncreplica import (
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from . import _exit
-from ._arrival import _arrive, _created, _logger
+from ._arrival import _arrive, _created, _logger, agree_options
 from ._lifecycle import Event, Refusal, State, advance
 from ._protocol import (
     HEADER,
@@ -193,6 +193,9 @@ class MPIProcessGroup(ProcessGroup):
         check_call_sites: Whether call sites must agree across processes.
         timeout: Seconds to wait for the other processes at one exchange; None
             waits for ever.
+        options: The strategy's options that every process must give alike (by
+            name, JSON values), compared when the group is created: a difference
+            raises ``ValueError`` on every process (see ``_arrival.agree_options``).
     """
 
     def __init__(
@@ -203,6 +206,7 @@ class MPIProcessGroup(ProcessGroup):
         check_call_sites: bool = True,
         timeout: float | None = None,
         stall_warning_seconds: float | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> None:
         from mpi4py import MPI
 
@@ -230,6 +234,12 @@ class MPIProcessGroup(ProcessGroup):
             raise
         _exit.release_dropped(base)
         self._ctl = base.Dup()
+        try:
+            agree_options(self._ctl, options or {})
+        except BaseException:
+            self._ctl.Free()  # no communicator is left behind
+            self._to(Event.ARRIVAL_FAILED)
+            raise
         self._data = base.Dup()
         self._side = base.Dup()  # notes: who waits where, and failures after agreement
         self.rank = self._ctl.Get_rank()

@@ -313,3 +313,40 @@ def test_asyncreplica_trace_records_every_process(tmp_path: Path) -> None:
         trace = load_trace(tmp_path / f"run.rank{rank}.json")
         slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         assert slices, trace
+
+
+# -- options that must agree: refused by the constructor on every process ---------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "want"),
+    [
+        ("call_sites", "  * check_call_sites ({}): True on processes 0, 1; False on process 2"),
+        ("backend", "  * backend ({}): 'numpy' on processes 0, 1; 'renamed' on process 2"),
+    ],
+)
+def test_options_that_differ_between_processes_are_refused_at_the_constructor(
+    scenario: str, want: str, tmp_path: Path
+) -> None:
+    # check_call_sites=False on one process gave "call site differs" with identical
+    # lines at the first collective; now every constructor raises ValueError naming the
+    # option and each process's value, and the processes stay in step.
+    from asyncreplica_mpi._arrival import _WHY
+
+    rc, logs, output = launch(3, "options.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    name = want.split()[1]
+    for rank in range(3):
+        lines = logs[rank].splitlines()
+        assert lines[0] == "ValueError", logs[rank]
+        assert want.format(_WHY[name]) in lines, logs[rank]
+        assert logs[rank].endswith("again [4.0, 4.0]\n"), logs[rank]  # 1 + 2 + 1 replicas
+
+
+def test_options_that_may_differ_between_processes_are_not_compared(tmp_path: Path) -> None:
+    # stall_warning_seconds, bytes_per_pack, timeout_seconds (each process's bound on its
+    # own waits) and the devices are each process's own.
+    rc, logs, output = launch(2, "options.py", "same", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        assert logs[rank] == "created\nagain [3.0, 3.0]\n", logs[rank]
