@@ -40,12 +40,12 @@ from ._options import CommunicationOptions as CommunicationOptions
 from ._public import set_public_module
 from ._runtime._context import ReplicaContext as ReplicaContext
 from ._runtime._context import get_replica_context as get_replica_context
-from ._runtime._context import get_strategy as get_strategy
-from ._runtime._context import has_strategy as has_strategy
 from ._runtime._context import in_cross_replica_context as in_cross_replica_context
 from ._runtime._extended import StrategyExtended as StrategyExtended
 from ._runtime._global_strategy import experimental_set_strategy as experimental_set_strategy
 from ._runtime._global_strategy import get_cross_replica_context as get_cross_replica_context
+from ._runtime._global_strategy import get_strategy as get_strategy
+from ._runtime._global_strategy import has_strategy as has_strategy
 from ._runtime._input import DistributedDataset as DistributedDataset
 from ._runtime._input import DistributedDatasetsFromFunction as DistributedDatasetsFromFunction
 from ._runtime._input import DistributedIterator as DistributedIterator

@@ -89,15 +89,15 @@ async def ours(strategy: ar.MirroredStrategy, rounds: int, value: np.ndarray) ->
 def _without_checks() -> list[tuple[object, str, object]]:
     """Stub out the checks (for this measurement only); return what to restore."""
     from asyncreplica._core import _ledger
-    from asyncreplica._runtime import _context, _issue
+    from asyncreplica._runtime import _context, _issuing
 
     saved = [
         (_context, "call_path", _context.call_path),
-        (_issue, "call_path", _issue.call_path),
+        (_issuing, "call_path", _issuing.call_path),
         (_ledger, "differing_fields", _ledger.differing_fields),
     ]
     _context.call_path = lambda: ()  # type: ignore[assignment]
-    _issue.call_path = lambda: ()  # type: ignore[assignment]
+    _issuing.call_path = lambda: ()  # type: ignore[assignment]
     _ledger.differing_fields = lambda *a, **k: ()  # type: ignore[assignment]
     return saved
 

@@ -23,7 +23,7 @@ HOT = [
     "asyncreplica._core._nest",
     "asyncreplica._core._report",
     "asyncreplica._runtime._inspect",
-    "asyncreplica._runtime._issue",
+    "asyncreplica._runtime._issuing",
     "asyncreplica._runtime._collective",
 ]
 

@@ -5,7 +5,8 @@ into native classes with typed attributes: reading a field is a C struct access,
 between these classes and the compiled ledger are C calls. It runs interpreted too
 (``ASYNCREPLICA_NO_EXTENSIONS=1``), with the same behaviour. What it needs from the
 interpreted :class:`~._run.Run` (failures, deadlock checks, the general coroutine) it calls
-there: those are the rare paths.
+there: those are the rare paths. It names no class above it, not even for types: the run
+it is handed is an ``IssuingRun`` (``_protocols``), called through ``Any``.
 
 * :class:`Rendezvous`: the fields of a run that every arrival reads, in one native object
   (the run holds it as ``run._rv`` and shares its lists and dicts).
@@ -34,7 +35,7 @@ from ._tasks import current_task
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
-    from ._run import Run
+    from ._protocols import IssuingRun
 
 __all__ = ["NO_TREE", "Collective", "Rendezvous", "Slot", "rebuild"]
 
@@ -67,7 +68,7 @@ class Rendezvous:
         self.slots: dict[Key, Slot] = {}  # pending collectives
         self.errors: list[tuple[int, BaseException]] = []  # the run's root causes
         # Whether ``await collective`` takes the fast path (asyncio, no tracer, no shuffle).
-        self.fast = False
+        self.fast_await = False
         self.loop: Any = None  # the asyncio loop, once the run starts (None on trio)
         self.gen = 0  # moves on when a blocked task may have become runnable
         self.local = True  # whether the run is within one process (no process group)
@@ -135,8 +136,8 @@ class Rendezvous:
             run._check_deadlock(replica, current=run._current_task())
         waiter = Waiter(loop=self.loop)
         waiter._ar_slot = slot
-        slot.fast.append(waiter)
-        slot.fast_rids.append(replica)
+        slot.fast_waiters.append(waiter)
+        slot.fast_replicas.append(replica)
         slot.trees[replica] = call.treedef
         return waiter.__await__()
 
@@ -213,8 +214,8 @@ class Slot:
         self.waiters: list[Any] = []  # asyncio futures, or one trio event
         # Fast-path waiters (each gets its result), their replicas, and every replica's
         # result structure (set by the fast path only).
-        self.fast: list[Waiter] = []
-        self.fast_rids: list[int] = []
+        self.fast_waiters: list[Waiter] = []
+        self.fast_replicas: list[int] = []
         self.trees: list[Any] = [None] * num_replicas
         self.since = since
         self.warned = False  # whether a stall warning was logged for it
@@ -225,10 +226,10 @@ class Slot:
         """Wake every waiter (the results are set)."""
         self.done = True
         results = self.results
-        fast = self.fast
+        fast = self.fast_waiters
         if fast:
             trees = self.trees
-            rids = self.fast_rids
+            rids = self.fast_replicas
             for i, waiter in enumerate(fast):
                 if not waiter.done():  # a cancelled one is left alone
                     replica = rids[i]
@@ -249,13 +250,13 @@ class Slot:
         """Wake every waiter with a fresh ``error()``: the collective can never complete."""
         self.error = error
         self.done = True
-        for waiter in [*self.fast, *self.waiters]:
+        for waiter in [*self.fast_waiters, *self.waiters]:
             if isinstance(waiter, asyncio.Future):
                 if not waiter.done():
                     waiter.set_exception(error())
             else:
                 waiter.set()
-        self.fast.clear()
+        self.fast_waiters.clear()
 
 
 def rebuild(treedef: Any, result: Any) -> Any:
@@ -300,7 +301,8 @@ class Collective:
         dispatch: Called once, by the last arrival, as ``dispatch(run, collective,
             payloads)`` with every replica's payload in replica order; returns one
             result per replica.
-        extra: Data for ``dispatch`` (e.g. ``bytes_per_pack``).
+        bytes_per_pack: An all_reduce's pack size for the backend (None for the other
+            collectives).
         timeout: Seconds to wait before ``CollectiveTimeoutError``; None or 0 waits
             for ever.
         treedef: The structure to rebuild the result into, or :data:`NO_TREE`.
@@ -308,12 +310,12 @@ class Collective:
 
     def __init__(
         self,
-        run: Run,
+        run: IssuingRun,
         replica: int,
         signature: Signature,
         payload: object,
-        dispatch: Callable[[Run, Collective, list[Any]], Awaitable[Sequence[Any]]],
-        extra: object = None,
+        dispatch: Callable[[Any, Collective, list[Any]], Awaitable[Sequence[Any]]],
+        bytes_per_pack: int | None = None,
         timeout: float | None = None,
         treedef: Any = NO_TREE,
     ) -> None:
@@ -324,7 +326,7 @@ class Collective:
         self._signature = signature
         self.payload = payload
         self.dispatch = dispatch
-        self.extra = extra
+        self.bytes_per_pack = bytes_per_pack
         self.timeout = timeout
         self.treedef = treedef
         # None until it starts; then the coroutine, or _SPENT / _CLOSED (see Collective).
@@ -399,7 +401,7 @@ class Collective:
     def __await__(self) -> Generator[Any, None, Any]:
         if self._coro is None:
             rv = self._rv
-            if rv.fast and not self.timeout:
+            if rv.fast_await and not self.timeout:
                 # The common case: arrive now; a waiter awaits its future directly.
                 # (_unregister, inline: this runs once per replica and collective.)
                 replica = self.replica
@@ -419,7 +421,9 @@ class Collective:
             return self._started().__await__()  # type: ignore[no-any-return]
         # Awaited (or run, or closed) already: a second consumer would drive the one
         # coroutine from two places, or take another replica's result.
-        raise _ownership.reused(self._rv, self, "awaited", self._finished())
+        raise _ownership.reused(
+            self._rv, self, "awaited", self._finished(), closed=self._coro is _CLOSED
+        )
 
     def send(self, value: Any) -> Any:
         """Run the collective to its next suspension (coroutine protocol).
@@ -447,7 +451,7 @@ class Collective:
         """
         rv = self._rv
         if self._coro is not None:
-            raise _ownership.reused(rv, self, use, self._finished())
+            raise _ownership.reused(rv, self, use, self._finished(), closed=self._coro is _CLOSED)
         replica = self.replica
         task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:

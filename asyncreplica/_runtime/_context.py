@@ -15,8 +15,8 @@ from .._exceptions import ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
-from ._issue import all_reduce as _issue_all_reduce
-from ._issue import flatten_value as _flatten
+from ._issuing import all_reduce as _issue_all_reduce
+from ._issuing import flatten_value as _flatten
 from ._mode import MODE, Mode, current_mode
 from ._run import Collective
 from ._values import component
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "ReplicaContext",
     "get_replica_context",
-    "get_strategy",
-    "has_strategy",
     "in_cross_replica_context",
 ]
 
@@ -49,7 +47,7 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
 
 # Dispatch functions: called once per collective, by the last replica to arrive, with
 # every replica's payload in replica order. Module-level (no closure per call): what
-# they need is in the run, the collective's signature and its ``extra`` field.
+# they need is in the run, the collective's signature and its ``bytes_per_pack`` field.
 
 
 def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> None:
@@ -113,9 +111,9 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
         return [[] for _ in payloads]
     _check_unchanged(run, call, payloads)
     op = call._signature.op
-    bytes_per_pack = call.extra
+    bytes_per_pack = call.bytes_per_pack
     assert op is not None
-    assert isinstance(bytes_per_pack, int)
+    assert bytes_per_pack is not None
     results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
     return results
 
@@ -193,24 +191,13 @@ def get_replica_context() -> ReplicaContext | None:
     ``strategy.scope()`` or a ``merge_fn`` it is None; elsewhere it is the default
     replica context (one replica, whose collectives are the identity).
     """
-    return current_mode().replica
+    context: ReplicaContext | None = current_mode().replica
+    return context
 
 
 def in_cross_replica_context() -> bool:
     """Return True inside ``strategy.scope()`` or a ``merge_fn``, False elsewhere."""
     return current_mode().cross_replica
-
-
-def get_strategy() -> Strategy:
-    """Return the current strategy: the one in scope or running, else the default strategy."""
-    return current_mode().strategy
-
-
-def has_strategy() -> bool:
-    """Return True when a strategy other than the default one is current."""
-    from ._strategy import DefaultStrategy
-
-    return not isinstance(current_mode().strategy, DefaultStrategy)
 
 
 def _check_args(args: object, kwargs: object, what: str) -> tuple[Sequence[Any], Mapping[str, Any]]:
@@ -403,7 +390,7 @@ class ReplicaContext:
             CollectiveTimeoutError: ``timeout_seconds`` passed with replicas missing.
             ReplicaContextError: Called outside this replica.
         """
-        # The body is compiled (see _issue): this method keeps the docstring.
+        # The body is compiled (see _issuing): this method keeps the docstring.
         return _issue_all_reduce(
             self,
             self._run,

@@ -1,21 +1,33 @@
-"""Module functions on the current strategy: ``experimental_set_strategy`` and friends."""
+"""Module functions on the current strategy: ``get_strategy``, ``experimental_set_strategy``, ...
+
+They sit above ``_strategy`` (they name its classes), unlike ``_context``'s, which only read
+the current mode.
+"""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 from .._exceptions import ReplicaContextError
 from ._mode import MODE, Mode, current_mode
+from ._strategy import DefaultStrategy, Strategy
 
-if TYPE_CHECKING:
-    from ._strategy import Strategy
-
-__all__ = ["experimental_set_strategy", "get_cross_replica_context"]
+__all__ = ["experimental_set_strategy", "get_cross_replica_context", "get_strategy", "has_strategy"]
 
 # The strategy set by experimental_set_strategy and the mode it replaced.
 _global: list[tuple[Strategy, Mode | None]] = []
 _lock = threading.Lock()
+
+
+def get_strategy() -> Strategy:
+    """Return the current strategy: the one in scope or running, else the default strategy."""
+    strategy: Strategy = current_mode().strategy
+    return strategy
+
+
+def has_strategy() -> bool:
+    """Return True when a strategy other than the default one is current."""
+    return not isinstance(current_mode().strategy, DefaultStrategy)
 
 
 def get_cross_replica_context() -> Strategy | None:
@@ -35,7 +47,8 @@ def get_cross_replica_context() -> Strategy | None:
         True
     """
     mode = current_mode()
-    return mode.strategy if mode.cross_replica else None
+    strategy: Strategy | None = mode.strategy if mode.cross_replica else None
+    return strategy
 
 
 def experimental_set_strategy(strategy: Strategy | None) -> None:
@@ -64,8 +77,6 @@ def experimental_set_strategy(strategy: Strategy | None) -> None:
         >>> ar.has_strategy()
         False
     """
-    from ._strategy import DefaultStrategy, Strategy
-
     if strategy is not None and not isinstance(strategy, Strategy):
         raise TypeError(f"experimental_set_strategy expects a strategy or None, got {strategy!r}")
     with _lock:

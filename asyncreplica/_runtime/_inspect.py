@@ -102,7 +102,7 @@ _DRIVERS: Final[set[int]] = set()
 _DRIVER_CODES: Final[list[CodeType]] = []  # keeps each driver's id its own
 
 
-# Caches of other modules keyed by the paths made here (_issue's interned signatures):
+# Caches of other modules keyed by the paths made here (_issuing's interned signatures):
 # cleared with these, so that what they hold goes with the paths.
 DEPENDENT_CACHES: Final[list[dict[Any, Any]]] = []
 

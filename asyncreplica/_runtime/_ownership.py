@@ -35,7 +35,9 @@ from .._core._report import see_also
 from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
 
 if TYPE_CHECKING:
-    from ._collective import Collective, Rendezvous
+    # What this module reads of a collective and its rendezvous (_collective, above).
+    from ._protocols import OwnedCollective as Collective
+    from ._protocols import OwnedRendezvous as Rendezvous
 
 __all__ = [
     "close_in_flight",
@@ -240,13 +242,15 @@ def _retrieve_error(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
-def reused(rv: Rendezvous, call: Collective, use: str, finished: bool) -> BaseException:
+def reused(
+    rv: Rendezvous, call: Collective, use: str, finished: bool, *, closed: bool
+) -> BaseException:
     """The error for ``use`` of ``call`` once it was awaited, run as a task, or closed.
 
     Another replica's (or a thread's) use is :func:`foreign_await`'s error. The
     replica's own second use of a collective in flight fails the run (its first awaiter
     would otherwise be cancelled and blamed); one of a finished collective is its own
-    mistake, raised where it happens.
+    mistake, raised where it happens. ``closed``: ``call`` was closed before it started.
     """
     task = rv.task()
     replica = call.replica
@@ -255,9 +259,7 @@ def reused(rv: Rendezvous, call: Collective, use: str, finished: bool) -> BaseEx
     run: Any = rv.run
     offset = run.strategy._replica_offset
     described = call.describe()
-    from ._collective import _CLOSED
-
-    if call._coro is _CLOSED:
+    if closed:
         return CollectiveError(
             f"Replica {replica + offset} {use} {described}, which it closed: a closed "
             "collective never runs. Issue a new collective instead."

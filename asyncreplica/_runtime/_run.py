@@ -59,7 +59,7 @@ from ._waiter import Waiter
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
-    from ._strategy import Strategy
+    from ._protocols import RunStrategy
     from ._trace import Tracer
 
 __all__ = ["NO_TREE", "Collective", "Dispatch", "Run", "logger"]
@@ -163,7 +163,7 @@ def _spawned_in_replica(task: object) -> Run | None:
     mode = MODE.get()
     if mode is None or mode.replica is None:
         return None
-    run = mode.replica._run
+    run: Run | None = mode.replica._run
     if run is None or run.closed:
         return None
     creator = run.watch.replica_of(run._current_task())
@@ -212,7 +212,7 @@ class Run:
 
     def __init__(
         self,
-        strategy: Strategy,
+        strategy: RunStrategy,
         backend: Backend,
         *,
         check_call_sites: bool,
@@ -1008,7 +1008,7 @@ class Run:
             loop = None
         self._loop = self._rv.loop = loop
         self._rv.clock = loop_clock(loop)
-        self._rv.fast = loop is not None and self.tracer is None and self.shuffle is None
+        self._rv.fast_await = loop is not None and self.tracer is None and self.shuffle is None
         self._current_task = _tasks.current_task
         if loop is not None:
             self._current_task = asyncio.current_task

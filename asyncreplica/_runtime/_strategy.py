@@ -45,7 +45,7 @@ from ._extended import (
 )
 from ._gc import scaled_gc
 from ._input import DistributedDataset, DistributedDatasetsFromFunction, InputContext
-from ._mode import MODE, Mode, current_mode
+from ._mode import MODE, Mode, current_mode, set_default_mode
 from ._preload import preload_async_backends
 from ._run import Run
 from ._traceback import hide_library_frames
@@ -985,3 +985,12 @@ def default_strategy() -> DefaultStrategy:
             if _default is None:
                 _default = DefaultStrategy()
     return _default
+
+
+def _default_mode() -> Mode:
+    """The mode outside any strategy: the default strategy and its replica context."""
+    strategy = default_strategy()
+    return Mode(strategy, False, strategy.default_replica_context)
+
+
+set_default_mode(_default_mode)

@@ -44,7 +44,7 @@ class Waiter(asyncio.Future):  # type: ignore[type-arg]
         scope = run._cancel_scope
         outside = scope is None or not scope.cancel_called
         if not self.done():
-            replica = slot.fast_rids[slot.fast.index(self)]
+            replica = slot.fast_replicas[slot.fast_waiters.index(self)]
             # Scheduled before the task's own wake-up (which super().cancel schedules).
             self.get_loop().call_soon(run._abandoned, replica, slot.key, slot, outside)
         elif outside and not self.cancelled() and self.exception() is None:

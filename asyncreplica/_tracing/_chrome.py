@@ -12,15 +12,33 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core._ledger import key_index
 from .._version import __version__
 from ._records import _Collective, _RunState
 
 if TYPE_CHECKING:
+    from collections import deque
+
     from .._core._signature import LeafSpec, Signature
-    from ._recorder import ChromeTracer
+
+
+class Recording(Protocol):
+    """What :class:`_Builder` reads of the recorder (``_recorder.ChromeTracer``, which calls it)."""
+
+    max_events: int
+    _pid: int
+    _origin: int
+    _origin_unix_ns: int
+    _records: deque[_Collective | _RunState]
+    _size: int
+    _dropped_events: int
+    _dropped_collectives: int
+    _failures: deque[dict[str, Any]]
+    _runs: int
+    _max_replicas: int
+
 
 _ITEMSIZES = {"bool": 1, "bool_": 1, "half": 2, "single": 4, "double": 8, "longdouble": 16}
 _BITS = re.compile(r"^[a-z_]*?(\d+)")
@@ -72,7 +90,7 @@ Track = tuple[str, int]
 class _Builder:
     """Turns a tracer's records into the trace-event object."""
 
-    def __init__(self, tracer: ChromeTracer) -> None:
+    def __init__(self, tracer: Recording) -> None:
         self.tracer = tracer
         self.pid = tracer._pid
         self.origin = tracer._origin

@@ -11,20 +11,29 @@ import atexit
 import contextlib
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ._recorder import DEFAULT_MAX_EVENTS, ChromeTracer, PathLike, write_json
 
 if TYPE_CHECKING:
     from .._core._ledger import Key, Report
     from .._core._signature import Signature
-    from .._runtime._strategy import Strategy
     from .._runtime._trace import Tracer
 
 __all__ = ["ENV_VAR", "rank_path", "trace_from_environment", "traced"]
 
 ENV_VAR = "ASYNCREPLICA_TRACE"
 """The environment variable that turns tracing on for every ``MirroredStrategy``."""
+
+
+class Strategy(Protocol):
+    """What tracing reads and sets of a strategy (``_runtime._strategy``, which calls here)."""
+
+    _tracer: Tracer | None
+
+    @property
+    def _group(self) -> object:
+        """The processes the strategy spans (one may have a ``trace_session``); or None."""
 
 
 class _Tee:

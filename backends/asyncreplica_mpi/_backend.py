@@ -42,7 +42,7 @@ from asyncreplica_numpy.interop import combine as _local_combine
 from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
-from . import _group
+from . import _waiting
 from ._group import MPIProcessGroup
 from ._protocol import cross_fields
 
@@ -271,7 +271,7 @@ class MPIBackend(Backend):
         on_asyncio = asyncio._get_running_loop() is not None
         now = clock()
         notes_at = now + _NOTES_SECONDS
-        give_up = now + (_DRIVE_SECONDS if _group._SPIN_SECONDS > 0 else 0.0)
+        give_up = now + (_DRIVE_SECONDS if _waiting._SPIN_SECONDS > 0 else 0.0)
         while now < give_up:
             turn_end = now + _TURN_SECONDS
             while True:

@@ -2,8 +2,11 @@
 
 See :mod:`._protocol` for the exchange itself. This module owns the communicators
 (two duplicates of the user's: one for agreement, one for data, so that neither
-ever shares traffic with the user's own), the polling of non-blocking requests from
-the event loop, and the stall warnings and timeouts of every wait. Creating a group's
+ever shares traffic with the user's own) and the exchanges made on them. The waits
+(polling non-blocking requests from the event loop, the peers' notes, the stall
+warnings and timeouts) live in :mod:`._waiting`; the errors every process builds
+alike from an exchange's details, and the refusals of the lifecycle, in
+:mod:`._failures` (both are bases of :class:`MPIProcessGroup`). Creating a group's
 arrival notes live in :mod:`._arrival`; its lifecycle table in :mod:`._lifecycle`; the
 goodbye at exit (and at ``MPI.Finalize()``) and the release of dropped groups in
 :mod:`._exit`; merged timelines in :mod:`._trace`.
@@ -18,14 +21,9 @@ yield to the loop, which is what makes the common case cheap.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import contextvars
-import json
-import math
-import os
-import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
@@ -36,41 +34,29 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica import (
-    BackendError,
-    CollectiveDeadlockError,
-    CollectiveMismatchError,
-    CollectiveTimeoutError,
-    ReplicaContextError,
-    ReplicaExitedError,
-)
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from . import _exit
-from ._arrival import _arrive, _created, _logger, agree_options
-from ._lifecycle import Event, Refusal, State, advance
+from ._arrival import _arrive, _created, agree_options
+from ._failures import _consequence
+from ._lifecycle import Event, Refusal, State
 from ._protocol import (
     HEADER,
     HEADER_BYTES,
     HEADER_WORDS,
     MAGIC,
-    REFUSALS,
     Status,
     at_position,
-    collective_error,
     describe_exception,
-    differing_fields,
     error_fields,
     fingerprint,
-    first_refusal,
     key_text,
-    outcome_message,
     position_code,
-    rebuild_signature,
     refusal_fields,
     signature_fields,
 )
 from ._trace import TraceMerger
+from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, thread_multiple
 
 __all__ = [
     "INLINE_BYTES",
@@ -88,84 +74,13 @@ _ROW_BYTES = HEADER_BYTES + INLINE_BYTES  # one process's part of an exchange
 
 _T = TypeVar("_T")
 
-# Waiting: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
-# complete the request within them, and a wait that never yields needs no shield from
-# cancellation, see the module docstring), then tests that yield to the loop and to the
-# OS (sched_yield) in between, for up to _SPIN_SECONDS. MPICH progresses only inside
-# MPI calls, so Test() drives it, and the loop's timers cannot sleep less than about a
-# millisecond, hence the generous spin. Then the wait is *parked*: a daemon thread
-# blocks in MPI until the request completes or a peer rings this process's bell (it
-# sends one after each note), and wakes the loop, so that no delivery waits for a
-# timer (MPI's blocking calls drive progress themselves). Without MPI_THREAD_MULTIPLE
-# the loop sleeps instead, from _MIN_SLEEP growing to _MAX_SLEEP between tests.
-_BUSY_SECONDS = 20e-6
-_SPIN_SECONDS = 0.01
-_MIN_SLEEP = 1e-4
-_MAX_SLEEP = 0.001
-# A parked wait reads the peers' notes when its bell rings (a sleeping one, every
-# _NOTES_SECONDS at most); a wait at an exchange tells the peers it waits there once it
-# has waited _ANNOUNCE_SECONDS (so that a stall warning can name the processes that
-# have not arrived).
-_NOTES_SECONDS = 0.002
-_ANNOUNCE_SECONDS = 0.05
-_NOTE_TAG = 1
-_BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 _DRAIN_EVERY = 1023  # read the notes at every 1024th exchange (a mask)
 
 # The per-signature and per-position caches are cleared past this many entries.
 _MAX_CACHED = 4096
 
-_sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
-
-
-def _spin(test: Callable[[], bool]) -> bool:
-    """Call ``test`` for up to _BUSY_SECONDS without yielding; whether it returned True."""
-    if test():
-        return True
-    until = time.perf_counter() + _BUSY_SECONDS
-    while time.perf_counter() < until:
-        if test():
-            return True
-    return False
-
-
-def _waker(event: anyio.Event) -> Callable[[], None]:
-    """A function that any thread may call to set ``event`` (on this loop)."""
-    loop = asyncio._get_running_loop()
-    if loop is not None:
-        call = loop.call_soon_threadsafe
-
-        def wake() -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed
-                call(event.set)
-
-        return wake
-    import trio
-
-    token = trio.lowlevel.current_trio_token()
-
-    def wake_trio() -> None:
-        with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(event.set)
-
-    return wake_trio
-
 
 _serials = iter(range(1 << 62))
-_thread_level: list[bool] = []
-
-
-def thread_multiple() -> bool:
-    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
-    if not _thread_level:
-        from mpi4py import MPI
-
-        _thread_level.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
-    return _thread_level[0]
-
-
-class _Expired(Exception):
-    """An exchange's deadline (the group's timeout) passed before it completed."""
 
 
 # What a collective agrees on: its fields (with the first position's text), the detail
@@ -176,11 +91,9 @@ _Agreement = tuple[dict[str, Any], dict[str, Any], int, Hashable]
 _Fields = tuple[dict[str, Any], int, dict[str, Any], bool, bool]
 
 _NO_SHIELD = contextlib.nullcontext()
-_LIVE = (State.JOINED, State.RUNNING)
-_BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
-class MPIProcessGroup(ProcessGroup):
+class MPIProcessGroup(Waiting, ProcessGroup):
     """The processes of one ``MultiWorkerMirroredStrategy``.
 
     Creating it is collective: every process of ``communicator`` must create one, in
@@ -341,59 +254,6 @@ class MPIProcessGroup(ProcessGroup):
 
     # -- the lifecycle (see _lifecycle) --------------------------------------------------
 
-    def _to(self, event: Event) -> None:
-        """Move to the state after ``event`` (see :data:`._lifecycle.TABLE`), or refuse."""
-        after = advance(self._state, event)
-        if isinstance(after, Refusal):
-            self._refuse(after)
-        self._state = after
-
-    def _refuse(self, refusal: Refusal) -> NoReturn:
-        """The one raise site of every refused lifecycle event."""
-        if refusal is Refusal.CONCURRENT_RUN:
-            # The refusal is local, and on another process the same two runs may not
-            # overlap: this process owes the others one exchange for the refused run,
-            # made at the end of the run in progress (see end_run), so that every
-            # process stays in step whichever runs it refused.
-            self._owed_refusals += 1
-            raise ReplicaContextError(
-                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
-                f"progress on process {self.rank}: one strategy runs one step at a time "
-                "across processes (two concurrent runs would interleave their "
-                "collectives in a different order on each process).\n\nAwait each run "
-                "before starting the next (no asyncio.gather / task group of runs of one "
-                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
-                "step function."
-            )
-        if refusal is Refusal.FAILED:
-            self._check_usable()
-        if refusal is Refusal.MERGE_IN_RUN:
-            raise ReplicaContextError(
-                "strategy.trace(...) ended inside a run of the same strategy: the merge "
-                "of every process's timeline is collective, so it must be reached "
-                "outside Strategy.run (leave the `with` block after the run returns)."
-            )
-        what = {
-            Refusal.CLOSED: "was closed (this process is exiting)",
-            Refusal.FINALIZED: (
-                "cannot be used any more: MPI was finalized on this process (MPI.Finalize()); "
-                "every strategy said goodbye to the other processes then"
-            ),
-            Refusal.NOT_JOINED: "is still being created",
-            Refusal.FAILED: "failed",
-        }[refusal]
-        raise BackendError(f"This MultiWorkerMirroredStrategy {what} (process {self.rank}).")
-
-    def _break(self, reason: str) -> None:
-        """The processes are out of step on this group (the first reason is kept)."""
-        if self._broken is None:
-            self._broken = reason
-        self._to(Event.OUT_OF_STEP)
-
-    def label(self) -> str:
-        """``MultiWorkerMirroredStrategy #2``: this group by creation order (for messages)."""
-        return f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
-
     def is_closed(self) -> bool:
         """Whether this group said goodbye, was released, or MPI was finalized."""
         return self._state is State.CLOSED or self._state is State.FINALIZED
@@ -453,494 +313,6 @@ class MPIProcessGroup(ProcessGroup):
             if not recv.startswith(mine, start):
                 return False
         return True
-
-    def _details(
-        self, status: Status, fields: dict[str, Any] | None, detail: dict[str, Any]
-    ) -> Generator[Any, None, list[dict[str, Any]]]:
-        """After headers differ: every process's JSON detail, in rank order (two rounds)."""
-        MPI = self._MPI
-        if (self._heads[:, 0] != MAGIC).any():
-            self._break("a peer sent a malformed header")
-            raise BackendError(
-                "asyncreplica received a malformed message from another process: the "
-                "processes' communicators are out of step. Restart the job."
-            )
-        numbers = self._heads[:, HEADER_WORDS - 1]
-        if (numbers != numbers[0]).any():
-            # Every process sees the same headers, so every one raises this, at once:
-            # pairing exchanges of different numbers would report a false disagreement.
-            self._break("they made different numbers of exchanges")
-            made = ", ".join(f"process {r}: {int(n)}" for r, n in enumerate(numbers))
-            raise BackendError(
-                "The processes of this MultiWorkerMirroredStrategy are out of step: they "
-                f"made different numbers of exchanges before this one ({made}), so "
-                "their collectives can no longer be matched. This is a bug in asyncreplica "
-                "or a process that used the strategy's communicators directly; restart the "
-                "job (the exit hook ends it)."
-            )
-        detail = {
-            **detail,
-            "rank": self.rank,
-            "replicas": [self.offset, self.replica_counts[self.rank]],
-            "status": int(status),
-            "fields": fields or {},
-            # Another collective of this process waits for this exchange (issued
-            # concurrently): processes at different named collectives then differ in
-            # order, not in a cycle (see _cycle).
-            "queued": bool(self._waiters),
-        }
-        payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
-        lengths = np.empty(self.size, np.int64)
-        yield self._ctl.Iallgather(np.array([payload.size], np.int64), lengths)
-        counts = [int(n) for n in lengths]
-        displs = [sum(counts[:r]) for r in range(self.size)]
-        buf = np.empty(sum(counts), np.uint8)
-        yield self._ctl.Iallgatherv(payload, [buf, counts, displs, MPI.BYTE])
-        return [
-            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
-        ]
-
-    async def _wait(self, request: Any, deadline: float | None) -> None:
-        """Wait for a posted request that :func:`_spin` did not see complete.
-
-        The wait is shielded from cancellation: the request must complete.
-
-        Raises:
-            _Expired: ``deadline`` (``anyio.current_time()``) passed first.
-        """
-        test = request.Test
-        number = self._number - 1
-        try:
-            with anyio.CancelScope(shield=True):
-                if deadline is None:
-                    await self._watch(test, number, request)
-                    return
-                with anyio.CancelScope(deadline=deadline):
-                    await self._watch(test, number, request)
-                    return
-            raise _Expired
-        except BaseException:
-            # Abandoned while posted (a timeout, or an interruption no shield stops):
-            # the processes are out of step.
-            self._break("a cross-process exchange was abandoned")
-            raise
-
-    # -- waiting: notes from peers, stall warnings ------------------------------------
-
-    async def _watch(
-        self,
-        test: Callable[[], bool],
-        exchange: int | None = None,
-        request: Any = None,
-        *,
-        data: bool = False,
-    ) -> None:
-        """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
-
-        It tests yielding to the loop (``asyncio.sleep(0)`` on asyncio) and to the OS in
-        between for up to _SPIN_SECONDS, then parks (see :meth:`_park`): ``request``,
-        when given, is what ``test`` tests; without it, whatever makes ``test`` true
-        rings this process's bell. Without MPI_THREAD_MULTIPLE it sleeps up to
-        _MAX_SLEEP between tests instead of parking.
-
-        A peer's failure after an agreement raises here (see :meth:`_read_notes`).
-        For an exchange (``exchange``: its number), a wait that passes
-        ``_ANNOUNCE_SECONDS`` tells the peers that this process waits there, and one
-        that passes ``stall_warning_seconds`` logs a warning naming the processes
-        that have not arrived. The announcement also goes to the peers of this
-        process's other groups (strategies), so that a peer waiting on another strategy
-        names where this process waits, instead of calling it busy. With ``data``, the
-        wait is for the data transfer after the agreement ``exchange``.
-        """
-        on_asyncio = asyncio._get_running_loop() is not None
-        start = time.perf_counter()
-        spin_until = start + _SPIN_SECONDS
-        if data and self._agreed_at:
-            start = min(start, self._agreed_at)  # a data wait counts from its agreement
-        while not test():
-            if time.perf_counter() >= spin_until:
-                break
-            # The peer may share this core (the machine is busy): a spin that does not
-            # give it the core waits a whole time slice for it, an MPI blocking call
-            # alike. With nothing else runnable here this returns at once.
-            _sched_yield()
-            if on_asyncio:
-                await asyncio.sleep(0)
-            else:
-                await anyio.lowlevel.checkpoint()
-        else:
-            return
-        stall = self.stall_warning_seconds
-        announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
-        warned = False
-        announced = False
-        key = -1 - exchange if data and exchange is not None else exchange
-        timers = exchange is not None and self.size > 1
-        # The timed checks: (seconds into the wait, what to do), earliest first.
-        due: list[tuple[float, str]] = []
-        if timers:
-            due.append((announce, "announce"))
-            if stall:
-                due.append((stall, "stall"))
-            due.sort()
-        parked = thread_multiple()
-        delay = _MIN_SLEEP
-        try:
-            while True:
-                self._read_notes()
-                if test():
-                    break
-                waited = time.perf_counter() - start
-                while due and waited >= due[0][0]:
-                    _, what = due.pop(0)
-                    assert key is not None
-                    if what == "announce":
-                        announced = True
-                        self._tell_peers({"kind": "waiting", "number": key})
-                        self._tell_other_groups(True)
-                    else:
-                        warned = True
-                        _logger.warning(self._stall_message(key, waited, data=data))
-                until = due[0][0] - waited if due else None
-                if parked:
-                    await self._park(request, until)
-                else:
-                    nap = delay if until is None else min(delay, max(until, 0.0))
-                    await anyio.sleep(min(nap, _NOTES_SECONDS))
-                    delay = min(delay * 2, _MAX_SLEEP)
-        finally:
-            if announced:
-                self._tell_other_groups(False)
-        if warned:
-            _logger.warning(
-                f"Collective resumed: the processes completed {self._waiting_what()} after "
-                f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
-            )
-
-    async def _park(self, request: Any, seconds: float | None) -> None:
-        """Block a daemon thread in MPI until ``request`` completes or the bell rings.
-
-        The bell is a receive from any peer, always posted; a peer rings it after each
-        note it sends (see :meth:`_tell_peers`), and a transfer thread rings this
-        process's own when it is done. The thread wakes the loop; this returns then,
-        with the bell posted again if it rang. After ``seconds`` (a timed check is due)
-        it rings its own bell and returns once the thread has; cancelled (a deadline),
-        it rings its own bell and raises at once (the exchange is abandoned).
-        """
-        bell = self._bell
-        woke = anyio.Event()
-        wake = _waker(woke)
-        MPI = self._MPI
-
-        def park() -> None:
-            try:
-                if request is None:
-                    bell.Wait()
-                else:
-                    MPI.Request.Waitany([request, bell])
-            finally:
-                wake()
-
-        threading.Thread(target=park, name="asyncreplica MPI wait", daemon=True).start()
-        try:
-            with anyio.move_on_after(math.inf if seconds is None else seconds):
-                await woke.wait()
-        except BaseException:  # cancelled: release the thread, which tests nothing more
-            with contextlib.suppress(Exception):  # the cancellation is the news
-                self._ring(self.rank)
-            raise
-        if not woke.is_set():  # a timed check is due: release the thread first
-            self._ring(self.rank)
-            with anyio.CancelScope(shield=True):
-                await woke.wait()
-        if bell.Test():  # it rang: listen again
-            self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
-
-    def _tell_other_groups(self, waiting: bool) -> None:
-        """Tell the peers of this process's other groups that it waits here (or no more)."""
-        note = {"kind": "elsewhere", "label": self.label(), "what": self._waiting_what()}
-        if not waiting:
-            note = {"kind": "elsewhere done"}
-        for group in _exit._groups:
-            if group is not self and group.size > 1 and group._state in _LIVE:
-                with contextlib.suppress(Exception):  # best effort: it only names a place
-                    group._tell_peers(note)
-
-    def _waiting_what(self) -> str:
-        return _exchange_text(self._pending)
-
-    def _stall_message(self, exchange: int, waited: float, *, data: bool = False) -> str:
-        """The warning for an exchange that has waited ``stall_warning_seconds``.
-
-        ``exchange`` is the key of the wait (``-1 - number`` for a data transfer).
-        """
-        seen = self._seen_waiting.get(exchange, set())
-        missing = [r for r in range(self.size) if r != self.rank and r not in seen]
-        waiting = [r for r in range(self.size) if r == self.rank or r in seen]
-        what = self._waiting_what()
-        if data:
-            what = f"the data transfer of {what} (every process agreed on it)"
-        lines = [
-            (
-                f"Collective stalled across processes: {self._process(self.rank)} has "
-                f"waited {waited:.1f} s at {what} for "
-                + (", ".join(self._process(r) for r in missing) or "the other processes")
-                + "."
-            ),
-            "",
-        ]
-        for r in waiting:
-            lines.append(f"  * {self._process(r)} reached it and waits")
-        for r in missing:
-            elsewhere = self._elsewhere.get(r)
-            if elsewhere is not None:
-                label, there = elsewhere
-                lines.append(
-                    f"  * {self._process(r)} did not arrive: it waits at {there} of "
-                    f"{label}, another strategy, while this process waits on "
-                    f"{self.label()}. The processes use their strategies in different "
-                    "orders: each waits for the other (a deadlock, unless another task of "
-                    "one of them issues the missing collective)"
-                )
-                continue
-            if data:
-                lines.append(
-                    f"  * {self._process(r)} agreed on it but has not sent its data: it "
-                    "is stopped, blocked in a call that does not yield, or died"
-                )
-                continue
-            place = (
-                f"its last exchange with the others was {_exchange_text(self._last)}"
-                if self._last is not None
-                else "it has made no exchange with the others yet"
-            )
-            lines.append(
-                f"  * {self._process(r)} did not arrive: {place}; it is busy outside "
-                "collectives (a computation, I/O, a blocking call) or waits for one of its own "
-                "replicas (its own log then has a stall warning)"
-            )
-        lines += [
-            "",
-            (
-                "This is a warning, not an error: the run goes on, and a message follows if "
-                "the collective completes. Set CommunicationOptions(timeout_seconds=...) to "
-                "fail instead."
-            ),
-        ]
-        return "\n".join(lines)
-
-    def _process(self, rank: int) -> str:
-        """``process 1 (replicas 2, 3)``."""
-        first, count = self.offsets[rank], self.replica_counts[rank]
-        ids = (
-            ", ".join(str(i) for i in range(first, first + count))
-            if count <= 2
-            else (f"{first}-{first + count - 1}")
-        )
-        return f"process {rank} (replica{'' if count == 1 else 's'} {ids or 'none'})"
-
-    def _tell_peers(self, note: dict[str, Any]) -> None:
-        """Send ``note`` (JSON) to every other process on the side communicator."""
-        payload = np.frombuffer(json.dumps({**note, "rank": self.rank}).encode(), np.uint8)
-        self._sends = [r for r in self._sends if not r.Test()]
-        for r in range(self.size):
-            if r != self.rank:
-                self._sends.append(self._side.Isend(payload, dest=r, tag=_NOTE_TAG))
-                self._ring(r)
-
-    def _ring(self, rank: int) -> None:
-        """Ring ``rank``'s bell (this process's own: release this process's parked wait)."""
-        if len(self._sends) > 64:
-            self._sends = [r for r in self._sends if not r.Test()]
-        self._sends.append(self._side.Isend(_BELL, dest=rank, tag=_BELL_TAG))
-
-    def _read_notes(self) -> None:
-        """Receive the peers' notes; raise if one failed after an agreement.
-
-        Raises:
-            ReplicaExitedError: A peer failed after the processes agreed on a
-                collective (its data will never come): its own error, by name.
-        """
-        MPI = self._MPI
-        side = self._side
-        status = MPI.Status()
-        while side.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTE_TAG, status=status):
-            source = status.Get_source()
-            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
-            side.Recv(buf, source=source, tag=_NOTE_TAG)
-            try:
-                note = json.loads(bytes(buf).decode())
-            except ValueError:
-                continue
-            kind = note.get("kind")
-            if kind == "waiting":
-                if len(self._seen_waiting) > 64:
-                    self._seen_waiting = {
-                        k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
-                    }
-                self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
-            elif kind == "failed":
-                self._failed_peers.add(source)  # it waits for no ack from us at exit
-                if self._peer_failure is None:
-                    self._peer_failure = note
-            elif kind == "ack":
-                self._acks.add(source)
-            elif kind == "elsewhere":
-                self._elsewhere[source] = (str(note.get("label")), str(note.get("what")))
-            elif kind == "elsewhere done":
-                self._elsewhere.pop(source, None)
-        failure = self._peer_failure
-        if failure is not None and not self._failed_here:
-            self._raise_peer_failure(failure)
-
-    def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
-        rank = int(failure["rank"])
-        timeout = failure.get("timeout")
-        self._break(
-            f"process {rank} timed out waiting for the others"
-            if timeout is not None
-            else f"process {rank} failed after the processes agreed on a collective"
-        )
-        self._run_ended = True
-        what = failure.get("what") or "a collective"
-        first = (
-            f"Process {rank} failed while moving the data of {what}, after every process "
-            "had agreed on it, so this collective cannot complete on any process."
-        )
-        if timeout is not None:
-            first = (
-                f"Process {rank} timed out after {timeout:g} s waiting for the other "
-                f"processes at {what}, so no collective can complete on any process any more."
-            )
-        lines = [
-            first,
-            "",
-            f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
-        ]
-        for r in range(self.size):
-            if r != rank and timeout is None:
-                lines.append(f"  * {self._process(r)} waited for its data")
-        lines += [
-            "",
-            (
-                "A process that times out leaves the processes out of step: the job cannot "
-                "continue (the exit hook ends the MPI job)."
-                if timeout is not None
-                else "A process that fails after an agreement leaves the others inside the "
-                "data transfer: the processes are now out of step and the job cannot "
-                "continue (the exit hook ends the MPI job)."
-            ),
-            "Look at the failing process's own error (it is raised there, with its traceback).",
-        ]
-        current = self.current
-        failed = range(self.offsets[rank], self.offsets[rank] + self.replica_counts[rank])
-        waiting = (
-            {g: current for g in range(self.num_replicas) if g not in failed}
-            if current is not None
-            else {}
-        )
-        raise ReplicaExitedError(
-            self.offsets[rank],
-            int(failure.get("position", 0) or 0),
-            waiting,
-            exited_count=0,
-            exited_last=None,
-            name=failure.get("name"),
-            message="\n".join(lines),
-        )
-
-    def failed_after_agreement(self, error: BaseException) -> None:
-        """This process failed after an agreement: tell the peers, who wait for its data.
-
-        The processes are out of step from here on: no further exchange is made (the
-        run's end is not told with one), and the exit hook ends the job once every
-        peer has reported the failure.
-        """
-        if self._broken is not None or self.size == 1:
-            return
-        self._break("this process failed after the processes agreed on a collective")
-        self._failed_here = True
-        self._run_ended = True
-        self._tell_peers(self._failure_note(error))
-
-    def _failure_note(self, error: BaseException) -> dict[str, Any]:
-        """The note that tells the peers this process failed at its pending exchange."""
-        position = None if self._pending is None else self._pending[0]
-        return {
-            "kind": "failed",
-            "error": describe_exception(error),
-            "what": _exchange_text(self._pending),
-            "position": position
-            if isinstance(position, int)
-            else (position[1] if isinstance(position, tuple) else 0),
-            "name": position[0] if isinstance(position, tuple) else None,
-        }
-
-    async def wait_data(self, request: Any) -> None:
-        """Wait for a posted data transfer (the caller shields it), watching for failures.
-
-        The wait has the exchange's stall warning and timeout, counted from the
-        agreement: a peer that stops after agreeing is named, and past
-        ``timeout_seconds`` this process raises and tells the others (the processes
-        are out of step then, as after any timeout).
-        """
-        if _spin(request.Test):
-            return
-        deadline = None
-        if self._limit is not None:
-            start = self._agreed_at or time.perf_counter()
-            deadline = anyio.current_time() + max(0.0, start + self._limit - time.perf_counter())
-        try:
-            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
-                await self._watch(request.Test, self._number - 1, request, data=True)
-                return
-        except BaseException:
-            self.abandon(request)
-            raise
-        self.abandon(request)
-        self._timed_out(None, None, data=True)
-
-    def abandon(self, request: Any, *buffers: Any) -> None:
-        """A posted data transfer will not be waited for: out of step, and kept alive.
-
-        MPI may still read and write the request's ``buffers`` (an mpi4py request does
-        not hold them), so they are held until exit, when the job is aborted.
-        """
-        self._abandoned.append((request, buffers))
-        self._break("a data transfer was abandoned")
-
-    async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
-        try:
-            request = next(steps)
-            while True:
-                if not _spin(request.Test):
-                    await self._wait(request, deadline)
-                request = steps.send(None)
-        except StopIteration as stop:
-            result: _T = stop.value
-            return result
-
-    def _check_usable(self) -> None:
-        if self._departed:
-            ranks = ", ".join(map(str, self._departed))
-            raise ReplicaExitedError(
-                self.offsets[self._departed[0]],
-                0,
-                {},
-                exited_count=0,
-                exited_last=None,
-                message=(
-                    f"Process {ranks} of this MultiWorkerMirroredStrategy has exited, so no "
-                    "collective can complete any more (this is process "
-                    f"{self.rank} of {self.size}).\n\nEvery process must run the same "
-                    "collectives; see the earlier error for where they diverged."
-                ),
-            )
-        if self._broken is not None:
-            raise BackendError(
-                f"The processes of this MultiWorkerMirroredStrategy are out of step "
-                f"({self._broken}); no further collective can be matched. Restart the job."
-            )
 
     def _start(
         self,
@@ -1043,173 +415,6 @@ class MPIProcessGroup(ProcessGroup):
             self._departed = gone
             self._to(Event.PEER_EXITED)
         return details
-
-    def _timed_out(
-        self, position: Hashable, fields: dict[str, Any] | None, *, data: bool = False
-    ) -> NoReturn:
-        """An exchange (or, with ``data``, the data transfer after one) timed out: raise.
-
-        The peers that still wait (they may have started waiting a little later, or
-        wait elsewhere) raise at once, with this cause, instead of being ended by this
-        process's exit hook before they can report anything.
-        """
-        if position is not None and fields is not None:
-            fields = {**fields, "position": key_text(position)}
-        self._break("a cross-process exchange timed out")
-        if data:
-            what = f" for {self._waiting_what()}"
-            first = "The other processes did not all send their data"
-        else:
-            what = "" if fields is None else f" at their {fields['position']}"
-            first = "The other processes did not all reach the same point"
-        error = CollectiveTimeoutError(
-            0,
-            float(self._limit or 0),
-            {},
-            {},
-            message=(
-                f"{first}{what} within {self._limit:g} s (this is process {self.rank} of "
-                f"{self.size}).\n\nA process that is alive but busy (I/O, a long "
-                "computation) or stuck delays every other one. The processes are now out "
-                "of step: the job cannot continue."
-            ),
-        )
-        self._failed_here = True
-        self._tell_peers({**self._failure_note(error), "timeout": self._limit})
-        raise error from None
-
-    def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
-        """Raise the error every process raises for these (non-unanimous) details.
-
-        The error that ends a run is remembered: a collective queued behind the
-        exchange raises the same object again (see :meth:`_start`).
-        """
-        try:
-            self._raise_new(details)
-        except BaseException as error:
-            if self._ended is details and self._running:
-                self._ended_error = error
-            raise
-
-    def _raise_new(self, details: list[dict[str, Any]]) -> NoReturn:
-        """Raise the error every process raises for these (non-unanimous) details.
-
-        Its attributes agree with its message: global replica ids (every replica of a
-        process that reached the collective, with that process's signature), and the
-        position and name of the collective the processes wait at.
-        """
-        refused = first_refusal(details)
-        if refused is not None:
-            name, text, *rest = refused["refused"]
-            message = (
-                f"{text}\n\n({self._process(int(refused['rank']))} refused this "
-                "cross-replica operation, so every process raises this error.)"
-            )
-            if name == "CollectiveMismatchError":
-                fields = [str(f) for f in rest[0]] if rest else []
-                raise CollectiveMismatchError(
-                    0, {}, fields, num_replicas=self.num_replicas, message=message
-                )
-            raise REFUSALS.get(name, ValueError)(message)
-        failed = next((d for d in details if d.get("collective_error")), None)
-        if failed is not None:
-            # A process's own ledger found the error: every process raises it, with the
-            # same attributes (global replica ids), and this process's message.
-            raise self._global_error(failed["collective_error"], details)
-        kind, message = outcome_message(details)
-        signatures: dict[int, Signature] = {}
-        key: Any = None
-        for d in details:
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
-                signature = rebuild_signature(d["fields"], d.get("site"))
-                first, count = d["replicas"]
-                for replica in range(first, first + count):
-                    signatures[replica] = signature
-                if key is None:
-                    key = d.get("key")
-        name = key[0] if isinstance(key, list) else None
-        position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
-        if kind == "mismatch":
-            cycle = _cycle(details)
-            if cycle is not None:
-                raise cycle
-            raise CollectiveMismatchError(
-                position,
-                signatures,
-                differing_fields(details),
-                num_replicas=self.num_replicas,
-                name=name,
-                message=message,
-            )
-        gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
-        first = gone[0]["replicas"][0] if gone else 0
-        raise ReplicaExitedError(
-            first,
-            position,
-            signatures,
-            exited_count=0,
-            exited_last=None,
-            name=name,
-            message=message,
-        )
-
-    def _global_error(
-        self, fields: dict[str, Any], details: list[dict[str, Any]], message: str | None = None
-    ) -> CollectiveMismatchError | ReplicaExitedError:
-        """A process's collective error (:func:`error_fields`), for every process.
-
-        Completed by every process's waiting replicas: the same attributes everywhere.
-        """
-        waiting: dict[int, Signature] = {}
-        for d in details:
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
-                signature = rebuild_signature(d["fields"], d.get("site"))
-                first, count = d["replicas"]
-                for replica in range(first, first + count):
-                    waiting[replica] = signature
-        if message is None:
-            message = outcome_message(details)[1]
-        if fields["class"] == "CollectiveMismatchError":
-            signatures = {
-                int(r): rebuild_signature(f, site) for r, (f, site) in fields["signatures"].items()
-            }
-            for replica, signature in waiting.items():
-                signatures.setdefault(replica, signature)
-            return CollectiveMismatchError(
-                int(fields["position"]),
-                signatures,
-                fields["fields"],
-                num_replicas=self.num_replicas,
-                name=fields["name"],
-                message=message,
-            )
-        placeholder = next(iter(waiting.values()), Signature(CollectiveKind.BARRIER))
-        for replica in fields["waiting"]:
-            waiting.setdefault(int(replica), placeholder)
-        return ReplicaExitedError(
-            int(fields["replica_id"]),
-            int(fields["position"]),
-            waiting,
-            exited_count=0,
-            exited_last=None,
-            name=fields["name"],
-            message=message,
-        )
-
-    def _complete_error(self, error: BaseException, details: list[dict[str, Any]]) -> None:
-        """Give this process's own collective error the other processes' waiting replicas.
-
-        Its attributes then equal those every other process raises.
-        """
-        found = collective_error(error)
-        fields = error_fields(error, check_call_sites=self.check_call_sites)
-        if found is None or fields is None:
-            return
-        glob = self._global_error(fields, details, message="")
-        if isinstance(found, CollectiveMismatchError) and isinstance(glob, CollectiveMismatchError):
-            found.signatures = glob.signatures
-        elif isinstance(found, ReplicaExitedError) and isinstance(glob, ReplicaExitedError):
-            found.waiting = glob.waiting
 
     async def refuse(self, error: Exception) -> NoReturn:
         """Take part in the agreement with a refusal: every process raises ``error``'s class."""
@@ -1577,80 +782,6 @@ class MPIProcessGroup(ProcessGroup):
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )
-
-
-def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
-    """The deadlock of processes that wait at different collectives, one named.
-
-    Named collectives match by name, so in one process replicas that await them in
-    different orders wait for each other in a cycle (``CollectiveDeadlockError``).
-    Across processes each process's replicas wait at the collective of this exchange,
-    which the others have not issued: the same cycle, built as the one-process ledger
-    builds it (from the lowest waiting replica, each waiting for the first replica
-    that has not issued its collective), so every process raises the same error.
-    None when every process waits at the same collective (a mismatch of its fields), or
-    when a process has another collective queued behind this exchange: its replicas
-    issued them concurrently, in another order than a peer's (a mismatch of the name,
-    the documented limit of named collectives across processes).
-    """
-    waits: dict[int, tuple[int | tuple[str, int], Signature, tuple[int, ...]]] = {}
-    keys: list[int | tuple[str, int]] = []
-    spans: list[range] = []
-    for d in details:
-        raw = d.get("key")
-        if Status(d["status"]) is not Status.COLLECTIVE or not d["fields"] or raw is None:
-            return None
-        if d.get("queued"):
-            return None
-        key: int | tuple[str, int] = (str(raw[0]), int(raw[1])) if isinstance(raw, list) else raw
-        first, count = d["replicas"]
-        keys.append(key)
-        spans.append(range(first, first + count))
-    if len(set(keys)) < 2 or all(isinstance(k, int) for k in keys):
-        return None
-    for d, key, span in zip(details, keys, spans, strict=True):
-        signature = rebuild_signature(d["fields"], d.get("site"))
-        missing = tuple(r for s, k in zip(spans, keys, strict=True) if k != key for r in s)
-        for replica in span:
-            waits[replica] = (key, signature, missing)
-    cycle: list[int] = []
-    rid = min(waits)
-    while rid not in cycle and rid in waits:
-        cycle.append(rid)
-        rid = waits[rid][2][0]
-    cycle = cycle[cycle.index(rid) :]
-    edges = tuple((r, key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
-    return CollectiveDeadlockError(edges, keys=tuple(waits[r][0] for r in cycle))
-
-
-def _consequence() -> None:
-    """The current task raises the run's error again: mark it retrieved once it ends.
-
-    Strategy.run already raised that error; a replica's helper task that nobody awaits
-    any more must not log "Task exception was never retrieved" for it.
-    """
-    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
-    if task is not None:
-        task.add_done_callback(_retrieve)
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
-
-
-def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
-    """``the 2nd collective (position 1): all_reduce(SUM) on float64[3] at f.py:9 in g``."""
-    if pending is None:
-        return "their exchange"
-    position, detail = pending
-    describe = detail.get("describe")
-    if describe is None:
-        return "the end of their run"
-    where = f" at {detail['site']}" if detail.get("site") else ""
-    if position is None:
-        return f"a cross-replica {describe}"
-    return f"the {key_text(position)}: {describe}{where}"
 
 
 def _key_json(position: Hashable) -> Any:

@@ -30,11 +30,11 @@ KIND = sys.argv[1]
 # arrives was delivered by MPI itself, not by a timer firing.
 FAR = sys.argv[2:] == ["far"]
 if FAR:
-    from asyncreplica_mpi import _group
+    from asyncreplica_mpi import _waiting
 
-    _group._SPIN_SECONDS = 0.0
-    _group._MIN_SLEEP = _group._MAX_SLEEP = 1e4
-    _group._NOTES_SECONDS = _group._ANNOUNCE_SECONDS = _group._ACK_SECONDS = 1e4
+    _waiting._SPIN_SECONDS = 0.0
+    _waiting._MIN_SLEEP = _waiting._MAX_SLEEP = 1e4
+    _waiting._NOTES_SECONDS = _waiting._ANNOUNCE_SECONDS = _waiting._ACK_SECONDS = 1e4
 RANK = MPI.COMM_WORLD.Get_rank()
 FAULTY = MPI.COMM_WORLD.Get_size() - 1
 

@@ -1,4 +1,4 @@
-"""Issuing an all_reduce (``_runtime/_issue``, compiled where the build compiles).
+"""Issuing an all_reduce (``_runtime/_issuing``, compiled where the build compiles).
 
 One-leaf signatures are interned under ``id(spec) ^ id(path)``: two different pairs can
 share that key, so an entry is used only for its own spec and path. A signature with
@@ -14,7 +14,7 @@ import numpy as np
 
 import asyncreplica as ar
 from asyncreplica._core._signature import CallSite, Signature
-from asyncreplica._runtime import _issue
+from asyncreplica._runtime import _issuing
 
 
 def test_an_interned_signature_is_used_only_for_its_own_spec_and_path() -> None:
@@ -37,7 +37,7 @@ def test_an_interned_signature_is_used_only_for_its_own_spec_and_path() -> None:
             # leave it): it must not be taken for this call.
             key = id(signature.leaves[0]) ^ id(signature.call_path)
             elsewhere = (CallSite("elsewhere.py", 1, "other", 1),)
-            _issue._SIGNATURES[key] = signature._replace(call_path=elsewhere)
+            _issuing._SIGNATURES[key] = signature._replace(call_path=elsewhere)
             total += float((await call)[0])
         return total
 

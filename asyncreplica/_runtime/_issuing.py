@@ -5,8 +5,11 @@ docstrings) passes its fields here. This module is on the compiled hot path (see
 pyproject.toml): every replica runs it once per collective. It checks that the call is
 made inside the replica, parses the op and options, flattens and describes the value,
 captures the call path and builds (or finds, for one leaf) the collective's signature,
-then issues the :class:`~._run.Collective`. Every check and message is the context's:
-what fails calls back into the context to raise it.
+then issues the :class:`~._collective.Collective`. Every check and message is the
+context's: what fails calls back into the context to raise it. The context, run and
+strategy are handed in as the small protocols of ``_protocols`` (``IssuingContext``,
+``IssuingRun``, ``IssuingStrategy``): this module names no class above it, not even for
+types.
 
 It also holds the caches that building relies on: the types seen to be leaves, the
 treedefs of flat batches and the interned signatures of one-leaf all_reduces.
@@ -20,15 +23,13 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core._dtypes import reduce_refusal
 from .._core._nest import TreeDef, flatten
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
+from ._collective import Collective
 from ._inspect import DEPENDENT_CACHES, call_path
 from ._mode import MODE
-from ._run import Collective
 
 if TYPE_CHECKING:
     from .._options import CommunicationOptions
-    from ._context import ReplicaContext
-    from ._run import Run
-    from ._strategy import Strategy
+    from ._protocols import IssuingContext, IssuingRun, IssuingStrategy
 
 __all__ = ["all_reduce", "flatten_value"]
 
@@ -80,9 +81,9 @@ def flatten_value(value: object) -> tuple[list[object], TreeDef]:
 
 
 def all_reduce(
-    ctx: ReplicaContext,
-    run: Run | None,
-    strategy: Strategy,
+    ctx: IssuingContext,
+    run: IssuingRun | None,
+    strategy: IssuingStrategy,
     replica: int,
     reduce_op: ReduceOp | str,
     value: object,

@@ -1,0 +1,543 @@
+"""How a process group fails: refused lifecycle events and the cross-process errors.
+
+Split from :mod:`._group`. Every process that sees an exchange's details differ (a
+mismatch, a peer that finished, failed or exited, a deadlock of named collectives)
+builds the same error from them here, with the same attributes (global replica ids);
+the details themselves are exchanged here, after the headers differ; the refusals
+of the lifecycle table (:mod:`._lifecycle`) are raised at one place; and a
+failure after an agreement or a timeout is told to the peers with a note, which they
+raise as the failing process's error. :class:`Failures` is the base of
+:class:`~asyncreplica_mpi.MPIProcessGroup`, which sets every attribute declared here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+from collections.abc import Generator, Hashable
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import numpy as np
+
+from asyncreplica import (
+    BackendError,
+    CollectiveDeadlockError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ReplicaContextError,
+    ReplicaExitedError,
+)
+from asyncreplica.abc import CollectiveKind, Signature
+
+from ._lifecycle import Event, Refusal, State, advance
+from ._protocol import (
+    HEADER_WORDS,
+    MAGIC,
+    REFUSALS,
+    Status,
+    collective_error,
+    describe_exception,
+    differing_fields,
+    error_fields,
+    first_refusal,
+    key_text,
+    outcome_message,
+    rebuild_signature,
+)
+
+__all__ = ["Failures"]
+
+
+def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
+    """``the 2nd collective (position 1): all_reduce(SUM) on float64[3] at f.py:9 in g``."""
+    if pending is None:
+        return "their exchange"
+    position, detail = pending
+    describe = detail.get("describe")
+    if describe is None:
+        return "the end of their run"
+    where = f" at {detail['site']}" if detail.get("site") else ""
+    if position is None:
+        return f"a cross-replica {describe}"
+    return f"the {key_text(position)}: {describe}{where}"
+
+
+def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
+    """The deadlock of processes that wait at different collectives, one named.
+
+    Named collectives match by name, so in one process replicas that await them in
+    different orders wait for each other in a cycle (``CollectiveDeadlockError``).
+    Across processes each process's replicas wait at the collective of this exchange,
+    which the others have not issued: the same cycle, built as the one-process ledger
+    builds it (from the lowest waiting replica, each waiting for the first replica
+    that has not issued its collective), so every process raises the same error.
+    None when every process waits at the same collective (a mismatch of its fields), or
+    when a process has another collective queued behind this exchange: its replicas
+    issued them concurrently, in another order than a peer's (a mismatch of the name,
+    the documented limit of named collectives across processes).
+    """
+    waits: dict[int, tuple[int | tuple[str, int], Signature, tuple[int, ...]]] = {}
+    keys: list[int | tuple[str, int]] = []
+    spans: list[range] = []
+    for d in details:
+        raw = d.get("key")
+        if Status(d["status"]) is not Status.COLLECTIVE or not d["fields"] or raw is None:
+            return None
+        if d.get("queued"):
+            return None
+        key: int | tuple[str, int] = (str(raw[0]), int(raw[1])) if isinstance(raw, list) else raw
+        first, count = d["replicas"]
+        keys.append(key)
+        spans.append(range(first, first + count))
+    if len(set(keys)) < 2 or all(isinstance(k, int) for k in keys):
+        return None
+    for d, key, span in zip(details, keys, spans, strict=True):
+        signature = rebuild_signature(d["fields"], d.get("site"))
+        missing = tuple(r for s, k in zip(spans, keys, strict=True) if k != key for r in s)
+        for replica in span:
+            waits[replica] = (key, signature, missing)
+    cycle: list[int] = []
+    rid = min(waits)
+    while rid not in cycle and rid in waits:
+        cycle.append(rid)
+        rid = waits[rid][2][0]
+    cycle = cycle[cycle.index(rid) :]
+    edges = tuple((r, key_text(waits[r][0]), waits[r][1], waits[r][2]) for r in cycle)
+    return CollectiveDeadlockError(edges, keys=tuple(waits[r][0] for r in cycle))
+
+
+def _consequence() -> None:
+    """The current task raises the run's error again: mark it retrieved once it ends.
+
+    Strategy.run already raised that error; a replica's helper task that nobody awaits
+    any more must not log "Task exception was never retrieved" for it.
+    """
+    task = asyncio.current_task() if asyncio._get_running_loop() is not None else None
+    if task is not None:
+        task.add_done_callback(_retrieve)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+class Failures:
+    """The failure half of :class:`~asyncreplica_mpi.MPIProcessGroup` (its base).
+
+    The attributes below are set by the group's constructor (see there).
+    """
+
+    rank: int
+    size: int
+    offsets: tuple[int, ...]
+    replica_counts: tuple[int, ...]
+    num_replicas: int
+    check_call_sites: bool
+    current: Signature | None
+    _state: State
+    _base_serial: int
+    _limit: float | None
+    _pending: tuple[Hashable, dict[str, Any]] | None
+    _broken: str | None
+    _departed: list[int]
+    _failed_here: bool
+    _run_ended: bool
+    _running: bool
+    _owed_refusals: int
+    _ended: list[dict[str, Any]] | None
+    _ended_error: BaseException | None
+    _MPI: Any
+    _ctl: Any
+    _heads: np.ndarray[Any, Any]
+    offset: int
+    _waiters: collections.deque[Any]
+
+    if TYPE_CHECKING:
+
+        def _tell_peers(self, note: dict[str, Any]) -> None: ...  # see _waiting
+
+    def _to(self, event: Event) -> None:
+        """Move to the state after ``event`` (see :data:`._lifecycle.TABLE`), or refuse."""
+        after = advance(self._state, event)
+        if isinstance(after, Refusal):
+            self._refuse(after)
+        self._state = after
+
+    def _refuse(self, refusal: Refusal) -> NoReturn:
+        """The one raise site of every refused lifecycle event."""
+        if refusal is Refusal.CONCURRENT_RUN:
+            # The refusal is local, and on another process the same two runs may not
+            # overlap: this process owes the others one exchange for the refused run,
+            # made at the end of the run in progress (see end_run), so that every
+            # process stays in step whichever runs it refused.
+            self._owed_refusals += 1
+            raise ReplicaContextError(
+                "Another MultiWorkerMirroredStrategy.run of this strategy is still in "
+                f"progress on process {self.rank}: one strategy runs one step at a time "
+                "across processes (two concurrent runs would interleave their "
+                "collectives in a different order on each process).\n\nAwait each run "
+                "before starting the next (no asyncio.gather / task group of runs of one "
+                "MultiWorkerMirroredStrategy), or issue both steps' collectives from one "
+                "step function."
+            )
+        if refusal is Refusal.FAILED:
+            self._check_usable()
+        if refusal is Refusal.MERGE_IN_RUN:
+            raise ReplicaContextError(
+                "strategy.trace(...) ended inside a run of the same strategy: the merge "
+                "of every process's timeline is collective, so it must be reached "
+                "outside Strategy.run (leave the `with` block after the run returns)."
+            )
+        what = {
+            Refusal.CLOSED: "was closed (this process is exiting)",
+            Refusal.FINALIZED: (
+                "cannot be used any more: MPI was finalized on this process (MPI.Finalize()); "
+                "every strategy said goodbye to the other processes then"
+            ),
+            Refusal.NOT_JOINED: "is still being created",
+            Refusal.FAILED: "failed",
+        }[refusal]
+        raise BackendError(f"This MultiWorkerMirroredStrategy {what} (process {self.rank}).")
+
+    def _break(self, reason: str) -> None:
+        """The processes are out of step on this group (the first reason is kept)."""
+        if self._broken is None:
+            self._broken = reason
+        self._to(Event.OUT_OF_STEP)
+
+    def label(self) -> str:
+        """``MultiWorkerMirroredStrategy #2``: this group by creation order (for messages)."""
+        return f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
+
+    def _process(self, rank: int) -> str:
+        """``process 1 (replicas 2, 3)``."""
+        first, count = self.offsets[rank], self.replica_counts[rank]
+        ids = (
+            ", ".join(str(i) for i in range(first, first + count))
+            if count <= 2
+            else (f"{first}-{first + count - 1}")
+        )
+        return f"process {rank} (replica{'' if count == 1 else 's'} {ids or 'none'})"
+
+    def _waiting_what(self) -> str:
+        return _exchange_text(self._pending)
+
+    def _details(
+        self, status: Status, fields: dict[str, Any] | None, detail: dict[str, Any]
+    ) -> Generator[Any, None, list[dict[str, Any]]]:
+        """After headers differ: every process's JSON detail, in rank order (two rounds)."""
+        MPI = self._MPI
+        if (self._heads[:, 0] != MAGIC).any():
+            self._break("a peer sent a malformed header")
+            raise BackendError(
+                "asyncreplica received a malformed message from another process: the "
+                "processes' communicators are out of step. Restart the job."
+            )
+        numbers = self._heads[:, HEADER_WORDS - 1]
+        if (numbers != numbers[0]).any():
+            # Every process sees the same headers, so every one raises this, at once:
+            # pairing exchanges of different numbers would report a false disagreement.
+            self._break("they made different numbers of exchanges")
+            made = ", ".join(f"process {r}: {int(n)}" for r, n in enumerate(numbers))
+            raise BackendError(
+                "The processes of this MultiWorkerMirroredStrategy are out of step: they "
+                f"made different numbers of exchanges before this one ({made}), so "
+                "their collectives can no longer be matched. This is a bug in asyncreplica "
+                "or a process that used the strategy's communicators directly; restart the "
+                "job (the exit hook ends it)."
+            )
+        detail = {
+            **detail,
+            "rank": self.rank,
+            "replicas": [self.offset, self.replica_counts[self.rank]],
+            "status": int(status),
+            "fields": fields or {},
+            # Another collective of this process waits for this exchange (issued
+            # concurrently): processes at different named collectives then differ in
+            # order, not in a cycle (see _cycle).
+            "queued": bool(self._waiters),
+        }
+        payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
+        lengths = np.empty(self.size, np.int64)
+        yield self._ctl.Iallgather(np.array([payload.size], np.int64), lengths)
+        counts = [int(n) for n in lengths]
+        displs = [sum(counts[:r]) for r in range(self.size)]
+        buf = np.empty(sum(counts), np.uint8)
+        yield self._ctl.Iallgatherv(payload, [buf, counts, displs, MPI.BYTE])
+        return [
+            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
+        ]
+
+    def _check_usable(self) -> None:
+        if self._departed:
+            ranks = ", ".join(map(str, self._departed))
+            raise ReplicaExitedError(
+                self.offsets[self._departed[0]],
+                0,
+                {},
+                exited_count=0,
+                exited_last=None,
+                message=(
+                    f"Process {ranks} of this MultiWorkerMirroredStrategy has exited, so no "
+                    "collective can complete any more (this is process "
+                    f"{self.rank} of {self.size}).\n\nEvery process must run the same "
+                    "collectives; see the earlier error for where they diverged."
+                ),
+            )
+        if self._broken is not None:
+            raise BackendError(
+                f"The processes of this MultiWorkerMirroredStrategy are out of step "
+                f"({self._broken}); no further collective can be matched. Restart the job."
+            )
+
+    def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
+        rank = int(failure["rank"])
+        timeout = failure.get("timeout")
+        self._break(
+            f"process {rank} timed out waiting for the others"
+            if timeout is not None
+            else f"process {rank} failed after the processes agreed on a collective"
+        )
+        self._run_ended = True
+        what = failure.get("what") or "a collective"
+        first = (
+            f"Process {rank} failed while moving the data of {what}, after every process "
+            "had agreed on it, so this collective cannot complete on any process."
+        )
+        if timeout is not None:
+            first = (
+                f"Process {rank} timed out after {timeout:g} s waiting for the other "
+                f"processes at {what}, so no collective can complete on any process any more."
+            )
+        lines = [
+            first,
+            "",
+            f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
+        ]
+        for r in range(self.size):
+            if r != rank and timeout is None:
+                lines.append(f"  * {self._process(r)} waited for its data")
+        lines += [
+            "",
+            (
+                "A process that times out leaves the processes out of step: the job cannot "
+                "continue (the exit hook ends the MPI job)."
+                if timeout is not None
+                else "A process that fails after an agreement leaves the others inside the "
+                "data transfer: the processes are now out of step and the job cannot "
+                "continue (the exit hook ends the MPI job)."
+            ),
+            "Look at the failing process's own error (it is raised there, with its traceback).",
+        ]
+        current = self.current
+        failed = range(self.offsets[rank], self.offsets[rank] + self.replica_counts[rank])
+        waiting = (
+            {g: current for g in range(self.num_replicas) if g not in failed}
+            if current is not None
+            else {}
+        )
+        raise ReplicaExitedError(
+            self.offsets[rank],
+            int(failure.get("position", 0) or 0),
+            waiting,
+            exited_count=0,
+            exited_last=None,
+            name=failure.get("name"),
+            message="\n".join(lines),
+        )
+
+    def failed_after_agreement(self, error: BaseException) -> None:
+        """This process failed after an agreement: tell the peers, who wait for its data.
+
+        The processes are out of step from here on: no further exchange is made (the
+        run's end is not told with one), and the exit hook ends the job once every
+        peer has reported the failure.
+        """
+        if self._broken is not None or self.size == 1:
+            return
+        self._break("this process failed after the processes agreed on a collective")
+        self._failed_here = True
+        self._run_ended = True
+        self._tell_peers(self._failure_note(error))
+
+    def _failure_note(self, error: BaseException) -> dict[str, Any]:
+        """The note that tells the peers this process failed at its pending exchange."""
+        position = None if self._pending is None else self._pending[0]
+        return {
+            "kind": "failed",
+            "error": describe_exception(error),
+            "what": _exchange_text(self._pending),
+            "position": position
+            if isinstance(position, int)
+            else (position[1] if isinstance(position, tuple) else 0),
+            "name": position[0] if isinstance(position, tuple) else None,
+        }
+
+    def _timed_out(
+        self, position: Hashable, fields: dict[str, Any] | None, *, data: bool = False
+    ) -> NoReturn:
+        """An exchange (or, with ``data``, the data transfer after one) timed out: raise.
+
+        The peers that still wait (they may have started waiting a little later, or
+        wait elsewhere) raise at once, with this cause, instead of being ended by this
+        process's exit hook before they can report anything.
+        """
+        if position is not None and fields is not None:
+            fields = {**fields, "position": key_text(position)}
+        self._break("a cross-process exchange timed out")
+        if data:
+            what = f" for {self._waiting_what()}"
+            first = "The other processes did not all send their data"
+        else:
+            what = "" if fields is None else f" at their {fields['position']}"
+            first = "The other processes did not all reach the same point"
+        error = CollectiveTimeoutError(
+            0,
+            float(self._limit or 0),
+            {},
+            {},
+            message=(
+                f"{first}{what} within {self._limit:g} s (this is process {self.rank} of "
+                f"{self.size}).\n\nA process that is alive but busy (I/O, a long "
+                "computation) or stuck delays every other one. The processes are now out "
+                "of step: the job cannot continue."
+            ),
+        )
+        self._failed_here = True
+        self._tell_peers({**self._failure_note(error), "timeout": self._limit})
+        raise error from None
+
+    def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
+        """Raise the error every process raises for these (non-unanimous) details.
+
+        The error that ends a run is remembered: a collective queued behind the
+        exchange raises the same object again (see :meth:`_start`).
+        """
+        try:
+            self._raise_new(details)
+        except BaseException as error:
+            if self._ended is details and self._running:
+                self._ended_error = error
+            raise
+
+    def _raise_new(self, details: list[dict[str, Any]]) -> NoReturn:
+        """Raise the error every process raises for these (non-unanimous) details.
+
+        Its attributes agree with its message: global replica ids (every replica of a
+        process that reached the collective, with that process's signature), and the
+        position and name of the collective the processes wait at.
+        """
+        refused = first_refusal(details)
+        if refused is not None:
+            name, text, *rest = refused["refused"]
+            message = (
+                f"{text}\n\n({self._process(int(refused['rank']))} refused this "
+                "cross-replica operation, so every process raises this error.)"
+            )
+            if name == "CollectiveMismatchError":
+                fields = [str(f) for f in rest[0]] if rest else []
+                raise CollectiveMismatchError(
+                    0, {}, fields, num_replicas=self.num_replicas, message=message
+                )
+            raise REFUSALS.get(name, ValueError)(message)
+        failed = next((d for d in details if d.get("collective_error")), None)
+        if failed is not None:
+            # A process's own ledger found the error: every process raises it, with the
+            # same attributes (global replica ids), and this process's message.
+            raise self._global_error(failed["collective_error"], details)
+        kind, message = outcome_message(details)
+        signatures: dict[int, Signature] = {}
+        key: Any = None
+        for d in details:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+                signature = rebuild_signature(d["fields"], d.get("site"))
+                first, count = d["replicas"]
+                for replica in range(first, first + count):
+                    signatures[replica] = signature
+                if key is None:
+                    key = d.get("key")
+        name = key[0] if isinstance(key, list) else None
+        position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
+        if kind == "mismatch":
+            cycle = _cycle(details)
+            if cycle is not None:
+                raise cycle
+            raise CollectiveMismatchError(
+                position,
+                signatures,
+                differing_fields(details),
+                num_replicas=self.num_replicas,
+                name=name,
+                message=message,
+            )
+        gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
+        first = gone[0]["replicas"][0] if gone else 0
+        raise ReplicaExitedError(
+            first,
+            position,
+            signatures,
+            exited_count=0,
+            exited_last=None,
+            name=name,
+            message=message,
+        )
+
+    def _global_error(
+        self, fields: dict[str, Any], details: list[dict[str, Any]], message: str | None = None
+    ) -> CollectiveMismatchError | ReplicaExitedError:
+        """A process's collective error (:func:`error_fields`), for every process.
+
+        Completed by every process's waiting replicas: the same attributes everywhere.
+        """
+        waiting: dict[int, Signature] = {}
+        for d in details:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+                signature = rebuild_signature(d["fields"], d.get("site"))
+                first, count = d["replicas"]
+                for replica in range(first, first + count):
+                    waiting[replica] = signature
+        if message is None:
+            message = outcome_message(details)[1]
+        if fields["class"] == "CollectiveMismatchError":
+            signatures = {
+                int(r): rebuild_signature(f, site) for r, (f, site) in fields["signatures"].items()
+            }
+            for replica, signature in waiting.items():
+                signatures.setdefault(replica, signature)
+            return CollectiveMismatchError(
+                int(fields["position"]),
+                signatures,
+                fields["fields"],
+                num_replicas=self.num_replicas,
+                name=fields["name"],
+                message=message,
+            )
+        placeholder = next(iter(waiting.values()), Signature(CollectiveKind.BARRIER))
+        for replica in fields["waiting"]:
+            waiting.setdefault(int(replica), placeholder)
+        return ReplicaExitedError(
+            int(fields["replica_id"]),
+            int(fields["position"]),
+            waiting,
+            exited_count=0,
+            exited_last=None,
+            name=fields["name"],
+            message=message,
+        )
+
+    def _complete_error(self, error: BaseException, details: list[dict[str, Any]]) -> None:
+        """Give this process's own collective error the other processes' waiting replicas.
+
+        Its attributes then equal those every other process raises.
+        """
+        found = collective_error(error)
+        fields = error_fields(error, check_call_sites=self.check_call_sites)
+        if found is None or fields is None:
+            return
+        glob = self._global_error(fields, details, message="")
+        if isinstance(found, CollectiveMismatchError) and isinstance(glob, CollectiveMismatchError):
+            found.signatures = glob.signatures
+        elif isinstance(found, ReplicaExitedError) and isinstance(glob, ReplicaExitedError):
+            found.waiting = glob.waiting

@@ -1,0 +1,452 @@
+"""Waiting for the other processes: polled from the event loop, with stall warnings.
+
+Split from :mod:`._group`. Every wait of a process group between posting a request and
+its completion is here: it spins, then parks a thread in MPI (or sleeps), reads the
+peers' notes meanwhile (who waits where, a peer's failure after an agreement), tells
+the peers where this process waits, and warns when it stalls, naming the processes
+that have not arrived. :class:`Waiting` is a base of
+:class:`~asyncreplica_mpi.MPIProcessGroup`, which sets every attribute declared here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Generator, Hashable
+from typing import Any, TypeVar
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from . import _exit
+from ._arrival import _logger
+from ._failures import Failures, _exchange_text
+from ._lifecycle import State
+
+__all__ = ["Waiting", "thread_multiple"]
+
+_T = TypeVar("_T")
+
+# Waiting: tests without yielding for up to _BUSY_SECONDS (peers that are nearly there
+# complete the request within them, and a wait that never yields needs no shield from
+# cancellation, see the module docstring), then tests that yield to the loop and to the
+# OS (sched_yield) in between, for up to _SPIN_SECONDS. MPICH progresses only inside
+# MPI calls, so Test() drives it, and the loop's timers cannot sleep less than about a
+# millisecond, hence the generous spin. Then the wait is *parked*: a daemon thread
+# blocks in MPI until the request completes or a peer rings this process's bell (it
+# sends one after each note), and wakes the loop, so that no delivery waits for a
+# timer (MPI's blocking calls drive progress themselves). Without MPI_THREAD_MULTIPLE
+# the loop sleeps instead, from _MIN_SLEEP growing to _MAX_SLEEP between tests.
+_BUSY_SECONDS = 20e-6
+_SPIN_SECONDS = 0.01
+_MIN_SLEEP = 1e-4
+_MAX_SLEEP = 0.001
+# A parked wait reads the peers' notes when its bell rings (a sleeping one, every
+# _NOTES_SECONDS at most); a wait at an exchange tells the peers it waits there once it
+# has waited _ANNOUNCE_SECONDS (so that a stall warning can name the processes that
+# have not arrived).
+_NOTES_SECONDS = 0.002
+_ANNOUNCE_SECONDS = 0.05
+_NOTE_TAG = 1
+_BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
+
+_sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
+_thread_level: list[bool] = []
+_LIVE = (State.JOINED, State.RUNNING)
+_BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
+
+
+def _spin(test: Callable[[], bool]) -> bool:
+    """Call ``test`` for up to _BUSY_SECONDS without yielding; whether it returned True."""
+    if test():
+        return True
+    until = time.perf_counter() + _BUSY_SECONDS
+    while time.perf_counter() < until:
+        if test():
+            return True
+    return False
+
+
+def _waker(event: anyio.Event) -> Callable[[], None]:
+    """A function that any thread may call to set ``event`` (on this loop)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        call = loop.call_soon_threadsafe
+
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                call(event.set)
+
+        return wake
+    import trio
+
+    token = trio.lowlevel.current_trio_token()
+
+    def wake_trio() -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(event.set)
+
+    return wake_trio
+
+
+def thread_multiple() -> bool:
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE."""
+    if not _thread_level:
+        from mpi4py import MPI
+
+        _thread_level.append(MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    return _thread_level[0]
+
+
+class _Expired(Exception):
+    """An exchange's deadline (the group's timeout) passed before it completed."""
+
+
+class Waiting(Failures):
+    """The waiting half of :class:`~asyncreplica_mpi.MPIProcessGroup` (a base of it).
+
+    The attributes below are set by the group's constructor (see there).
+    """
+
+    stall_warning_seconds: float | None
+    _side: Any
+    _bell: Any
+    _bell_buf: np.ndarray[Any, Any]
+    _number: int
+    _sends: list[Any]
+    _seen_waiting: dict[int, set[int]]
+    _peer_failure: dict[str, Any] | None
+    _failed_peers: set[int]
+    _acks: set[int]
+    _elsewhere: dict[int, tuple[str, str]]
+    _last: tuple[Hashable, dict[str, Any]] | None
+    _agreed_at: float
+    _abandoned: list[Any]
+
+    async def _wait(self, request: Any, deadline: float | None) -> None:
+        """Wait for a posted request that :func:`_spin` did not see complete.
+
+        The wait is shielded from cancellation: the request must complete.
+
+        Raises:
+            _Expired: ``deadline`` (``anyio.current_time()``) passed first.
+        """
+        test = request.Test
+        number = self._number - 1
+        try:
+            with anyio.CancelScope(shield=True):
+                if deadline is None:
+                    await self._watch(test, number, request)
+                    return
+                with anyio.CancelScope(deadline=deadline):
+                    await self._watch(test, number, request)
+                    return
+            raise _Expired
+        except BaseException:
+            # Abandoned while posted (a timeout, or an interruption no shield stops):
+            # the processes are out of step.
+            self._break("a cross-process exchange was abandoned")
+            raise
+
+    async def _watch(
+        self,
+        test: Callable[[], bool],
+        exchange: int | None = None,
+        request: Any = None,
+        *,
+        data: bool = False,
+    ) -> None:
+        """Call ``test`` until it returns True, yielding; read the peers' notes meanwhile.
+
+        It tests yielding to the loop (``asyncio.sleep(0)`` on asyncio) and to the OS in
+        between for up to _SPIN_SECONDS, then parks (see :meth:`_park`): ``request``,
+        when given, is what ``test`` tests; without it, whatever makes ``test`` true
+        rings this process's bell. Without MPI_THREAD_MULTIPLE it sleeps up to
+        _MAX_SLEEP between tests instead of parking.
+
+        A peer's failure after an agreement raises here (see :meth:`_read_notes`).
+        For an exchange (``exchange``: its number), a wait that passes
+        ``_ANNOUNCE_SECONDS`` tells the peers that this process waits there, and one
+        that passes ``stall_warning_seconds`` logs a warning naming the processes
+        that have not arrived. The announcement also goes to the peers of this
+        process's other groups (strategies), so that a peer waiting on another strategy
+        names where this process waits, instead of calling it busy. With ``data``, the
+        wait is for the data transfer after the agreement ``exchange``.
+        """
+        on_asyncio = asyncio._get_running_loop() is not None
+        start = time.perf_counter()
+        spin_until = start + _SPIN_SECONDS
+        if data and self._agreed_at:
+            start = min(start, self._agreed_at)  # a data wait counts from its agreement
+        while not test():
+            if time.perf_counter() >= spin_until:
+                break
+            # The peer may share this core (the machine is busy): a spin that does not
+            # give it the core waits a whole time slice for it, an MPI blocking call
+            # alike. With nothing else runnable here this returns at once.
+            _sched_yield()
+            if on_asyncio:
+                await asyncio.sleep(0)
+            else:
+                await anyio.lowlevel.checkpoint()
+        else:
+            return
+        stall = self.stall_warning_seconds
+        announce = _ANNOUNCE_SECONDS if not stall else min(_ANNOUNCE_SECONDS, stall / 2)
+        warned = False
+        announced = False
+        key = -1 - exchange if data and exchange is not None else exchange
+        timers = exchange is not None and self.size > 1
+        # The timed checks: (seconds into the wait, what to do), earliest first.
+        due: list[tuple[float, str]] = []
+        if timers:
+            due.append((announce, "announce"))
+            if stall:
+                due.append((stall, "stall"))
+            due.sort()
+        parked = thread_multiple()
+        delay = _MIN_SLEEP
+        try:
+            while True:
+                self._read_notes()
+                if test():
+                    break
+                waited = time.perf_counter() - start
+                while due and waited >= due[0][0]:
+                    _, what = due.pop(0)
+                    assert key is not None
+                    if what == "announce":
+                        announced = True
+                        self._tell_peers({"kind": "waiting", "number": key})
+                        self._tell_other_groups(True)
+                    else:
+                        warned = True
+                        _logger.warning(self._stall_message(key, waited, data=data))
+                until = due[0][0] - waited if due else None
+                if parked:
+                    await self._park(request, until)
+                else:
+                    nap = delay if until is None else min(delay, max(until, 0.0))
+                    await anyio.sleep(min(nap, _NOTES_SECONDS))
+                    delay = min(delay * 2, _MAX_SLEEP)
+        finally:
+            if announced:
+                self._tell_other_groups(False)
+        if warned:
+            _logger.warning(
+                f"Collective resumed: the processes completed {self._waiting_what()} after "
+                f"{time.perf_counter() - start:.1f} s; the stall warning above was not a hang."
+            )
+
+    async def _park(self, request: Any, seconds: float | None) -> None:
+        """Block a daemon thread in MPI until ``request`` completes or the bell rings.
+
+        The bell is a receive from any peer, always posted; a peer rings it after each
+        note it sends (see :meth:`_tell_peers`), and a transfer thread rings this
+        process's own when it is done. The thread wakes the loop; this returns then,
+        with the bell posted again if it rang. After ``seconds`` (a timed check is due)
+        it rings its own bell and returns once the thread has; cancelled (a deadline),
+        it rings its own bell and raises at once (the exchange is abandoned).
+        """
+        bell = self._bell
+        woke = anyio.Event()
+        wake = _waker(woke)
+        MPI = self._MPI
+
+        def park() -> None:
+            try:
+                if request is None:
+                    bell.Wait()
+                else:
+                    MPI.Request.Waitany([request, bell])
+            finally:
+                wake()
+
+        threading.Thread(target=park, name="asyncreplica MPI wait", daemon=True).start()
+        try:
+            with anyio.move_on_after(math.inf if seconds is None else seconds):
+                await woke.wait()
+        except BaseException:  # cancelled: release the thread, which tests nothing more
+            with contextlib.suppress(Exception):  # the cancellation is the news
+                self._ring(self.rank)
+            raise
+        if not woke.is_set():  # a timed check is due: release the thread first
+            self._ring(self.rank)
+            with anyio.CancelScope(shield=True):
+                await woke.wait()
+        if bell.Test():  # it rang: listen again
+            self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
+
+    def _tell_other_groups(self, waiting: bool) -> None:
+        """Tell the peers of this process's other groups that it waits here (or no more)."""
+        note = {"kind": "elsewhere", "label": self.label(), "what": self._waiting_what()}
+        if not waiting:
+            note = {"kind": "elsewhere done"}
+        for group in _exit._groups:
+            if group is not self and group.size > 1 and group._state in _LIVE:
+                with contextlib.suppress(Exception):  # best effort: it only names a place
+                    group._tell_peers(note)
+
+    def _stall_message(self, exchange: int, waited: float, *, data: bool = False) -> str:
+        """The warning for an exchange that has waited ``stall_warning_seconds``.
+
+        ``exchange`` is the key of the wait (``-1 - number`` for a data transfer).
+        """
+        seen = self._seen_waiting.get(exchange, set())
+        missing = [r for r in range(self.size) if r != self.rank and r not in seen]
+        waiting = [r for r in range(self.size) if r == self.rank or r in seen]
+        what = self._waiting_what()
+        if data:
+            what = f"the data transfer of {what} (every process agreed on it)"
+        lines = [
+            (
+                f"Collective stalled across processes: {self._process(self.rank)} has "
+                f"waited {waited:.1f} s at {what} for "
+                + (", ".join(self._process(r) for r in missing) or "the other processes")
+                + "."
+            ),
+            "",
+        ]
+        for r in waiting:
+            lines.append(f"  * {self._process(r)} reached it and waits")
+        for r in missing:
+            elsewhere = self._elsewhere.get(r)
+            if elsewhere is not None:
+                label, there = elsewhere
+                lines.append(
+                    f"  * {self._process(r)} did not arrive: it waits at {there} of "
+                    f"{label}, another strategy, while this process waits on "
+                    f"{self.label()}. The processes use their strategies in different "
+                    "orders: each waits for the other (a deadlock, unless another task of "
+                    "one of them issues the missing collective)"
+                )
+                continue
+            if data:
+                lines.append(
+                    f"  * {self._process(r)} agreed on it but has not sent its data: it "
+                    "is stopped, blocked in a call that does not yield, or died"
+                )
+                continue
+            place = (
+                f"its last exchange with the others was {_exchange_text(self._last)}"
+                if self._last is not None
+                else "it has made no exchange with the others yet"
+            )
+            lines.append(
+                f"  * {self._process(r)} did not arrive: {place}; it is busy outside "
+                "collectives (a computation, I/O, a blocking call) or waits for one of its own "
+                "replicas (its own log then has a stall warning)"
+            )
+        lines += [
+            "",
+            (
+                "This is a warning, not an error: the run goes on, and a message follows if "
+                "the collective completes. Set CommunicationOptions(timeout_seconds=...) to "
+                "fail instead."
+            ),
+        ]
+        return "\n".join(lines)
+
+    def _tell_peers(self, note: dict[str, Any]) -> None:
+        """Send ``note`` (JSON) to every other process on the side communicator."""
+        payload = np.frombuffer(json.dumps({**note, "rank": self.rank}).encode(), np.uint8)
+        self._sends = [r for r in self._sends if not r.Test()]
+        for r in range(self.size):
+            if r != self.rank:
+                self._sends.append(self._side.Isend(payload, dest=r, tag=_NOTE_TAG))
+                self._ring(r)
+
+    def _ring(self, rank: int) -> None:
+        """Ring ``rank``'s bell (this process's own: release this process's parked wait)."""
+        if len(self._sends) > 64:
+            self._sends = [r for r in self._sends if not r.Test()]
+        self._sends.append(self._side.Isend(_BELL, dest=rank, tag=_BELL_TAG))
+
+    def _read_notes(self) -> None:
+        """Receive the peers' notes; raise if one failed after an agreement.
+
+        Raises:
+            ReplicaExitedError: A peer failed after the processes agreed on a
+                collective (its data will never come): its own error, by name.
+        """
+        MPI = self._MPI
+        side = self._side
+        status = MPI.Status()
+        while side.Iprobe(source=MPI.ANY_SOURCE, tag=_NOTE_TAG, status=status):
+            source = status.Get_source()
+            buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+            side.Recv(buf, source=source, tag=_NOTE_TAG)
+            try:
+                note = json.loads(bytes(buf).decode())
+            except ValueError:
+                continue
+            kind = note.get("kind")
+            if kind == "waiting":
+                if len(self._seen_waiting) > 64:
+                    self._seen_waiting = {
+                        k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
+                    }
+                self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
+            elif kind == "failed":
+                self._failed_peers.add(source)  # it waits for no ack from us at exit
+                if self._peer_failure is None:
+                    self._peer_failure = note
+            elif kind == "ack":
+                self._acks.add(source)
+            elif kind == "elsewhere":
+                self._elsewhere[source] = (str(note.get("label")), str(note.get("what")))
+            elif kind == "elsewhere done":
+                self._elsewhere.pop(source, None)
+        failure = self._peer_failure
+        if failure is not None and not self._failed_here:
+            self._raise_peer_failure(failure)
+
+    async def wait_data(self, request: Any) -> None:
+        """Wait for a posted data transfer (the caller shields it), watching for failures.
+
+        The wait has the exchange's stall warning and timeout, counted from the
+        agreement: a peer that stops after agreeing is named, and past
+        ``timeout_seconds`` this process raises and tells the others (the processes
+        are out of step then, as after any timeout).
+        """
+        if _spin(request.Test):
+            return
+        deadline = None
+        if self._limit is not None:
+            start = self._agreed_at or time.perf_counter()
+            deadline = anyio.current_time() + max(0.0, start + self._limit - time.perf_counter())
+        try:
+            with anyio.CancelScope(deadline=math.inf if deadline is None else deadline):
+                await self._watch(request.Test, self._number - 1, request, data=True)
+                return
+        except BaseException:
+            self.abandon(request)
+            raise
+        self.abandon(request)
+        self._timed_out(None, None, data=True)
+
+    def abandon(self, request: Any, *buffers: Any) -> None:
+        """A posted data transfer will not be waited for: out of step, and kept alive.
+
+        MPI may still read and write the request's ``buffers`` (an mpi4py request does
+        not hold them), so they are held until exit, when the job is aborted.
+        """
+        self._abandoned.append((request, buffers))
+        self._break("a data transfer was abandoned")
+
+    async def _drive(self, steps: Generator[Any, None, _T], deadline: float | None) -> _T:
+        try:
+            request = next(steps)
+            while True:
+                if not _spin(request.Test):
+                    await self._wait(request, deadline)
+                request = steps.send(None)
+        except StopIteration as stop:
+            result: _T = stop.value
+            return result
