@@ -50,9 +50,11 @@ from ._protocol import (
     describe_exception,
     error_fields,
     fingerprint,
+    issued_refusal,
     key_text,
     position_code,
     refusal_fields,
+    refused_detail,
     signature_fields,
 )
 from ._trace import TraceMerger
@@ -421,7 +423,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         fields = refusal_fields(error)
         detail = {
             "describe": f"a refused cross-replica operation ({describe_exception(error)})",
-            "refused": [type(error).__name__, str(error), list(getattr(error, "fields", []))],
+            "refused": refused_detail(error, "cross-replica operation"),
         }
         await self._acquire()
         try:
@@ -714,6 +716,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if not self._running:
             return  # not this group's run (begin_run refused it)
         details = None
+        refused = issued_refusal(error)
         try:
             if (
                 self._run_ended
@@ -730,9 +733,17 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )
+                fp = 0
+                if refused is not None:
+                    # A collective one of this process's replicas refused as it issued
+                    # it: every process raises the first process's (global ids), as one
+                    # process raises its first replica's. Its fingerprint makes
+                    # processes whose refusals differ (their replica ids) compare them.
+                    detail["refused"] = refused_detail(refused, "collective")
+                    fp = fingerprint({"refused": detail["refused"]})
                 await self._acquire()
                 try:
-                    details = await self._agree(status, None, detail, 0)
+                    details = await self._agree(status, None, detail, fp)
                 finally:
                     self._release()
                 self._run_ended = True
@@ -743,6 +754,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 self._to(Event.END_RUN)
         if details is not None and error is None:
             self._raise_for(details)
+        if details is not None and refused is not None:
+            try:
+                self._raise_for(details)  # the refusal every process raises alike
+            except Exception as alike:
+                raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
 

@@ -150,6 +150,25 @@ def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
         assert logs[rank].endswith("again 4.0\n"), logs[rank]
 
 
+@pytest.mark.parametrize(("n", "scenario"), [(2, "too_big"), (3, "too_big"), (3, "too_big_last")])
+def test_a_collective_refused_as_it_is_issued_raises_alike_everywhere(
+    n: int, scenario: str, tmp_path: Path
+) -> None:
+    # A value no backend holds (2**70) is refused by the replica that issues it, before
+    # the processes agree: every process raises the first refusing replica's TypeError
+    # (global id, the local backend's name), as one process does; each process named
+    # its own replica before, and the others raised ReplicaExitedError.
+    rc, logs, output = launch(n, "errors.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    replica = 0 if scenario == "too_big" else 2 * n - 1
+    for rank in range(n):
+        assert _fields(logs[rank]) == {"class": "TypeError"}, logs[rank]
+        want = f"replica {replica} passed value of type builtins.int, which the numpy backend"
+        assert logs[rank].splitlines()[1].startswith(want), logs[rank]
+        total = n if scenario == "too_big" else 2 * n
+        assert logs[rank].endswith(f"again {float(total)}\n"), logs[rank]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_reduce_components_refused_inside_one_process_raise_alike_everywhere(
     n: int, tmp_path: Path

@@ -18,6 +18,10 @@ Scenarios:
   the others dense arrays: ``CollectiveMismatchError`` (sparsity) everywhere.
 * ``gather_ranks``: 2 replicas per process; ``strategy.gather`` of components of rank 2
   on replica 0 and rank 3 elsewhere: ``CollectiveMismatchError`` (shape) everywhere.
+* ``too_big``: 1 replica per process; every replica all-reduces ``2**70`` (no dtype holds
+  it): every process raises replica 0's ``TypeError``, as one process does.
+* ``too_big_last``: 2 replicas per process; only the last replica all-reduces ``2**70``:
+  its ``TypeError`` everywhere (not ``ReplicaExitedError`` on the others).
 * ``reduce_dtype``: 2 replicas per process; ``strategy.reduce`` of components of float32
   on the last replica, float64 elsewhere (found inside the last process alone):
   ``CollectiveMismatchError`` (dtype) everywhere.
@@ -90,6 +94,19 @@ async def sparsity() -> object:
     return await ctx.all_reduce("SUM", value)
 
 
+async def too_big() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return await ctx.all_reduce("SUM", 2**70)
+
+
+async def too_big_last() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    last = ctx.replica_id_in_sync_group == ctx.num_replicas_in_sync - 1
+    return await ctx.all_reduce("SUM", 2**70 if last else 1)
+
+
 def last_float32(context: ar.ValueContext) -> object:
     """Components of ``strategy.reduce``: float32 on the last replica, float64 elsewhere."""
     last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
@@ -113,6 +130,8 @@ SCENARIOS = {
     "cycle": (cycle, 2),
     "sparsity": (sparsity, 1),
     "gather_ranks": (None, 2),
+    "too_big": (too_big, 1),
+    "too_big_last": (too_big_last, 2),
     "reduce_dtype": (None, 2),
     "reduce_shape": (None, 2),
 }
