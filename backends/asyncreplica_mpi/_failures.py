@@ -462,9 +462,10 @@ class Failures:
         refused = first_refusal(details)
         if refused is not None:
             name, text, *rest = refused["refused"]
+            what = rest[1] if len(rest) > 1 else "cross-replica operation"
             message = (
                 f"{text}\n\n({self._process(int(refused['rank']))} refused this "
-                "cross-replica operation, so every process raises this error.)"
+                f"{what}, so every process raises this error.)"
             )
             if name == "CollectiveMismatchError":
                 fields = [str(f) for f in rest[0]] if rest else []
