@@ -40,6 +40,7 @@ from typing import ClassVar, NoReturn, TypeVar
 from ._core._dtypes import (
     EXACT_MEAN_COUNT,
     is_reducible,
+    is_refusal,
     not_reducible_message,
     number_dtype,
     reduced_dtype,
@@ -64,6 +65,7 @@ __all__ = [
     "Signature",
     "available_backends",
     "is_reducible",
+    "is_refusal",
     "key_text",
     "not_reducible_message",
     "number_dtype",

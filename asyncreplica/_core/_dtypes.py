@@ -21,6 +21,7 @@ The rules, as TensorFlow 2.21 applies them (measured: docs/migration.md):
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from ._signature import LeafSpec, ReduceOp
 
@@ -30,11 +31,13 @@ __all__ = [
     "INTEGER_DTYPES",
     "REDUCIBLE_DTYPES",
     "REFUSAL_MARK",
+    "is_refusal",
     "is_integer",
     "is_reducible",
     "not_reducible_message",
     "number_dtype",
     "reduce_refusal",
+    "refusal",
     "reduced_dtype",
     "same_refusal",
     "sparse_op_message",
@@ -92,14 +95,27 @@ def reduce_refusal(op: ReduceOp, leaves: Sequence[LeafSpec]) -> TypeError | Valu
     return None
 
 
-#: The attribute that marks an error as a refusal of :func:`reduce_refusal`: every replica
-#: that issues the same collective raises the same one, and the run reports it once.
+#: The attribute that marks an error as a refusal of the collective a replica issues (by
+#: :func:`reduce_refusal`, or of a value the backend cannot hold), raised before any wait:
+#: every replica that issues the same collective raises the same one, and the run reports
+#: it once; under MPI every process raises the first process's (see ``end_run``).
 REFUSAL_MARK = "_asyncreplica_refusal"
 
+_Refused = TypeVar("_Refused", bound=Exception)
 
-def _refusal(error: TypeError | ValueError) -> TypeError | ValueError:
+
+def refusal(error: _Refused) -> _Refused:
+    """``error``, marked as a refusal of the collective a replica issues (see REFUSAL_MARK)."""
     setattr(error, REFUSAL_MARK, True)
     return error
+
+
+_refusal = refusal
+
+
+def is_refusal(error: BaseException) -> bool:
+    """Whether ``error`` is a refusal of the collective a replica issued (see REFUSAL_MARK)."""
+    return bool(getattr(error, REFUSAL_MARK, False))
 
 
 def same_refusal(errors: Sequence[BaseException]) -> bool:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._core._dtypes import refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import ReplicaContextError
@@ -334,8 +335,14 @@ class ReplicaContext:
             raise self._leaf_error(exc, leaves, treedef) from exc
 
     def _leaf_error(self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef) -> TypeError:
-        """``exc`` (the backend refused a leaf), saying which replica and which leaf."""
+        """``exc`` (the backend refused a leaf), saying which replica and which leaf.
+
+        A refusal of the collective this replica issues (see ``REFUSAL_MARK``), naming
+        the backend that holds the replicas' values (under MPI the local one, as in one
+        process) and the global replica id.
+        """
         backend = self._strategy.backend
+        holder = self._strategy._local_backend
         paths = list(_leaf_paths(treedef, "value"))
         for j, leaf in enumerate(leaves):
             try:
@@ -343,10 +350,12 @@ class ReplicaContext:
             except TypeError:
                 kind = type(leaf)
                 where = paths[j] if j < len(paths) else f"leaf {j} of the value"
-                return TypeError(
-                    f"replica {self.replica_id_in_sync_group} passed {where} of type "
-                    f"{kind.__module__}.{kind.__qualname__}, which the {backend.name or type(backend).__name__} "
-                    f"backend cannot hold: {exc}"
+                return refusal(
+                    TypeError(
+                        f"replica {self.replica_id_in_sync_group} passed {where} of type "
+                        f"{kind.__module__}.{kind.__qualname__}, which the "
+                        f"{holder.name or type(holder).__name__} backend cannot hold: {exc}"
+                    )
                 )
         return exc
 

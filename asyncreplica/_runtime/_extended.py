@@ -61,9 +61,10 @@ def _replicas(ids: Sequence[int]) -> str:
     return f"replica{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
 
 
-def _by_shape(shapes: Sequence[tuple[int, ...]]) -> str:
+def _by_shape(shapes: Sequence[tuple[int, ...]], first: int = 0) -> str:
+    """Which replicas hold which shape; ``first``: the global id of ``shapes[0]``'s replica."""
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, shape in enumerate(shapes):
+    for i, shape in enumerate(shapes, first):
         groups.setdefault(shape, []).append(i)
     return "; ".join(
         f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} shape {shape}"
@@ -170,16 +171,16 @@ async def reduce_leaf(
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
         specs = [describe(c) for c in components]
-        check_components("Strategy.reduce", CollectiveKind.ALL_REDUCE, op, specs)
-        shapes = [tuple(s.shape) for s in specs]
-        if axes is None:
-            if len(set(shapes)) > 1:
-                raise ValueError(
-                    f"Strategy.reduce with axis=None combines the replicas' values "
-                    f"element-wise, so they need one shape, but {_by_shape(shapes)}. Pass "
-                    "axis=0 to reduce along the batch axis too (then only the other "
-                    "dimensions must agree)."
-                )
+        group = strategy._group
+        try:
+            norm = _check_reduced(op, specs, axes, 0 if group is None else group.offset)
+        except (CollectiveMismatchError, ValueError) as error:
+            if group is None:
+                raise
+            # Found by this process's replicas alone: every process raises it (in the
+            # agreement the others make for this reduce), none waits for this one.
+            await group.refuse(error)
+        if norm is None:
             if strategy._group is None and all(type(c) in _NUMBERS for c in components):
                 # Distributed Python numbers are a collective's values, described as
                 # the backend describes them (numpy: int64, float64): reduced by the
@@ -188,20 +189,6 @@ async def reduce_leaf(
                 reduced = await backend.all_reduce(op, [[c] for c in components])
                 return await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
             return await backend.reduce(op, components, None)
-        if len({len(s) for s in shapes}) > 1:
-            raise ValueError(
-                f"Strategy.reduce with axis={axes} needs values of one rank on every "
-                f"replica, but {_by_shape(shapes)}. TensorFlow raises here too; give every "
-                "replica a value of the same rank (an empty batch has shape (0, ...), not (0,))."
-            )
-        norm = normalize_axes(axes, shapes[0])
-        kept = [tuple(d for k, d in enumerate(s) if k not in norm) for s in shapes]
-        if len(set(kept)) > 1:
-            raise ValueError(
-                f"Strategy.reduce with axis={axes} sums each replica's value along those "
-                f"axes, then across replicas element-wise, so the other dimensions must "
-                f"agree, but {_by_shape(shapes)}."
-            )
         return await backend.reduce(op, components, norm)
     spec = describe(leaf)
     # SUM along an axis is N times the value's sum, as in TF; SUM without an axis and
@@ -234,6 +221,46 @@ async def reduce_leaf(
         # (N of every process: the same number as in one process).
         return await local.reduce(op, [leaf] * strategy.num_replicas_in_sync, norm)
     return await local.reduce(op, [leaf], norm)
+
+
+def _check_reduced(
+    op: ReduceOp, specs: Sequence[LeafSpec], axes: tuple[int, ...] | None, first: int
+) -> tuple[int, ...] | None:
+    """Check the components ``Strategy.reduce`` combines; the axes it reduces (normalized).
+
+    ``first``: the global id of the first component's replica (under MPI, this
+    process's first), for the messages.
+
+    Raises:
+        CollectiveMismatchError: Components differ in a field of the match table.
+        ValueError: Shapes that ``axes`` cannot combine, or an axis out of range.
+    """
+    check_components("Strategy.reduce", CollectiveKind.ALL_REDUCE, op, specs, first=first)
+    shapes = [tuple(s.shape) for s in specs]
+    if axes is None:
+        if len(set(shapes)) > 1:
+            raise ValueError(
+                f"Strategy.reduce with axis=None combines the replicas' values "
+                f"element-wise, so they need one shape, but {_by_shape(shapes, first)}. Pass "
+                "axis=0 to reduce along the batch axis too (then only the other "
+                "dimensions must agree)."
+            )
+        return None
+    if len({len(s) for s in shapes}) > 1:
+        raise ValueError(
+            f"Strategy.reduce with axis={axes} needs values of one rank on every "
+            f"replica, but {_by_shape(shapes, first)}. TensorFlow raises here too; give every "
+            "replica a value of the same rank (an empty batch has shape (0, ...), not (0,))."
+        )
+    norm = normalize_axes(axes, shapes[0])
+    kept = [tuple(d for k, d in enumerate(s) if k not in norm) for s in shapes]
+    if len(set(kept)) > 1:
+        raise ValueError(
+            f"Strategy.reduce with axis={axes} sums each replica's value along those "
+            f"axes, then across replicas element-wise, so the other dimensions must "
+            f"agree, but {_by_shape(shapes, first)}."
+        )
+    return norm
 
 
 def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:

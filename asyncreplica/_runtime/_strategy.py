@@ -771,6 +771,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 check_call_sites=check_call_sites,
                 timeout=communication_options.timeout_seconds,
                 stall_warning_seconds=stall_warning_seconds,
+                options=_agreed_options(local, check_call_sites),
             )
         except ImportError as exc:  # mpi4py, or its MPI library, is missing
             raise BackendNotFoundError("mpi", available_process_groups(), exc) from exc
@@ -812,6 +813,19 @@ class MultiWorkerMirroredStrategy(Strategy):
             f"{self._replica_offset + self._num_local - 1} of {self._num_global} on "
             f"{list(self._devices)}>"
         )
+
+
+def _agreed_options(local: Backend, check_call_sites: bool) -> dict[str, object]:
+    """The options every process of a ``MultiWorkerMirroredStrategy`` must give alike.
+
+    ``check_call_sites`` decides what the processes compare at each collective, and the
+    local backend's rules combine each process's replicas. The others may differ: the
+    devices (each process's replica count), ``stall_warning_seconds`` (this process's
+    warnings), ``bytes_per_pack`` and ``implementation`` (hints that never change a
+    result) and ``timeout_seconds`` (each process's bound on its own waits: the first
+    that passes ends the exchange on every process, which raise alike).
+    """
+    return {"check_call_sites": check_call_sites, "backend": local.name or type(local).__name__}
 
 
 @final

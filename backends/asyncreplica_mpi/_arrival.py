@@ -8,9 +8,10 @@ arrival notes below bound that wait and name the missing processes.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedErro
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive", "_note_exit", "created_any", "drain_exit_notes"]
+__all__ = ["_arrive", "_note_exit", "agree_options", "created_any", "drain_exit_notes"]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -200,6 +201,62 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
         )
 
 
+#: What each option decides (the message of a difference).
+_WHY = {
+    "check_call_sites": "what the processes compare at every collective",
+    "backend": "the rules that combine each process's replicas",
+}
+
+
+def agree_options(comm: Any, options: Mapping[str, object]) -> None:
+    """Compare the strategy options every process must give alike; refuse a difference.
+
+    Collective on ``comm`` (a new duplicate: every process has arrived). Each process's
+    options travel as JSON bytes (never pickled), so every process sees every process's
+    values and raises the same error, from here, before the strategy exists.
+
+    Raises:
+        ValueError: An option differs between processes; the message names each
+            differing option and its value on each process.
+    """
+    from mpi4py import MPI
+
+    size = comm.Get_size()
+    if size == 1:
+        return
+    mine = np.frombuffer(json.dumps(dict(options), sort_keys=True).encode(), np.uint8)
+    lengths = np.zeros(size, np.int64)
+    comm.Allgather(np.array([mine.size], np.int64), lengths)
+    displs = [int(sum(lengths[:r])) for r in range(size)]
+    received = np.empty(int(lengths.sum()), np.uint8)
+    comm.Allgatherv(mine, [received, lengths.tolist(), displs, MPI.BYTE])
+    everyone = [
+        dict(json.loads(bytes(received[d : d + int(n)])))
+        for d, n in zip(displs, lengths, strict=True)
+    ]
+    lines = []
+    for name in sorted({name for values in everyone for name in values}):
+        by_value: dict[str, list[int]] = {}
+        for rank, values in enumerate(everyone):
+            by_value.setdefault(repr(values.get(name)), []).append(rank)
+        if len(by_value) > 1:
+            held = "; ".join(
+                f"{value} on {_ranks_text(ranks)}" for value, ranks in by_value.items()
+            )
+            why = f" ({_WHY[name]})" if name in _WHY else ""
+            lines.append(f"  * {name}{why}: {held}")
+    if not lines:
+        return
+    raise ValueError(
+        "MultiWorkerMirroredStrategy was created with options that differ between "
+        f"processes (this is process {comm.Get_rank()}):\n\n"
+        + "\n".join(lines)
+        + "\n\nEvery process must create its strategy with the same values of these "
+        "options: pass the same ones on every process. No strategy was created, on any "
+        "process; the processes are still in step."
+    )
+
+
 def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
     """A peer's exit note arrived where its arrival note was expected: raise at once."""
     from mpi4py import MPI
@@ -259,17 +316,20 @@ def created_any() -> bool:
     return bool(_created)
 
 
-def _note_exit(error: str | None, finalized: bool) -> None:
+def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = None) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
     Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
-    exists): a peer still creating a strategy there (or creating one later) raises at
-    once.
+    exists), or on those of ``only`` (their handles): a peer still creating a strategy
+    there (or creating one later) raises at once.
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     bases = dict(_created) or {world.py2f(): (world, 0)}
+    if only is not None:
+        keep = set(only)
+        bases = {handle: entry for handle, entry in bases.items() if handle in keep}
     why = (
         f"exited after an uncaught {error}"
         if error

@@ -74,6 +74,42 @@ def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarra
     return np.asarray(_local_combine(ReduceOp.SUM if op is ReduceOp.MEAN else op, parts))
 
 
+# Rank-order MPI reductions (see _rank_order_op): one per (op, dtype), for the process.
+_RANK_ORDER_OPS: dict[tuple[ReduceOp, str], tuple[Any, Any]] = {}
+
+
+def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, Any]:
+    """An MPI reduction by the local backend's own rule, and the element type it reduces.
+
+    MPI's own ``MIN``/``MAX`` drop NaN (``a > b ? a : b``) where numpy's
+    ``np.minimum``/``np.maximum``, which one process uses, propagate it, and they order
+    ``-0.0``/``0.0`` ties their own way. This user-defined operation applies the local
+    backend's :func:`_local_combine` (the one rule) to two partial results, and is
+    declared non-commutative, so MPI combines them in rank order (``inout = in op
+    inout``, ``in`` from the lower ranks), as one process combines its replicas: for
+    MIN/MAX, whose rule picks the first NaN or the first of equal values whichever way
+    the operations are grouped, the bits one process computes.
+
+    The element type is a contiguous run of ``dtype.itemsize`` bytes, so MPI never cuts
+    an element when it splits the buffer. Created once per process (MPI frees them at
+    finalize); the operation reinterprets the bytes as ``dtype``.
+    """
+    key = (op, dtype.str)
+    found = _RANK_ORDER_OPS.get(key)
+    if found is not None:
+        return found
+
+    def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        left = np.frombuffer(inbuf, dtype)
+        right = np.frombuffer(inoutbuf, dtype)
+        right[...] = _local_combine(op, [left, right])
+
+    element = MPI.BYTE.Create_contiguous(dtype.itemsize)
+    element.Commit()
+    found = _RANK_ORDER_OPS[key] = (MPI.Op.Create(combine, commute=False), element)
+    return found
+
+
 def _native(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``array`` in native byte order, C-contiguous, with its own shape (0-d stays 0-d).
 
@@ -156,9 +192,7 @@ class MPIBackend(Backend):
             ReduceOp.SUM: self._MPI.SUM,
             ReduceOp.MEAN: self._MPI.SUM,
             ReduceOp.PROD: self._MPI.PROD,
-            ReduceOp.MIN: self._MPI.MIN,
-            ReduceOp.MAX: self._MPI.MAX,
-        }
+        }  # MIN and MAX: by the local backend's rule (see _rank_order_op)
 
     def describe(self, value: object) -> LeafSpec:
         """Describe a leaf (the local backend decides what it holds).
@@ -295,14 +329,18 @@ class MPIBackend(Backend):
         native = dtype.kind in "iuf" or (dtype.kind == "c" and op in (ReduceOp.SUM, ReduceOp.MEAN))
         if native and flat.nbytes > GATHER_BYTES:
             mine = _writable(flat) if owned else None
-            if mine is None:
-                out = self._output(flat.size, flat.dtype)
-                await self._move(flat.nbytes, "Allreduce", flat, out, op=self._ops[op])
-            else:
+            out = self._output(flat.size, flat.dtype) if mine is None else mine.reshape(-1)
+            send = flat if mine is None else self._MPI.IN_PLACE
+            if op in (ReduceOp.MIN, ReduceOp.MAX):
+                # By the local backend's rule, in rank order (MPI's MIN/MAX drop NaN).
+                mpi_op, element = _rank_order_op(self._MPI, op, dtype)
+                if mine is None:
+                    send = [flat, flat.size, element]
                 await self._move(
-                    flat.nbytes, "Allreduce", self._MPI.IN_PLACE, mine, op=self._ops[op]
+                    flat.nbytes, "Allreduce", send, [out, out.size, element], op=mpi_op
                 )
-                out = mine.reshape(-1)
+            else:
+                await self._move(flat.nbytes, "Allreduce", send, out, op=self._ops[op])
             return out
         parts = await self._allgather(flat)
         return _in_rank_order(op, list(parts))

@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -37,8 +37,8 @@ import numpy as np
 from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from . import _exit
-from ._arrival import _arrive, _created
-from ._failures import _consequence
+from ._arrival import _arrive, _created, agree_options
+from ._failures import _consequence, describe_failure
 from ._lifecycle import Event, Refusal, State
 from ._protocol import (
     HEADER,
@@ -50,9 +50,11 @@ from ._protocol import (
     describe_exception,
     error_fields,
     fingerprint,
+    issued_refusal,
     key_text,
     position_code,
     refusal_fields,
+    refused_detail,
     signature_fields,
 )
 from ._trace import TraceMerger
@@ -106,6 +108,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         check_call_sites: Whether call sites must agree across processes.
         timeout: Seconds to wait for the other processes at one exchange; None
             waits for ever.
+        options: The strategy's options that every process must give alike (by
+            name, JSON values), compared when the group is created: a difference
+            raises ``ValueError`` on every process (see ``_arrival.agree_options``).
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         check_call_sites: bool = True,
         timeout: float | None = None,
         stall_warning_seconds: float | None = None,
+        options: Mapping[str, object] | None = None,
     ) -> None:
         from mpi4py import MPI
 
@@ -143,6 +149,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             raise
         _exit.release_dropped(base)
         self._ctl = base.Dup()
+        try:
+            agree_options(self._ctl, options or {})
+        except BaseException:
+            self._ctl.Free()  # no communicator is left behind
+            self._to(Event.ARRIVAL_FAILED)
+            raise
         self._data = base.Dup()
         self._side = base.Dup()  # notes: who waits where, and failures after agreement
         self.rank = self._ctl.Get_rank()
@@ -403,6 +415,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
+            # Their exit notes (see _exit.goodbye_all), received before MPI_Finalize.
+            self._noted_peers.update(
+                int(d["rank"])
+                for d in details
+                if Status(d["status"]) is Status.EXITED and d.get("noted")
+            )
             self._to(Event.PEER_EXITED)
         return details
 
@@ -411,7 +429,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         fields = refusal_fields(error)
         detail = {
             "describe": f"a refused cross-replica operation ({describe_exception(error)})",
-            "refused": [type(error).__name__, str(error), list(getattr(error, "fields", []))],
+            "refused": refused_detail(error, "cross-replica operation"),
         }
         await self._acquire()
         try:
@@ -704,6 +722,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if not self._running:
             return  # not this group's run (begin_run refused it)
         details = None
+        refused = issued_refusal(error)
         try:
             if (
                 self._run_ended
@@ -716,13 +735,21 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 status = Status.FINISHED if error is None else Status.FAILED
                 detail: dict[str, Any] = {"error": None}
                 if error is not None:
-                    detail["error"] = describe_exception(error)
+                    detail["error"] = describe_failure(error)
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )
+                fp = 0
+                if refused is not None:
+                    # A collective one of this process's replicas refused as it issued
+                    # it: every process raises the first process's (global ids), as one
+                    # process raises its first replica's. Its fingerprint makes
+                    # processes whose refusals differ (their replica ids) compare them.
+                    detail["refused"] = refused_detail(refused, "collective")
+                    fp = fingerprint({"refused": detail["refused"]})
                 await self._acquire()
                 try:
-                    details = await self._agree(status, None, detail, 0)
+                    details = await self._agree(status, None, detail, fp)
                 finally:
                     self._release()
                 self._run_ended = True
@@ -733,6 +760,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 self._to(Event.END_RUN)
         if details is not None and error is None:
             self._raise_for(details)
+        if details is not None and refused is not None:
+            try:
+                self._raise_for(details)  # the refusal every process raises alike
+            except Exception as alike:
+                raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
 

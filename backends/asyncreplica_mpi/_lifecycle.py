@@ -48,7 +48,8 @@ class Event(enum.Enum):
     #: Every process announced itself and the communicators exist.
     ARRIVED = "arrived"
     #: Creating failed: a peer did not arrive in time, gave up, or exited (before or
-    #: inside its constructor); this process's constructor raises.
+    #: inside its constructor), or the options that must agree differ; this process's
+    #: constructor raises.
     ARRIVAL_FAILED = "arrival failed"
     #: ``Strategy.run`` starts.
     BEGIN_RUN = "begin run"

@@ -38,6 +38,7 @@ from asyncreplica.abc import (
     LeafSpec,
     ReduceOp,
     Signature,
+    is_refusal,
     signature_differences,
     treedef_key,
 )
@@ -310,6 +311,32 @@ def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, A
             "waiting": sorted(found.waiting),
         }
     return None
+
+
+def issued_refusal(error: BaseException | None) -> Exception | None:
+    """The refusal of a collective that ended a process's run, or None.
+
+    A replica refuses the collective it issues (a dtype no op reduces, a value its
+    backend cannot hold) before any wait, so that error is the run's error (alone, or
+    every leaf of a group); see ``asyncreplica.abc.is_refusal``.
+    """
+    if error is None:
+        return None
+    if isinstance(error, BaseExceptionGroup):
+        leaves = _leaf_exceptions(error)
+        if leaves and all(is_refusal(e) for e in leaves) and isinstance(leaves[0], Exception):
+            return leaves[0]
+        return None
+    return error if isinstance(error, Exception) and is_refusal(error) else None
+
+
+def refused_detail(error: Exception, what: str) -> list[Any]:
+    """A refusal as it travels in an exchange's detail (``"refused"``; see REFUSALS).
+
+    ``what``: what was refused, for the other processes' message ("collective",
+    "cross-replica operation").
+    """
+    return [type(error).__name__, str(error), list(getattr(error, "fields", [])), what]
 
 
 def refusal_fields(error: Exception) -> dict[str, Any]:

@@ -35,7 +35,6 @@ from asyncreplica.abc import (
 pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
 
 
-
 # -- plain values: one process's answer ------------------------------------------------
 
 
@@ -149,6 +148,58 @@ def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
         assert fields["fields"] == ["shape"], logs[rank]
         assert "replica 0 holds float64[2, 3]; replica 1 holds float64[2, 3, 1]" in logs[rank]
         assert logs[rank].endswith("again 4.0\n"), logs[rank]
+
+
+@pytest.mark.parametrize(("n", "scenario"), [(2, "too_big"), (3, "too_big"), (3, "too_big_last")])
+def test_a_collective_refused_as_it_is_issued_raises_alike_everywhere(
+    n: int, scenario: str, tmp_path: Path
+) -> None:
+    # A value no backend holds (2**70) is refused by the replica that issues it, before
+    # the processes agree: every process raises the first refusing replica's TypeError
+    # (global id, the local backend's name), as one process does; each process named
+    # its own replica before, and the others raised ReplicaExitedError.
+    rc, logs, output = launch(n, "errors.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    replica = 0 if scenario == "too_big" else 2 * n - 1
+    for rank in range(n):
+        assert _fields(logs[rank]) == {"class": "TypeError"}, logs[rank]
+        want = f"replica {replica} passed value of type builtins.int, which the numpy backend"
+        assert logs[rank].splitlines()[1].startswith(want), logs[rank]
+        total = n if scenario == "too_big" else 2 * n
+        assert logs[rank].endswith(f"again {float(total)}\n"), logs[rank]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_components_refused_inside_one_process_raise_alike_everywhere(
+    n: int, tmp_path: Path
+) -> None:
+    # The last process alone holds a float32 and a float64 component: it refuses in the
+    # agreement, so every process raises its CollectiveMismatchError (the others raised
+    # ReplicaExitedError), naming global replica ids.
+    rc, logs, output = launch(n, "errors.py", "reduce_dtype", tmp_path=tmp_path)
+    assert rc == 0, output
+    fields = [_fields(logs[r]) for r in range(n)]
+    assert fields[0]["class"] == "CollectiveMismatchError", logs[0]
+    assert fields[0]["fields"] == ["dtype"], logs[0]
+    assert all(f == fields[0] for f in fields), fields
+    last = 2 * n - 1
+    for rank in range(n):
+        assert f"replica {last - 1} holds float64; replica {last} holds float32" in logs[rank]
+        assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_reduce_shapes_refused_inside_one_process_raise_alike_everywhere(
+    n: int, tmp_path: Path
+) -> None:
+    # Replica 1 (on process 0) holds another shape: ValueError on every process, as in
+    # one process, never a ReplicaExitedError on the others.
+    rc, logs, output = launch(n, "errors.py", "reduce_shape", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        assert _fields(logs[rank]) == {"class": "ValueError"}, logs[rank]
+        assert "replica 0 holds shape (2, 4); replica 1 holds shape (2, 3)" in logs[rank]
+        assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 
 def test_gather_of_components_of_different_ranks_in_one_process() -> None:
@@ -281,3 +332,40 @@ def test_asyncreplica_trace_records_every_process(tmp_path: Path) -> None:
         trace = load_trace(tmp_path / f"run.rank{rank}.json")
         slices = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
         assert slices, trace
+
+
+# -- options that must agree: refused by the constructor on every process ---------------
+
+
+@pytest.mark.parametrize(
+    ("scenario", "want"),
+    [
+        ("call_sites", "  * check_call_sites ({}): True on processes 0, 1; False on process 2"),
+        ("backend", "  * backend ({}): 'numpy' on processes 0, 1; 'renamed' on process 2"),
+    ],
+)
+def test_options_that_differ_between_processes_are_refused_at_the_constructor(
+    scenario: str, want: str, tmp_path: Path
+) -> None:
+    # check_call_sites=False on one process gave "call site differs" with identical
+    # lines at the first collective; now every constructor raises ValueError naming the
+    # option and each process's value, and the processes stay in step.
+    from asyncreplica_mpi._arrival import _WHY
+
+    rc, logs, output = launch(3, "options.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    name = want.split()[1]
+    for rank in range(3):
+        lines = logs[rank].splitlines()
+        assert lines[0] == "ValueError", logs[rank]
+        assert want.format(_WHY[name]) in lines, logs[rank]
+        assert logs[rank].endswith("again [4.0, 4.0]\n"), logs[rank]  # 1 + 2 + 1 replicas
+
+
+def test_options_that_may_differ_between_processes_are_not_compared(tmp_path: Path) -> None:
+    # stall_warning_seconds, bytes_per_pack, timeout_seconds (each process's bound on its
+    # own waits) and the devices are each process's own.
+    rc, logs, output = launch(2, "options.py", "same", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        assert logs[rank] == "created\nagain [3.0, 3.0]\n", logs[rank]

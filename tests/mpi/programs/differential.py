@@ -8,7 +8,8 @@ and a ``MirroredStrategy`` with the global count as the oracle. From ``SEED`` it
 generates ``CASES`` programs (the same on every process): a step function made of
 collectives (``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``,
 ``barrier``, named collectives, ``merge_call`` with cross-replica calls in its
-``merge_fn``), then cross-replica calls on the run's results and on plain values
+``merge_fn``, ``MIN``/``MAX`` of leaves past the 64 KiB that MPI reduces, dense with NaN,
+infinities and signed zeros), then cross-replica calls on the run's results and on plain values
 (``strategy.reduce``, ``gather``, ``extended.reduce_to`` / ``batch_reduce_to`` /
 ``broadcast_to``, ``experimental_local_results``,
 ``experimental_distribute_values_from_function``, ``experimental_distribute_dataset``), some with a fault (a replica that
@@ -43,7 +44,10 @@ TRACE = bool(__import__("os").environ.get("DIFF_TRACE"))
 INTS = ("int32", "int64", "uint8", "int8", "uint64", "bool")
 FLOATS = ("float32", "float64", "float16", "complex128")
 OPS = ("SUM", "MEAN", "MIN", "MAX", "PROD")
-ELEMENTWISE = ("reduce", "reduce_to", "batch")
+ELEMENTWISE = ("reduce", "reduce_to", "batch", "large")
+# A large leaf: past the 64 KiB up to which processes gather their partial results (MPI
+# reduces larger ones), for every dtype (int8 included).
+LARGE = 70_000
 EXACT = "exact"  # a result that must be bit for bit one process's, whatever the layout
 # The one-process oracle's own defects, left out until they are fixed there: the numpy
 # backend's MEAN of uint64 raises UFuncTypeError in one process (fixed on the branch
@@ -68,6 +72,23 @@ def make(dtype: str, shape: tuple[int, ...], *key: int) -> np.ndarray:
         return value.astype(dtype)
     low, high = (0, 6) if dtype.startswith("u") else (-5, 6)
     return rng.integers(low, high, shape).astype(dtype)
+
+
+def make_large(dtype: str, *key: int) -> np.ndarray:
+    """A large leaf for MIN and MAX, dense with special values.
+
+    NaN (which one process's ``np.maximum`` propagates), infinities of both signs, and
+    ``-0.0``/``0.0`` at the same positions on different replicas (their order decides
+    which zero a MIN or MAX keeps).
+    """
+    value = make(dtype, (LARGE,), *key)
+    if dtype not in FLOATS:
+        return value
+    rng = np.random.default_rng([*(abs(k) for k in key), 1])
+    roll = rng.random(LARGE)
+    value = np.where(roll < 0.2, np.where(roll < 0.1, -0.0, 0.0), value)
+    value = np.where((roll >= 0.2) & (roll < 0.21), -np.inf, value)
+    return value.astype(dtype)
 
 
 @dataclass
@@ -100,6 +121,7 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "barrier",
                 "named",
                 "merge",
+                "large",
             )
         )
         dtype = pick(INTS + FLOATS)
@@ -109,6 +131,8 @@ def generate(seed: int, number: int, total: int) -> Case:
             case.steps.append((kind, j, dtype, cols, int(rng.integers(0, 2))))
         elif kind == "broadcast":
             case.steps.append((kind, j, dtype, cols, int(rng.integers(total))))
+        elif kind == "large":
+            case.steps.append((kind, j, dtype, cols, pick(("MIN", "MAX"))))
         elif kind == "merge":
             case.steps.append(
                 (
@@ -136,17 +160,16 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "local",
                 "values_fn",
                 "dataset",
+                "large",
             )
         )
-        case.posts.append(
-            (
-                kind,
-                100 + j,
-                pick(INTS + FLOATS),
-                int(rng.integers(1, 4)),
-                pick(OPS) if kind != "plain" else pick(("MEAN", "MIN", "MAX", "SUM")),
-            )
-        )
+        if kind == "plain":
+            op = pick(("MEAN", "MIN", "MAX", "SUM"))
+        elif kind == "large":
+            op = pick(("MIN", "MAX"))
+        else:
+            op = pick(OPS)
+        case.posts.append((kind, 100 + j, pick(INTS + FLOATS), int(rng.integers(1, 4)), op))
     # (where the oracle has a defect, another dtype of the same kind)
     case.steps = [
         (s[0], s[1], "int64" if (s[2], *s[4:5]) in ORACLE_DEFECTS else s[2], *s[3:])
@@ -213,6 +236,11 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 # The MEAN of integers is exact across processes, as in one: the same bits.
                 exact = s[4] == "MEAN" and dtype in INTS and dtype != "bool"
                 out.append({EXACT: result} if exact else result)
+            elif kind == "large":
+                # MIN and MAX pick a value: the same bits whatever the layout
+                big = make_large(dtype, case.number, j, g)
+                op = ("MIN" if s[4] == "MAX" else "MAX") if other else s[4]
+                out.append({EXACT: await ctx.all_reduce(op, big)})
             elif kind == "nest":
                 y = make("float64" if dtype in INTS else "int32", (cols,), case.number, j, g, 1)
                 out.append(
@@ -255,7 +283,9 @@ def step_fn(case: Case) -> Callable[[], Any]:
         # (of one shape on every replica where the call reduces element-wise)
         out.append(
             [
-                make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
+                make_large(dt, case.number, j, g)
+                if kind == "large"
+                else make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
                 for kind, j, dt, c, _ in case.posts
             ]
         )
@@ -288,6 +318,8 @@ async def posts(
         value = values[k]
         if kind in ("reduce", "reduce0", "gather", "reduce_to", "batch"):
             out.append(await cross(strategy, kind, op, value))
+        elif kind == "large":
+            out.append({EXACT: await cross(strategy, "reduce", op, value)})
         elif kind == "broadcast_to":
             plain = make(dtype, (cols,), case.number, j)
             out.append(await strategy.extended.broadcast_to(plain, destinations="CPU:0"))
@@ -338,6 +370,20 @@ def describe_error(error: BaseException | None, *, ids: bool = False) -> tuple[A
     return (name,)
 
 
+def _differ(got: np.ndarray, want: np.ndarray) -> str:
+    """Where two arrays of one shape differ (a few positions; large ones are long)."""
+    if got.size <= 16:
+        return f"{got.tolist()} != {want.tolist()}"
+    same = (
+        (got == want) | (np.isnan(got) & np.isnan(want)) if got.dtype.kind in "fc" else got == want
+    )
+    if got.dtype.kind in "fc":
+        same &= np.signbit(got.real) == np.signbit(want.real)
+    where = np.argwhere(~same)[:4]
+    pairs = ", ".join(f"{tuple(w)}: {got[tuple(w)]!r} vs {want[tuple(w)]!r}" for w in where)
+    return f"{int((~same).sum())} of {got.size} differ ({pairs})"
+
+
 class Checker:
     def __init__(self, counts: tuple[int, ...]) -> None:
         self.counts = counts
@@ -357,7 +403,12 @@ class Checker:
             return
         if exact or got_a.dtype.kind not in "fc" or max(self.counts) == 1:
             if not np.array_equal(got_a, want_a, equal_nan=True):
-                self.failures.append(f"{where}: {got_a.tolist()} != {want_a.tolist()}")
+                self.failures.append(f"{where}: {_differ(got_a, want_a)}")
+            elif got_a.dtype.kind in "fc" and not np.array_equal(
+                np.signbit(got_a.real), np.signbit(want_a.real)
+            ):
+                # array_equal takes -0.0 for 0.0; one process's bits keep the sign
+                self.failures.append(f"{where}: signed zeros differ {_differ(got_a, want_a)}")
             return
         # Floats of k > 1 replicas per process: each process's partial result changes
         # the order of the sum (docs/scale-out.md: the tolerance).

@@ -18,6 +18,16 @@ Scenarios:
   the others dense arrays: ``CollectiveMismatchError`` (sparsity) everywhere.
 * ``gather_ranks``: 2 replicas per process; ``strategy.gather`` of components of rank 2
   on replica 0 and rank 3 elsewhere: ``CollectiveMismatchError`` (shape) everywhere.
+* ``too_big``: 1 replica per process; every replica all-reduces ``2**70`` (no dtype holds
+  it): every process raises replica 0's ``TypeError``, as one process does.
+* ``too_big_last``: 2 replicas per process; only the last replica all-reduces ``2**70``:
+  its ``TypeError`` everywhere (not ``ReplicaExitedError`` on the others).
+* ``reduce_dtype``: 2 replicas per process; ``strategy.reduce`` of components of float32
+  on the last replica, float64 elsewhere (found inside the last process alone):
+  ``CollectiveMismatchError`` (dtype) everywhere.
+* ``reduce_shape``: 2 replicas per process; ``strategy.reduce`` (``axis=None``) of a
+  component of another shape on replica 1 (found inside process 0 alone): ``ValueError``
+  everywhere.
 """
 
 from __future__ import annotations
@@ -84,6 +94,30 @@ async def sparsity() -> object:
     return await ctx.all_reduce("SUM", value)
 
 
+async def too_big() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return await ctx.all_reduce("SUM", 2**70)
+
+
+async def too_big_last() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    last = ctx.replica_id_in_sync_group == ctx.num_replicas_in_sync - 1
+    return await ctx.all_reduce("SUM", 2**70 if last else 1)
+
+
+def last_float32(context: ar.ValueContext) -> object:
+    """Components of ``strategy.reduce``: float32 on the last replica, float64 elsewhere."""
+    last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
+    return np.ones((2, 3), np.float32 if last else np.float64)
+
+
+def second_shape(context: ar.ValueContext) -> object:
+    """Components of ``strategy.reduce``: shape (2, 3) on replica 1, (2, 4) elsewhere."""
+    return np.ones((2, 3)) if context.replica_id_in_sync_group == 1 else np.ones((2, 4))
+
+
 def mixed_ranks(context: ar.ValueContext) -> object:
     """Components of ``strategy.gather`` of rank 2 on replica 0, of rank 3 elsewhere."""
     return np.ones((2, 3)) if context.replica_id_in_sync_group == 0 else np.ones((2, 3, 1))
@@ -96,6 +130,10 @@ SCENARIOS = {
     "cycle": (cycle, 2),
     "sparsity": (sparsity, 1),
     "gather_ranks": (None, 2),
+    "too_big": (too_big, 1),
+    "too_big_last": (too_big_last, 2),
+    "reduce_dtype": (None, 2),
+    "reduce_shape": (None, 2),
 }
 
 
@@ -103,9 +141,14 @@ async def main(name: str) -> None:
     step, local = SCENARIOS[name]
     strategy = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(local)])
     try:
-        if step is None:  # gather_ranks: a cross-replica gather, outside run
+        if name == "gather_ranks":  # a cross-replica gather, outside run
             await strategy.gather(
                 strategy.experimental_distribute_values_from_function(mixed_ranks), axis=0
+            )
+        elif step is None:  # a cross-replica reduce, outside run
+            make = last_float32 if name == "reduce_dtype" else second_shape
+            await strategy.reduce(
+                "SUM", strategy.experimental_distribute_values_from_function(make), axis=None
             )
         else:
             await strategy.run(step)
