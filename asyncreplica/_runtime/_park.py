@@ -94,6 +94,17 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
         task.exception()
 
 
+def _retrieve_reported(error: BaseException, task: asyncio.Task[Any]) -> None:
+    """Mark ``task``'s exception retrieved if it is ``error``, which the run raises.
+
+    A helper task (``asyncio.ensure_future(collective)`` left to ``asyncio.wait``) that
+    raised the run's root cause would otherwise be logged as "Task exception was never
+    retrieved". Any other exception of the task is left for its owner to retrieve.
+    """
+    if not task.cancelled() and getattr(task, "_exception", None) is error:
+        task.exception()
+
+
 class Parking:
     """The state of a run that its endings read and write (set by ``Run.__init__``)."""
 
@@ -182,6 +193,11 @@ class Parking:
             self._errors.append((replica, error))
             if self.tracer is not None:
                 self.tracer.failed(error, getattr(error, "report", None))
+            if self._loop is not None:
+                task = self._current_task()
+                if isinstance(task, asyncio.Task):
+                    # The run raises it: the task it is raised in need not report it again.
+                    task.add_done_callback(functools.partial(_retrieve_reported, error))
         self._cancel_run()
 
     def _cancel_run(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 import pytest
 from asyncreplica_numpy import NumpyBackend
 
@@ -411,6 +412,28 @@ async def test_a_trio_system_task_in_a_replicas_context_is_refused() -> None:
 
 
 # -- 5: asyncio.wait over collectives awaited out of order -------------------------------
+
+
+@pytest.mark.usefixtures("asyncio_only")
+async def test_asyncio_wait_over_mismatched_collectives_logs_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before: "Task exception was never retrieved" for the mismatch the run raised.
+    async def step() -> object:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        a = ctx.all_reduce("SUM", np.ones(2 + rid), name="a")
+        b = ctx.all_reduce("SUM", 2.0, name="b")
+        done, _ = await asyncio.wait([asyncio.ensure_future(b), asyncio.ensure_future(a)])
+        return [t.result() for t in done]
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        with pytest.raises(ar.CollectiveMismatchError):
+            await strategy(2).run(step)
+        for _ in range(3):
+            gc.collect()
+            await asyncio.sleep(0)
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
 
 
 @pytest.mark.usefixtures("asyncio_only")
