@@ -186,13 +186,15 @@ def goodbye_all(*, finalized: bool = False) -> None:
     _drive_all(steps)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
-    drained: set[int] = set()
+    # Per communicator, from every peer that any of its groups saw send them.
+    noting: dict[int, tuple[Any, set[int]]] = {}
     for group in groups:
-        handle = group._base.py2f()
-        if group._noted_peers and handle not in drained:
-            drained.add(handle)
-            with contextlib.suppress(Exception):
-                drain_exit_notes(group._base, sorted(group._noted_peers))
+        if group._noted_peers:
+            _, ranks = noting.setdefault(group._base.py2f(), (group._base, set()))
+            ranks |= group._noted_peers
+    for base, ranks in noting.values():
+        with contextlib.suppress(Exception):
+            drain_exit_notes(base, sorted(ranks))
     for group in groups:
         free(group, finalized=finalized)
 

@@ -183,6 +183,9 @@ def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
             "got ReplicaExitedError: Process 0 exited, without creating its "
             "MultiWorkerMirroredStrategy number 2 on this communicator"
         ) in logs[1], output
+        # The strategy both created still releases a collective on it.
+        assert "then ReplicaExitedError: " in logs[1], output
+        assert "process 0 (replica 0) exited" in logs[1], output
     else:
         assert "got ReplicaExitedError: " in logs[1], output
         assert "process 0 (replica 0) exited" in logs[1], output

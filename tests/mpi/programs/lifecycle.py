@@ -90,6 +90,12 @@ async def exit_normal(then: str) -> None:
         report("not reached")
     except ar.ReplicaExitedError as exc:
         logged(exc)
+    if then == "create":
+        try:  # the strategy both created: process 0's goodbye there releases it
+            await first.run(one_reduce)
+            report("not reached")
+        except ar.ReplicaExitedError as exc:
+            report(f"then {type(exc).__name__}: {exc}")
 
 
 async def goodbye_timeout() -> None:
