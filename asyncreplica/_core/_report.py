@@ -111,7 +111,7 @@ def told_once(errors: Sequence[tuple[int, BaseException]]) -> BaseException | No
     for _, error in errors:
         if type(error) is not type(first) or getattr(error, ALIKE_MARK, None) != rest:
             return None
-    first.args = (f"Each of {format_replicas(r for r, _ in errors)}{rest}",)
+    first.args = (f"Each of {format_replicas([r for r, _ in errors])}{rest}",)
     return first
 
 
