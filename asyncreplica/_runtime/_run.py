@@ -380,8 +380,8 @@ class Run(Watching):
         """
         try:
             await self._jitter()
-        except anyio.get_cancelled_exc_class():
-            self._abandoned(replica, key, slot)
+        except anyio.get_cancelled_exc_class() as exc:
+            self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
             raise
 
     async def _dispatch(self, call: Collective, key: Key, slot: Slot) -> Any:
