@@ -544,7 +544,12 @@ def test_a_late_process_is_named_in_a_stall_warning(tmp_path: Path) -> None:
     assert "for process 1 (replica 2)." in logs[0]
     assert "  * process 1 (replica 2) did not arrive: " in logs[0]
     assert "warning: Collective resumed: the processes completed the 1st collective" in logs[0]
-    assert logs[1].startswith("released by the stall warning\n"), logs[1]
+    # Under load process 1 may also warn that process 0 is slow to create its strategy
+    # (stall_warning_seconds=0.3 applies to the creation too); nothing else comes first.
+    rest = logs[1]
+    if rest.startswith("warning: MultiWorkerMirroredStrategy creation stalled"):
+        rest = rest.split("to fail instead.\n", 1)[1]
+    assert rest.startswith("released by the stall warning\n"), logs[1]
     assert "finished" in logs[0]
     assert "finished" in logs[1]
 
