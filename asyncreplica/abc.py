@@ -37,6 +37,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
+from ._core._components import check_reduced
 from ._core._dtypes import (
     EXACT_MEAN_COUNT,
     is_reducible,
@@ -64,6 +65,7 @@ __all__ = [
     "ReduceOp",
     "Signature",
     "available_backends",
+    "check_reduced",
     "is_reducible",
     "is_refusal",
     "key_text",

@@ -37,6 +37,7 @@ from ._protocol import (
     REFUSALS,
     Status,
     collective_error,
+    components_error,
     describe_exception,
     differing_fields,
     error_fields,
@@ -462,6 +463,9 @@ class Failures:
         name = key[0] if isinstance(key, list) else None
         position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
+            found = components_error(details)  # Strategy.reduce: one process's check
+            if found is not None:
+                raise found
             cycle = _cycle(details)
             if cycle is not None:
                 raise cycle

@@ -38,6 +38,7 @@ from asyncreplica.abc import (
     LeafSpec,
     ReduceOp,
     Signature,
+    check_reduced,
     is_refusal,
     signature_differences,
     treedef_key,
@@ -310,6 +311,44 @@ def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, A
             "name": found.name,
             "waiting": sorted(found.waiting),
         }
+    return None
+
+
+def components_error(details: Sequence[Mapping[str, Any]]) -> Exception | None:
+    """What one process raises for these processes' ``Strategy.reduce`` calls, or None.
+
+    Each process checked its own replicas' components (they agree); when the processes'
+    reduces differ in their components (a shape, a rank, a dtype), one process with
+    every replica would have raised the runtime's own check of the components
+    (``asyncreplica.abc.check_reduced``: ``ValueError`` for shapes, or
+    ``CollectiveMismatchError``), so that check is made here of every process's
+    components, in global replica order: the same class, fields, replica ids and
+    message. None when the processes differ in anything else (the op, the axis).
+    """
+    reduces = [
+        d
+        for d in details
+        if Status(d["status"]) is Status.COLLECTIVE
+        and d.get("fields")
+        and d["fields"].get("kind") == "reduce"
+        and len(d["fields"].get("leaves", ())) == 1
+    ]
+    if not reduces or len(reduces) != len(details):
+        return None
+    first = reduces[0]["fields"]
+    if any(
+        (d["fields"]["op"], d["fields"]["axis"]) != (first["op"], first["axis"]) for d in reduces
+    ):
+        return None
+    specs: list[LeafSpec] = []
+    for d in sorted(reduces, key=lambda d: int(d["replicas"][0])):
+        shape, dtype, sparse, *rest = d["fields"]["leaves"][0]
+        specs += [LeafSpec(tuple(shape), dtype, bool(sparse), *rest)] * int(d["replicas"][1])
+    axis = first["axis"]
+    try:
+        check_reduced(ReduceOp(first["op"]), specs, None if axis is None else tuple(axis), 0)
+    except (CollectiveMismatchError, ValueError) as error:
+        return error
     return None
 
 

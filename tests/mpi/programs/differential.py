@@ -161,6 +161,7 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "values_fn",
                 "dataset",
                 "large",
+                "mismatch",
             )
         )
         if kind == "plain":
@@ -169,7 +170,10 @@ def generate(seed: int, number: int, total: int) -> Case:
             op = pick(("MIN", "MAX"))
         else:
             op = pick(OPS)
-        case.posts.append((kind, 100 + j, pick(INTS + FLOATS), int(rng.integers(1, 4)), op))
+        dtype = pick(INTS + FLOATS)
+        if kind == "mismatch" and dtype == "bool":
+            dtype = "int32"  # (a refused dtype: which of two refusals wins is another test)
+        case.posts.append((kind, 100 + j, dtype, int(rng.integers(1, 4)), op))
     # (where the oracle has a defect, another dtype of the same kind)
     case.steps = [
         (s[0], s[1], "int64" if (s[2], *s[4:5]) in ORACLE_DEFECTS else s[2], *s[3:])
@@ -285,6 +289,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
             [
                 make_large(dt, case.number, j, g)
                 if kind == "large"
+                else deviant(dt, c, kind, g, case, j, n)
+                if kind == "mismatch"
                 else make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
                 for kind, j, dt, c, _ in case.posts
             ]
@@ -292,6 +298,28 @@ def step_fn(case: Case) -> Callable[[], Any]:
         return out
 
     return step
+
+
+def deviation(case: Case, j: int, total: int) -> tuple[int, str, int | None]:
+    """A ``mismatch`` post: the replica whose component differs, how, and the axis."""
+    rng = np.random.default_rng([case.number, j, 7])
+    return (
+        int(rng.integers(total)),
+        ("shape", "rank", "dtype")[int(rng.integers(3))],
+        (None, 0)[int(rng.integers(2))],
+    )
+
+
+def deviant(dtype: str, cols: int, how: str, g: int, case: Case, j: int, total: int) -> Any:
+    """Replica ``g``'s component of a ``mismatch`` post."""
+    replica, what, _ = deviation(case, j, total)
+    if g != replica:
+        return make(dtype, (2, cols), case.number, j, g)
+    if what == "shape":
+        return make(dtype, (2, cols + 1), case.number, j, g)
+    if what == "rank":
+        return make(dtype, (2, cols, 1), case.number, j, g)
+    return make("float32" if dtype != "float32" else "float64", (2, cols), case.number, j, g)
 
 
 def layout_plain(
@@ -320,6 +348,10 @@ async def posts(
             out.append(await cross(strategy, kind, op, value))
         elif kind == "large":
             out.append({EXACT: await cross(strategy, "reduce", op, value)})
+        elif kind == "mismatch":
+            # one replica's component differs (shape, rank or dtype): one process raises
+            _, _, axis = deviation(case, j, strategy.num_replicas_in_sync)
+            out.append(await strategy.reduce(op, value, axis=axis))
         elif kind == "broadcast_to":
             plain = make(dtype, (cols,), case.number, j)
             out.append(await strategy.extended.broadcast_to(plain, destinations="CPU:0"))
