@@ -76,8 +76,54 @@ def test_the_readme_numbers_of_the_build_are_the_builds() -> None:
     text = " ".join(README.split())
     assert f"compiles {len(modules)} modules on the collective's path" in text
     assert f"`hot path: compiled (mypyc): {len(modules)} modules`" in text
+    # The build's notice, as the README quotes it, is the one hatch_build.py prints.
+    (quoted,) = re.findall(r"`asyncreplica: (compiled \d+ modules with mypyc [^`]*)`", text)
+    assert quoted == f"compiled {len(modules)} modules with mypyc (into the wheel) in 50 s"
+    hook = (ROOT / "hatch_build.py").read_text("utf-8")
+    assert 'f"compiled {len(modules)} modules with mypyc "' in hook
+    assert "f\"({'in place' if editable else 'into the wheel'}) in {info['seconds']} s\"" in hook
+    page = " ".join((ROOT / "docs" / "getting-started.md").read_text("utf-8").split())
+    assert f"`asyncreplica: compiled {len(modules)} modules with mypyc ... in N s`" in page
     from asyncreplica._compiled import Implementation
 
     assert Implementation(True, tuple(modules), "compiled", "").describe() == (
         f"compiled (mypyc): {len(modules)} modules"
     )
+
+
+def _test_extra() -> list[tuple[str, str]]:
+    """``[test]``'s requirements as ``(name with extras, environment marker)``."""
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    found = []
+    for requirement in pyproject["project"]["optional-dependencies"]["test"]:
+        spec, _, marker = requirement.partition(";")
+        name = re.match(r"[A-Za-z0-9_.\-]+(\[[^\]]*\])?", spec.strip())
+        assert name is not None, requirement
+        found.append((name.group(0), marker.strip()))
+    return found
+
+
+# How the pages word an environment marker of [test].
+MARKERS = {"sys_platform != 'win32'": "not on Windows", "sys_platform == 'linux'": "on Linux"}
+
+
+def test_the_test_extra_is_described_exactly_where_its_command_is_given() -> None:
+    """The README and getting-started.md name every package of [test], and no other."""
+    names = [name for name, _ in _test_extra()]
+    for path in (ROOT / "README.md", ROOT / "docs" / "getting-started.md"):
+        text = " ".join(path.read_text(encoding="utf-8").split())
+        start = text.index("is everything the suite checks (pyproject.toml lists it): ")
+        described = text[start : text.index(". PyTorch is not in it", start)]
+        missing = [name for name in names if name not in described]
+        assert not missing, f"{path.name} does not name {missing} of [test]"
+        for name, marker in _test_extra():
+            if marker:
+                assert MARKERS[marker] in described.split(name, 1)[1].split(";")[0], (
+                    f"{path.name}: {name} is installed only {MARKERS[marker]}"
+                )
+        # Every package the paragraph names is in [test]: strip what it says about them.
+        words = re.sub(r"\([^)]*\)", "", described.split(": ", 1)[1])
+        named = {w.strip() for w in re.split(r";|,| and ", words) if w.strip()}
+        assert named == set(names), f"{path.name} names {sorted(named - set(names))} too"

@@ -37,6 +37,7 @@ reported in a :class:`CollectiveError` -- never left waiting.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -405,21 +406,66 @@ class Ledger:
                     rep.state = ReplicaState.CANCELLED
         return self.abandoned_error(replica, key, None)
 
-    def cancelled_after(self, replica: int, key: Key) -> CollectiveError:
+    def cancelled_after(
+        self, replica: int, key: Key, *, combining: bool = False
+    ) -> CollectiveError:
         """The error for ``replica`` cancelled at ``key`` after that collective completed.
 
         Its value went into its peers' results, but the cancellation reached it before it
         took its own result: its peers and it would go on with values that disagree. The
         run fails as when the cancellation lands before the collective completes.
+
+        ``combining``: every replica had arrived and the backend was still combining the
+        values (the cancellation came during the backend call): the same consequence.
         """
         rep = self._replicas[replica]
         if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
             rep.state = ReplicaState.CANCELLED
+        when = (
+            "after every replica had arrived there, while the backend combined their values"
+            if combining
+            else "after that collective had completed"
+        )
         return CollectiveError(
             f"Replica {replica + self._offset} was cancelled while waiting at its "
-            f"{_report.key_text(key)}, after that collective had completed: its peers "
+            f"{_report.key_text(key)}, {when}: its peers "
             "received results computed with its value, and it never took its own, so the "
             "replicas would go on with values that disagree.\n\n"
+            "A collective cannot be abandoned half-way: every replica must complete it. "
+            "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
+            "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"
+            + _report.see_also("CollectiveError"),
+            report=self.report(),
+        )
+
+    def cancelled_combining(
+        self, replica: int, key: Key, waiting: Sequence[int]
+    ) -> CollectiveError:
+        """The error for ``replica`` cancelled while its backend call combined ``key``.
+
+        The last replica to arrive runs the backend's combine in its own task; cancelled
+        there, the combine is abandoned half-way: no replica gets a result, and the
+        replicas in ``waiting`` (local ids) are woken with this error instead of waiting
+        for ever.
+        """
+        rep = self._replicas[replica]
+        if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
+            rep.state = ReplicaState.CANCELLED
+        last = rep.last()
+        if last is not None:
+            rep.left = (key, last)  # the report shows it cancelled there
+        others = [r + self._offset for r in waiting if r != replica]
+        told = (
+            f"; {_report.format_replicas(others)} "
+            f"{'waits' if len(others) == 1 else 'wait'} there and get{'s' if len(others) == 1 else ''} "
+            "this error"
+            if others
+            else ""
+        )
+        return CollectiveError(
+            f"Replica {replica + self._offset} was cancelled while the backend combined its "
+            f"{_report.key_text(key)} (it arrived last, and the combine runs in its task): "
+            f"the collective can never complete{told}.\n\n"
             "A collective cannot be abandoned half-way: every replica must complete it. "
             "Cancel the whole run (the scope around Strategy.run) instead of one replica's "
             "collective, or put the time limit in CommunicationOptions(timeout_seconds=...).\n"

@@ -21,12 +21,15 @@ from ._nest import treedef_str
 from ._signature import CallSite, CollectiveKind, Signature, ordinal
 
 __all__ = [
+    "ALIKE_MARK",
     "DOCS",
     "deadlock_message",
     "ended_message",
     "merge_fn_stall_message",
     "merge_fn_timeout_message",
     "key_text",
+    "mark_alike",
+    "told_once",
     "resumed_message",
     "stall_message",
     "exited_message",
@@ -75,6 +78,41 @@ _SHOWN = 8
 
 _Place = tuple[str, int]
 _NONE: frozenset[_Place] = frozenset()
+
+
+#: The attribute of an error a replica raises in its own name ("Replica 3 issued ..."):
+#: what follows the subject. Every replica that runs the same code raises it alike, and
+#: the run reports it once (:func:`told_once`), as a refusal of ``_dtypes`` is.
+ALIKE_MARK = "_asyncreplica_alike"
+
+
+def mark_alike(error: BaseException, rest: str) -> None:
+    """Mark ``error``, whose message is ``"Replica k" + rest``, as raised alike."""
+    setattr(error, ALIKE_MARK, rest)
+
+
+def told_once(errors: Sequence[tuple[int, BaseException]]) -> BaseException | None:
+    """One error for one refusal that several replicas raised alike; else None.
+
+    Args:
+        errors: ``(global replica id, error)`` of each failed replica, in replica order.
+
+    Returns:
+        The first error, its message now naming every replica ("Each of replicas 0-2
+        issued ..."), when every error is of one class and marked with the same text by
+        :func:`mark_alike`; None otherwise.
+    """
+    if len(errors) < 2:
+        return None
+    first = errors[0][1]
+    rest = getattr(first, ALIKE_MARK, None)
+    if not isinstance(rest, str):
+        return None
+    for _, error in errors:
+        if type(error) is not type(first) or getattr(error, ALIKE_MARK, None) != rest:
+            return None
+    first.args = (f"Each of {format_replicas(r for r, _ in errors)}{rest}",)
+    return first
 
 
 def _site_text(site: CallSite, ambiguous: frozenset[_Place]) -> str:

@@ -152,6 +152,9 @@ async def _dispatch(rv: Rendezvous, call: Collective, slot: Slot) -> Any:
     except Exception as exc:
         fail_waiters(slot, exc)
         raise
+    except BaseException as exc:  # cancelled inside the backend call: no waiter is left
+        rv.run._dispatch_ended(call.replica, slot, exc)
+        raise
     slot.results = results
     slot.release()
     rv.gen += 1  # the waiters are runnable again

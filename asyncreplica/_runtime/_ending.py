@@ -39,7 +39,15 @@ from .._core._lifecycle import Event
 from .._exceptions import AsyncReplicaError
 from ._tasks import _internal, _short
 
-__all__ = ["cancellation", "event_of", "raised_by_library", "requested", "where_ended"]
+__all__ = [
+    "cancellation",
+    "delivered_by",
+    "event_of",
+    "raised_by_library",
+    "requested",
+    "scope_cancellation",
+    "where_ended",
+]
 
 # Instructions that mean "this frame raises on purpose" (a raise statement, a re-raise).
 _RAISES = frozenset(dis.opmap[name] for name in ("RAISE_VARARGS", "RERAISE") if name in dis.opmap)
@@ -127,6 +135,41 @@ def requested() -> bool:
 def cancellation(error: BaseException) -> bool:
     """Whether ``error`` is a cancellation: asyncio's on any loop, or the loop's own."""
     return isinstance(error, (asyncio.CancelledError, anyio.get_cancelled_exc_class()))
+
+
+def _message(error: BaseException) -> str:
+    args = error.args
+    return args[0] if args and isinstance(args[0], str) else ""
+
+
+def scope_cancellation(error: BaseException) -> bool:
+    """Whether the cancellation ``error`` was delivered by a cancel scope.
+
+    Not by ``task.cancel()`` (asyncio), nor raised by code. On asyncio, anyio's scopes
+    cancel a task with a message naming the scope ("Cancelled via cancel scope 7f...");
+    a trio ``Cancelled`` only ever comes from a scope. (tests/runtime/
+    test_endings_third_round.py fails the day anyio's message changes.)
+    """
+    if not isinstance(error, asyncio.CancelledError):
+        return cancellation(error)  # the loop's own class: trio's Cancelled
+    return "cancel scope" in _message(error)
+
+
+def delivered_by(error: BaseException, scope: object, reason: str | None) -> bool | None:
+    """Whether the cancellation ``error`` came from ``scope``, cancelled with ``reason``.
+
+    A task cancelled by two scopes in one turn raises the cancellation of the first one
+    only: this says which. On asyncio anyio's message names the scope; on trio the
+    exception carries the scope's ``reason`` (trio 0.31 and anyio 4.11 and later).
+
+    Returns:
+        None when it cannot be told (an older trio or anyio).
+    """
+    if isinstance(error, asyncio.CancelledError):
+        return f"cancel scope {id(scope):x}" in _message(error)
+    if reason is None or not hasattr(error, "reason"):
+        return None
+    return bool(getattr(error, "reason", None) == reason)
 
 
 def event_of(error: BaseException) -> Event:

@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._components import by_shape, check_components, check_reduced, normalize_axes
 from .._core._devices import parse_device
-from .._core._nest import flatten, map_structure, regroup, select_replica, unflatten
+from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
 from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
 from ._context import DefaultReplicaContext, _check_args
 from ._mode import current_mode
+from ._values import flatten_distributed
 
 if TYPE_CHECKING:
     from ._strategy import Strategy
@@ -206,7 +207,9 @@ class StrategyExtended:
         Args:
             reduce_op: A :class:`ReduceOp` or its name.
             value: A ``PerReplica`` (or plain) value, or a nest of them (each leaf is
-                reduced; all leaves in one batched reduction).
+                reduced; all leaves in one batched reduction). A ``PerReplica`` whose
+                components are nests is reduced leaf by leaf, as in
+                :meth:`Strategy.reduce`.
             destinations: A device string or an array (it names its device) gives one
                 result; a list of devices or a distributed value gives a ``Mirrored``
                 result with one read-only view per destination (an all-reduce). One
@@ -292,7 +295,9 @@ class StrategyExtended:
         batch: list[DistributedValues[Any]] = []
         for value, destinations in pairs:
             count = _destination_count(destinations, n)
-            leaves, treedef = flatten(value)
+            leaves, treedef = flatten_distributed(
+                value, "extended.reduce_to", strategy._replica_offset
+            )
             plan.append((leaves, treedef, count))
             for leaf in leaves:
                 if self._batchable(leaf) and all(leaf is not b for b in batch):
@@ -355,7 +360,8 @@ class StrategyExtended:
         (``PerReplica``, ``Mirrored``) are returned unchanged, as TensorFlow returns them.
 
         Args:
-            value: The value to copy.
+            value: The value to copy, or a nest of values (each leaf is copied, and the
+                nest comes back with the same structure).
             destinations: A device string, a list of devices or a distributed value.
                 Unlike ``reduce_to``, an array is refused, as in TensorFlow.
 
@@ -374,6 +380,13 @@ class StrategyExtended:
                 "device, e.g. 'CPU:0'"
             )
         count = _destination_count(destinations, strategy._num_local)
+        if is_nest(value):  # leaf by leaf, as reduce_to takes a nest
+            leaves, treedef = flatten(value)
+            return unflatten(treedef, [await self._broadcast(v, count) for v in leaves])
+        return await self._broadcast(value, count)
+
+    async def _broadcast(self, value: object, count: int | None) -> object:
+        strategy = self._strategy
         if _is_number(value) or isinstance(value, DistributedValues):
             return value
         strategy.backend.describe(value)

@@ -31,7 +31,7 @@ import asyncio
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .._core._report import see_also
+from .._core._report import mark_alike, see_also
 from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
 
 if TYPE_CHECKING:
@@ -108,12 +108,14 @@ def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
         run._fail(owner, error)
         return error
     if task is None:
-        error = ReplicaContextError(
-            f"Replica {replica + offset} issued {described} outside any task (in a callback "
-            "the event loop ran, such as loop.call_soon's). Issue collectives from the "
-            "replica's coroutine or a task it starts with asyncio.create_task or a task "
-            "group." + "\n" + see_also("ReplicaContextError")
+        rest = (
+            f" issued {described} outside any task (in a callback the event loop ran, such "
+            "as loop.call_soon's). Issue collectives from the replica's coroutine or a task "
+            "it starts with asyncio.create_task or a task group.\n"
+            + see_also("ReplicaContextError")
         )
+        error = ReplicaContextError(f"Replica {replica + offset}{rest}")
+        mark_alike(error, rest)  # every replica running this code refuses it alike
         run._fail(replica, error)
         return error
     # A task the run did not see created, running in the replica's context.
@@ -278,6 +280,7 @@ def reused(
         report=run.ledger.report(),
     )
     run._fail(replica, error)
+    _reported(rv.task())  # the run raises it: a task that raises it again is not unread
     return error
 
 
@@ -340,17 +343,19 @@ def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:
         return None
     run: Any = rv.run
     offset = run.strategy._replica_offset
-    error = CollectiveError(
-        f"Replica {call.replica + offset} awaited {_where(call)} before "
+    rest = (
+        f" awaited {_where(call)} before "
         f"{_where(older)}, which it issued earlier and has not awaited.\n\n"
         "A collective's call site is taken when it is created and its position when it is "
         "awaited, so unnamed collectives must be awaited in the order they are created "
         "(otherwise two replicas awaiting them in different orders would pair different "
         "values at the same position). Await each collective where you create it, or give "
-        "collectives that may be awaited in any order a name=.\n" + see_also("CollectiveError"),
-        report=run.ledger.report(),
+        "collectives that may be awaited in any order a name=.\n" + see_also("CollectiveError")
     )
+    error = CollectiveError(f"Replica {call.replica + offset}{rest}", report=run.ledger.report())
+    mark_alike(error, rest)  # every replica running this code refuses it alike
     run._fail(call.replica, error)
+    _reported(rv.task())  # a task awaiting it (asyncio.wait's) raises it again, unread
     return error
 
 
@@ -369,4 +374,5 @@ def name_in_flight(rv: Rendezvous, replica: int, name: str, described: str) -> B
         report=run.ledger.report(),
     )
     run._fail(replica, error)
+    _reported(rv.task())  # the run raises it: a task that raises it again is not unread
     return error

@@ -19,43 +19,38 @@ warning (and logs again if the collective completes after all); one that has wai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
 import random
 import threading
 import types
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
 
-from .._core._dtypes import same_refusal
 from .._core._ledger import Key, Ledger, key_index
-from .._core._lifecycle import Event, Lifecycle, Outcome, State
+from .._core._lifecycle import Event, Lifecycle
 from .._core._report import (
-    ended_message,
     key_text,
-    merge_fn_stall_message,
     merge_fn_timeout_message,
-    resumed_message,
     see_also,
 )
-from .._core._signature import CollectiveKind, ReduceOp, Signature
+from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import (
-    CollectiveDeadlockError,
     CollectiveError,
     CollectiveTimeoutError,
-    InternalError,
     ReplicaCancelledError,
+    ReplicaContextError,
 )
-from . import _ending, _inspect, _tasks
+from . import _inspect, _tasks
 from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
+from ._deadlock import Watching
 from ._mode import MODE, Mode
-from ._waiter import Waiter
+from ._park import _cancelled, _describe, _leaves
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -106,46 +101,6 @@ def accepts_bytes_per_pack(backend: Backend) -> bool:
     return found
 
 
-def _cancelled(error: BaseException) -> bool:
-    """Whether ``error`` unwinds a task rather than reports a failure (a cancellation)."""
-    return isinstance(error, anyio.get_cancelled_exc_class())
-
-
-def _not_a_cancellation(error: BaseException) -> bool:
-    """``split`` condition: a replica's failures, without any cancellation of any loop."""
-    return not isinstance(error, BaseExceptionGroup) and not _ending.cancellation(error)
-
-
-def _leaves(error: BaseException) -> Iterator[BaseException]:
-    """The exceptions in ``error``, a (nested) group or a single exception."""
-    if isinstance(error, BaseExceptionGroup):
-        for inner in error.exceptions:
-            yield from _leaves(inner)
-    else:
-        yield error
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: first line of its message`` for ``error``; never raises.
-
-    A user's exception may have a ``__str__`` that raises: the run's own messages must
-    still be built, and the user's exception still re-raised.
-    """
-    name = type(error).__name__
-    try:
-        text = str(error)
-    except Exception:
-        return f"{name} (its message could not be read: its __str__ raised)"
-    first = text.splitlines()[0] if text else ""
-    return f"{name}: {first}" if first else name
-
-
-def _add_note(error: BaseException, note: str) -> None:
-    """Add ``note`` to ``error`` if it accepts one (a user's exception may refuse)."""
-    with contextlib.suppress(Exception):
-        error.add_note(note)
-
-
 def _given(coroutine: Coroutine[Any, Any, None]) -> Coroutine[Any, Any, None]:
     """``start_soon``'s function for a coroutine created beforehand."""
     return coroutine
@@ -181,6 +136,12 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
     """Task factory hook: record tasks created inside a replica (asyncio)."""
     run = _spawned_in_replica(task)
     if run is not None:
+        mode = MODE.get()
+        replica = run.watch.replica_of(task)
+        if replica < 0 and mode is not None and mode.replica is not None:
+            replica = mode.replica._replica_id
+        # First: the note goes on before anything else looks at the task's end.
+        task.add_done_callback(functools.partial(run.note_interrupt, replica))
         task.add_done_callback(_inspect.forget_spawn)
         # A replica's helper task that ends may leave its replica blocked for good.
         task.add_done_callback(run.task_done)
@@ -188,16 +149,61 @@ def _on_task_created(task: asyncio.Task[Any]) -> None:
 
 def _on_trio_task_spawned(task: object) -> None:
     """Trio instrument hook: record a task started inside a replica (any nursery)."""
+    if _trio_system_task(task):
+        _refuse_system_task(task)
+        return
     _spawned_in_replica(task)
 
 
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Mark a task's exception as retrieved (the run already reported the failure)."""
-    if not task.cancelled():
-        task.exception()
+def _trio_system_task(task: object) -> bool:
+    """Whether trio ``task`` is a system task (``trio.lowlevel.spawn_system_task``).
+
+    System tasks run in the nursery of trio's root task; the only other task there, the
+    main one, starts before any run can watch.
+    """
+    import trio
+
+    nursery = getattr(task, "parent_nursery", None)
+    return nursery is not None and nursery.parent_task is trio.lowlevel.current_root_task()
 
 
-class Run:
+def _refuse_system_task(task: Any) -> None:
+    """A trio system task was started in a copy of a replica's context: refuse it.
+
+    A system task is no replica's task: it outlives the run, and any exception leaving it
+    (a collective's refusal or the run's end, raised there) crashes trio with
+    ``TrioInternalError``. The run fails with a ``ReplicaContextError`` instead, and the
+    task runs outside any replica (its copy of the context is reset, so a collective
+    there is the default context's identity, never one of the run's).
+    """
+    context = getattr(task, "context", None)
+    if context is None:
+        return
+    mode = context.get(MODE, None)
+    if mode is None or mode.replica is None:
+        return  # the default: a copy of the context trio.run was called in
+    run = mode.replica._run
+    context.run(MODE.set, None)
+    if run is None or run.closed:
+        return
+    replica = mode.replica._replica_id
+    where = _tasks.where_called()
+    run._fail(
+        replica,
+        ReplicaContextError(
+            f"Replica {replica + run.strategy._replica_offset} started a trio system task "
+            f"(trio.lowlevel.spawn_system_task) in a copy of its context"
+            + (f", at {where}" if where else "")
+            + ". A system task is not the replica's: it outlives the run, and an exception "
+            "leaving it (a collective refused there) crashes trio with TrioInternalError. "
+            "Start the task in a nursery the step function opens (async with "
+            "trio.open_nursery()), or spawn the system task without the replica's context "
+            "(leave out context=).\n" + see_also("ReplicaContextError")
+        ),
+    )
+
+
+class Run(Watching):
     """The state of one ``Strategy.run`` call.
 
     Args:
@@ -268,49 +274,21 @@ class Run:
         self._left: list[tuple[int, Key]] = []  # their replicas and collectives
         self._results: list[object] = [None] * self.num_replicas
         self._cancel_scope: anyio.CancelScope | None = None
+        # The reason the run cancels its scope with (see _cancel_run, _by_run), and
+        # whether the loop's anyio took it.
+        self._reason = f"asyncreplica: run {id(self):x} ended its replicas"
+        self._reason_given = False
+        # Replicas whose task had a cancellation pending when the run first cancelled its
+        # scope (asked by no scope of the run's), and replicas whose leaving a collective
+        # is already told by an error of its own (see _abandoned, _dispatch_ended).
+        self._pending_outside: set[int] = set()
+        self._left_replicas: set[int] = set()
         # Errors that already carry a note saying where they came from.
         self._noted: set[int] = set()
         # Errors raised because the run had already failed (ids): never root causes.
         self._consequences: set[int] = set()
         # Each replica's coroutine (see execute).
         self._mains: list[Coroutine[Any, Any, None]] = []
-
-    @property
-    def failed(self) -> bool:
-        """Whether a root cause has been recorded."""
-        return bool(self._errors)
-
-    def note(self, error: BaseException, note: str) -> None:
-        """Attach ``note`` to ``error`` instead of the usual "raised in replica k" note."""
-        _add_note(error, note)
-        self._noted.add(id(error))
-
-    def _recorded(self, error: BaseException) -> bool:
-        """Whether ``error`` is a recorded root cause, or only wraps recorded ones.
-
-        A replica's own task group wraps the collective error it re-raises in an
-        ``ExceptionGroup``; that group is not a second failure.
-        """
-        if any(e is error for _, e in self._errors) or id(error) in self._consequences:
-            return True
-        origin = getattr(error, "_ar_twin_of", None)
-        if origin is not None and any(e is origin for _, e in self._errors):
-            return True  # a waiter's copy of a dispatch error (_collective.fail_waiters)
-        if isinstance(error, BaseExceptionGroup):
-            return all(
-                self._recorded(e) or isinstance(e, anyio.get_cancelled_exc_class())
-                for e in error.exceptions
-            )
-        return False
-
-    def _fail(self, replica: int, error: BaseException) -> None:
-        # replica is -1 when no replica raised it (found by a callback).
-        if not self._recorded(error):
-            self._errors.append((replica, error))
-            if self.tracer is not None:
-                self.tracer.failed(error, getattr(error, "report", None))
-        if self._cancel_scope is not None:
-            self._cancel_scope.cancel()
 
     # -- collectives ----------------------------------------------------------------
 
@@ -338,56 +316,6 @@ class Run:
             ``call.treedef``'s structure.
         """
         return self._collective(call)
-
-    def _abandoned(self, replica: int, key: Key, slot: Slot, outside: bool = False) -> None:
-        """A waiter was cancelled: its replica left the collective at ``key``.
-
-        Unless the whole run is being cancelled (then the run ends with that
-        cancellation, see :meth:`execute`), this is the root cause: the others would
-        wait for ever. The run fails at once; the tracer hears of it when the run ends.
-
-        ``outside``: the cancellation is known to have been asked for before the run's
-        own (asyncio's waiter tells): when another replica's abandonment failed the run
-        meanwhile, this replica is still shown cancelled at ``key`` in that error.
-        """
-        self._rv.gen += 1
-        scope = self._cancel_scope
-        if scope is not None and scope.cancel_called:
-            if outside and not slot.done:
-                self.ledger.abandon(replica, key)  # the first abandonment is the error
-            # The run's own scope cancelled it: a consequence. (With no root cause recorded
-            # the scope was cancelled for a task that ended cancelled before it ran, which
-            # the run's end tells as that replica's: see _account_for_every_replica.)
-            return
-        if not self._errors and slot.error is None:
-            # After the collective completed (its peers have their results, computed
-            # with this replica's value) the cancellation fails the run all the same:
-            # it never took its result, and would go on with a value its peers lack.
-            error = (
-                self.ledger.cancelled_after(replica, key)
-                if slot.done
-                else self.ledger.abandon(replica, key)
-            )
-            if error is not None:
-                self._errors.append((replica, error))
-                self._abandonments.append(error)
-                if not slot.done:
-                    self._left.append((replica, key))
-                else:
-                    self._left.append((-1, key))  # told as it is
-                if self._cancel_scope is not None:
-                    self._cancel_scope.cancel()
-
-    def _replica_awaiting(self, waiter: object) -> int | None:
-        """The replica whose task awaits ``waiter`` (a completed fast-path waiter), if any.
-
-        Only asked when such a task is cancelled (rare): it looks at the run's tasks.
-        """
-        for replica in range(self.num_replicas):
-            for task in self.watch.tasks(replica):
-                if getattr(task, "_fut_waiter", None) is waiter:
-                    return replica
-        return None
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
@@ -430,8 +358,10 @@ class Run:
                     await future
                 else:
                     await self._park(slot)
-            except anyio.get_cancelled_exc_class():
-                self._abandoned(replica, key, slot)
+            except anyio.get_cancelled_exc_class() as exc:
+                # Not the run's own cancellation: another replica cancelled in the same
+                # turn may have failed the run meanwhile; this one left all the same.
+                self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
             finally:
                 del parked[id(task)]
@@ -475,6 +405,9 @@ class Run:
                 except Exception as exc:
                     fail_waiters(slot, exc)
                     raise
+                except BaseException as exc:  # cancelled inside the backend call
+                    self._dispatch_ended(replica, slot, exc)
+                    raise
         else:
             # Scale-out: the processes agree on this position first (MPI).
             payloads = slot.payloads
@@ -499,6 +432,9 @@ class Run:
                     # error is its consequence, not a second root cause.
                     self._consequences.add(id(exc))
                 raise
+            except BaseException as exc:  # cancelled inside the process group's call
+                self._dispatch_ended(replica, slot, exc)
+                raise
         if tracer is not None:
             tracer.dispatch_end(key)
             tracer.resume(replica, key)
@@ -507,11 +443,6 @@ class Run:
         if slot.warned:
             self._log_resumed(slot)
         return _result(call, slot.results[replica])
-
-    def _log_resumed(self, slot: Slot) -> None:
-        """A collective that was reported stalled completed after all."""
-        waited = self._rv.clock() - slot.since
-        logger.warning(resumed_message(key_text(slot.key), waited))
 
     async def _merge(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
         """Run a merge_call's ``merge_fn``, watched by the stall warning and the timeout.
@@ -601,193 +532,9 @@ class Run:
         self._fail(replica, error)
         raise error
 
-    async def _watch_stalls(self, stall: float) -> None:
-        """Log a warning for each collective that has waited ``stall`` seconds.
-
-        One task per run; it sleeps until the oldest unwarned collective would stall,
-        so it costs nothing per collective.
-        """
-        try:
-            await self._watch_stalls_loop(stall)
-        except anyio.get_cancelled_exc_class():
-            if _ending.requested():
-                raise
-            # Cancelled by no scope of the run (a shutdown routine that cancels every
-            # task): stop watching. Re-raised, it would cancel the whole run as if it had
-            # ended; the replicas cancelled with it fail the run themselves.
-
-    async def _watch_stalls_loop(self, stall: float) -> None:
-        while True:
-            now = self._rv.clock()
-            due = [s.since + stall for s in self._slots.values() if not s.warned]
-            due += [s.since + stall for s, _ in self._dispatching.values() if not s.warned]
-            await anyio.sleep(max(min(due, default=now + stall) - now, 0.0))
-            now = self._rv.clock()
-            if self._deadlocked():
-                return
-            for key, slot in list(self._slots.items()):
-                if not slot.warned and now - slot.since >= stall and not slot.done:
-                    slot.warned = True
-                    message = self.ledger.stall_message(
-                        key, now - slot.since, self._whereabouts(key)
-                    )
-                    logger.warning(message)
-            if self.group is not None:
-                continue  # across processes, the process group bounds and reports its waits
-            for key, (slot, call) in list(self._dispatching.items()):
-                if not slot.warned and now - slot.since >= stall and not slot.done:
-                    # Every replica arrived; their merge_fn is what does not return.
-                    slot.warned = True
-                    message = merge_fn_stall_message(
-                        key_text(key),
-                        now - slot.since,
-                        call._signature.merge_fn_name or "merge_fn",
-                        call.replica,
-                        _tasks.where_awaits(slot.task),
-                        self.num_replicas,
-                    )
-                    logger.warning(message)
-
-    def _deadlocked(self, replica: int = -1, current: object = None) -> bool:
-        """Check for a cycle now; whether the run failed with one.
-
-        Checks run on events (arrivals, task ends); a replica that began to join its
-        parked helpers after they parked made none. The stall watcher and an expired
-        timeout ask again, so such a cycle is reported as a cycle, not as a stall.
-        """
-        if self.failed or self.closed or not self.ledger.all_waiting():
-            return False
-        self._scan_gen = -1  # a full look: no event marked what changed
-        with contextlib.suppress(CollectiveDeadlockError):
-            self._check_deadlock(replica, current=current)
-        return self.failed
-
-    def _whereabouts(self, key: Key) -> dict[int, str]:
-        found = {}
-        for rid in self.ledger.missing(key):
-            main = self.watch.main.get(rid)
-            if main is not None:
-                found[rid] = _tasks.whereabouts(main)
-        return found
-
-    def _check_deadlock(self, replica: int, *, current: object = None) -> None:
-        """Fail the run if no replica can ever complete a collective again.
-
-        Incremental: a task seen blocked (finished, parked at a pending collective,
-        or joining tasks of the run) stays blocked until an event the run sees moves
-        ``_gen`` on (a collective completes, a task ends, a wait is abandoned). So a
-        check resumes where the previous one of the same generation stopped: at the
-        first replica that had a task able to act. Over a generation each replica is
-        passed at most once, so an arrival's cost does not grow with the replicas.
-        When every replica has been passed, one fresh look at all of them confirms
-        the deadlock before it is reported (a stale look never reports one).
-
-        Args:
-            replica: The replica whose event triggered the check (-1: a callback).
-            current: The running task, about to park (it counts as parked).
-        """
-        if not self.ledger.all_waiting():
-            return
-        if self._scan_gen != self._rv.gen:
-            self._scan_gen = self._rv.gen
-            self._scan_rid = 0
-        rid = self._scan_rid
-        n = self.num_replicas
-        while rid < n:
-            if not self._replica_blocked(rid, current):
-                self._scan_rid = rid
-                return
-            rid += 1
-        for rid in range(n):  # confirm with a fresh look
-            if not self._replica_blocked(rid, current):
-                self._scan_rid = rid
-                return
-        unseen = self._adopt_unseen()
-        if unseen == "adopted":
-            # Tasks of a replica that the run had not seen (asyncio.Task(coro) called
-            # directly, a callback's task): look again with them.
-            self._scan_gen = -1
-            self._check_deadlock(replica, current=current)
-            return
-        if unseen == "deferred":
-            return
-        self._scan_rid = n
-        error = self.ledger.deadlock_error()
-        self._fail(replica, error)
-        raise error
-
-    def _adopt_unseen(self) -> str:
-        """Watch the unfinished tasks of the loop that run in a replica's context unseen.
-
-        A task created without the task factory (``asyncio.Task(coro)``) or before it was
-        chained again is found here, before a deadlock is reported: its context says
-        which replica it belongs to (read from the future it awaits on Python 3.11). A
-        task whose context cannot be read yet (it has not started) may be one: the check
-        is made again on the next loop turn, once per generation.
-
-        Returns:
-            ``"adopted"`` (look again), ``"deferred"`` (a check is scheduled) or ``""``.
-        """
-        loop = self._loop
-        if loop is None:
-            return ""
-        found = False
-        unread = False
-        for task in asyncio.all_tasks(loop):
-            if task.done() or self.watch.knows(task):
-                continue
-            context = _tasks.context_replica(task)
-            if context is None:
-                unread = unread or getattr(task, "_fut_waiter", None) is None
-                continue
-            if context._run is self:
-                self.watch.adopt(context._replica_id, task, owned=False)
-                task.add_done_callback(self.task_done)
-                found = True
-        if found:
-            return "adopted"
-        if unread and self._deferred != self._rv.gen:
-            self._deferred = self._rv.gen
-            loop.call_soon(self._recheck)
-            return "deferred"
-        return ""
-
-    def _recheck(self) -> None:
-        """A deadlock check deferred to the next loop turn (see :meth:`_adopt_unseen`)."""
-        if self.closed or self.failed or not self.ledger.all_waiting():
-            return
-        self._scan_gen = -1
-        with contextlib.suppress(CollectiveError):
-            self._check_deadlock(-1)
-
-    def _replica_blocked(self, replica: int, current: object) -> bool:
-        """Whether no task of ``replica`` can issue a collective without another's help."""
-        watch = self.watch
-        for task in watch.tasks(replica):
-            self.inspections += 1
-            if not _tasks.blocked(task, functools.partial(self._is_parked, current), watch.knows):
-                return False
-        return True
-
-    def _is_parked(self, current: object, task: object) -> bool:
-        """Whether ``task`` waits at one of this run's pending collectives."""
-        if task is current:
-            return True
-        slot = self._parked.get(id(task))
-        if slot is not None:
-            return not slot.done
-        waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
-        return type(waiter) is Waiter and waiter._ar_slot.run is self and not waiter.done()
-
-    def task_done(self, task: object) -> None:
-        """A task of some replica ended: replicas may now be deadlocked."""
-        self.watch.forget(task)
-        self._rv.gen += 1  # whoever joined it may run again
-        if self.closed or self.failed or not self.ledger.all_waiting():
-            return
-        # A deadlock is recorded as the run's root cause and the run is cancelled.
-        with contextlib.suppress(CollectiveError):
-            self._check_deadlock(-1)
+        # Cancelled by no scope of the run (a shutdown routine that cancels every
+        # task): stop watching. Re-raised, it would cancel the whole run as if it had
+        # ended; the replicas cancelled with it fail the run themselves.
 
     # -- replicas ---------------------------------------------------------------------
 
@@ -874,121 +621,6 @@ class Run:
                     replica,
                 ),
             )
-
-    def _ended_with(self, replica: int, error: BaseException, called: bool = True) -> bool:
-        """``replica``'s task is ending with ``error``: drive its lifecycle, record the cause.
-
-        Called in that task (see :func:`._ending.event_of`). Every way a replica can end
-        without returning goes through the lifecycle table here; each final state either
-        is the run's root cause (recorded, the run fails with it) or the consequence of
-        a run that already failed or was cancelled.
-
-        Args:
-            replica: The replica.
-            error: What ended its task.
-            called: Whether its step function had been called.
-
-        Returns:
-            Whether the task must re-raise ``error`` (a cancellation the run asked for).
-        """
-        if isinstance(error, BaseExceptionGroup) and not isinstance(error, Exception):
-            # A replica's own task group mixes a failure with its children's
-            # cancellations (trio): the failure is what counts. The same on every loop:
-            # asyncio's CancelledError is a cancellation on trio too (see _ending).
-            failures, _ = error.split(_not_a_cancellation)
-            if failures is None:
-                event = Event.CANCEL if _ending.requested() else Event.CANCEL_OUTSIDE
-            else:
-                error = failures
-                event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
-        else:
-            event = _ending.event_of(error)
-        state = self.life.handle(replica, event)
-        if state is State.CANCELLED:
-            self.ledger.cancel(replica)
-            return True
-        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
-            self.ledger.cancel(replica)
-        else:
-            self.ledger.fail(replica)
-        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
-            cause: BaseException = self._replica_cancelled(
-                replica, "closed" if state is State.CLOSED else "cancelled", error, called
-            )
-        elif state is State.BROKEN:
-            cause = self._internal_error(
-                f"An exception escaped asyncreplica's own code in the task of replica "
-                f"{replica + self.strategy._replica_offset}: {_describe(error)}",
-                error,
-                replica,
-            )
-        else:
-            # RAISED, INTERRUPTED: the user's own exception (KeyboardInterrupt and
-            # SystemExit included) is the root cause, re-raised as it is by the run.
-            cause = error
-        self._fail(replica, cause)
-        return False
-
-    def _replica_cancelled(
-        self, replica: int, how: str, error: BaseException | None, called: bool = False
-    ) -> ReplicaCancelledError:
-        """The run's error for a replica cancelled from outside it (or closed).
-
-        ``called``: whether its step function was called (it may have returned an
-        awaitable, whose cancellation ended the replica with no line of it running).
-        """
-        cancelled = ReplicaCancelledError(
-            replica + self.strategy._replica_offset,
-            how,
-            None if error is None else _ending.where_ended(error),
-            num_replicas=self.strategy.num_replicas_in_sync,
-            strategy=type(self.strategy).__name__,
-            report=self.ledger.report(),
-            called=called,
-        )
-        cancelled.__cause__ = error
-        return cancelled
-
-    def _internal_error(
-        self, message: str, error: BaseException | None, replica: int | None
-    ) -> InternalError:
-        """An :class:`InternalError` with ``error`` chained; never noted as a replica's."""
-        internal = InternalError(
-            message,
-            replica_id=None if replica is None else replica + self.strategy._replica_offset,
-        )
-        internal.__cause__ = error
-        self._noted.add(id(internal))
-        return internal
-
-    def _account_for_every_replica(self) -> None:
-        """The run's task group ended without an error: every replica must have returned.
-
-        A replica whose task was cancelled before its first step never ran our code; it
-        is told to the lifecycle here. Any other replica not ``RETURNED`` while no root
-        cause is recorded is a broken invariant (it would become a ``None`` result).
-        """
-        life = self.life
-        for replica in range(self.num_replicas):
-            if life.states[replica] is State.NOT_STARTED:
-                event = Event.SKIP if self.failed else Event.CANCEL_OUTSIDE
-                if life.handle(replica, event) is State.CANCELLED_OUTSIDE:
-                    self.ledger.cancel(replica)
-                    self._fail(replica, self._replica_cancelled(replica, "cancelled", None))
-        if self.failed:
-            return
-        for replica in range(self.num_replicas):
-            if life.outcome(replica) is not Outcome.RESULT:
-                self._fail(
-                    replica,
-                    self._internal_error(
-                        f"Replica {replica + self.strategy._replica_offset} ended in state "
-                        f"{life.states[replica].name} while the run recorded no failure; "
-                        "it would have returned no result",
-                        None,
-                        replica,
-                    ),
-                )
 
     async def execute(
         self,
@@ -1117,120 +749,6 @@ class Run:
                     _tasks.uninstall_factory(loop)
                 else:
                     _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
-
-    def _retell_abandonments(self) -> None:
-        """Rebuild the errors of replicas cancelled while waiting, now that the run is over.
-
-        Replicas cancelled in the same loop turn hear of it one after the other: when the
-        first one's error was built, the others were still waiting. Now their rows and
-        the message say they were cancelled too.
-        """
-        for i, (replica, key) in enumerate(self._left):
-            if replica < 0:
-                continue
-            old = self._abandonments[i]
-            new = self.ledger.abandoned_error(replica, key, old.report)
-            new.__cause__ = old.__cause__
-            self._abandonments[i] = new
-            self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
-
-    def _close_leftovers(self) -> list[asyncio.Task[Any]]:
-        """The run is over: no collective still pending can complete; tasks are told.
-
-        A collective awaited by a task that outlived its replica (one started with
-        ``asyncio.ensure_future`` or ``create_task`` and not awaited) is woken with a
-        ``CollectiveError`` saying the run ended, so whoever awaits that task later
-        gets an error, never a hang. When the run failed or was cancelled, the other
-        unfinished tasks its replicas created are cancelled, as the replicas were.
-
-        Returns:
-            The tasks that were woken or cancelled: they finish within a loop turn or two.
-        """
-        ended = self._ended or "ended"
-        self._ended = ended
-        helpers = self.watch.helpers() if self._loop is not None else []
-        # Decided before the collectives are resolved: a parked helper gets the error.
-        parked: list[asyncio.Task[Any]] = []
-        idle: list[asyncio.Task[Any]] = []
-        for task in helpers:
-            if isinstance(task, asyncio.Task) and not task.done():
-                (parked if self._is_parked(None, task) else idle).append(task)
-        for key, slot in list(self._slots.items()):
-            slot.abort(functools.partial(self._ended_error, key, None))
-        self._slots.clear()
-        for task in parked:
-            # Its error is the run's consequence, already raised by Strategy.run.
-            task.add_done_callback(_retrieve)
-        if ended != "ended":
-            for task in idle:
-                task.cancel()
-            return parked + idle
-        return parked
-
-    def _helper_ended(self, key: Key | None, signature: Signature | None) -> CollectiveError:
-        """:meth:`_ended_error`, raised in a helper task that outlived its replica.
-
-        Nobody may await that task: its error is the run's consequence, already raised by
-        ``Strategy.run``, so it is marked retrieved once the task ends.
-        """
-        task = self._current_task() if self._loop is not None else None
-        if isinstance(task, asyncio.Task):
-            task.add_done_callback(_retrieve)
-        return self._ended_error(key, signature)
-
-    def _ended_error(self, key: Key | None, signature: Signature | None) -> CollectiveError:
-        """The error for a collective that can never complete: its run failed or ended.
-
-        Args:
-            key: The collective, if it was issued (else ``signature`` describes it).
-            signature: The collective's signature, when it was never issued.
-        """
-        cause = None
-        if self._errors:
-            cause = _describe(sorted(self._errors, key=lambda item: item[0])[0][1])
-        return CollectiveError(
-            ended_message(
-                key_text(key) if key is not None else None,
-                signature.describe() if signature is not None else None,
-                self._ended or "failed",
-                cause,
-                self.ledger.missing(key) if key is not None else (),
-                type(self.strategy).__name__,
-            ),
-            report=self.ledger.report(),
-        )
-
-    def _root_cause(self) -> BaseException:
-        errors = sorted(self._errors, key=lambda item: item[0])
-        name = f"{type(self.strategy).__name__}.run"
-        for replica, error in errors:
-            if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
-                continue  # they name their replicas themselves (an InternalError, none)
-            if replica < 0:
-                _add_note(
-                    error,
-                    f"(raised while {name} waited for its {self.num_replicas} replicas, "
-                    "which were cancelled)",
-                )
-            else:
-                _add_note(
-                    error,
-                    f"(raised in replica {replica + self.strategy._replica_offset} of "
-                    f"{self.strategy.num_replicas_in_sync} in {name})",
-                )
-        if len(errors) == 1:
-            return errors[0][1]
-        exceptions = [e for _, e in errors]
-        if same_refusal(exceptions):
-            return exceptions[0]  # one collective refused alike by every replica
-        if all(isinstance(e, Exception) for e in exceptions):
-            return ExceptionGroup(
-                f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run",
-                [e for e in exceptions if isinstance(e, Exception)],
-            )
-        return BaseExceptionGroup(
-            f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run", exceptions
-        )
 
 
 # A replica's call paths end at its driver (the user's frames are above it).

@@ -17,7 +17,7 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import device_type, parse_device
-from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
+from .._core._nest import is_nest, regroup, select_replica, unflatten
 from .._core._report import format_replicas
 from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import (
@@ -49,7 +49,7 @@ from ._mode import MODE, Mode, current_mode, set_default_mode
 from ._preload import preload_async_backends
 from ._run import Run
 from ._traceback import hide_library_frames
-from ._values import component, regroup_always_wrap
+from ._values import component, flatten_distributed, regroup_always_wrap
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -353,7 +353,10 @@ class Strategy:
         Args:
             reduce_op: A :class:`ReduceOp` or its name.
             value: A ``PerReplica``/``Mirrored`` value, a plain value, or a nest of them
-                (every leaf is reduced).
+                (every leaf is reduced). A distributed value whose components are nests
+                (``PerReplica([{"a": x0}, {"a": x1}])``) is the nest of distributed
+                values ``{"a": PerReplica([x0, x1])}``: reduced leaf by leaf, as
+                ``all_reduce`` reduces a nest, with the same structure back.
             axis: ``None`` reduces across replicas only, element-wise. An int, tuple or
                 list also reduces each replica's value along those axes first;
                 ``MEAN`` then divides the global sum by the global element count, so
@@ -375,7 +378,8 @@ class Strategy:
             CollectiveMismatchError: The components of a leaf differ in dtype (or are
                 sparse on some replicas only), as ``all_reduce``'s values may not.
             TypeError: ``axis`` has the wrong type, or a leaf is not numeric.
-            ValueError: Bad op or axis; replicas whose values differ in shape
+            ValueError: Bad op or axis; components of one distributed value that are
+                nests of different structures; replicas whose values differ in shape
                 (``axis=None``), in rank, or in the dimensions left after reducing
                 ``axis``; or ``SUM`` with ``axis=None`` (or ``PROD``) of a value
                 that is not distributed on several replicas (it would be counted once
@@ -384,7 +388,7 @@ class Strategy:
         self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
         op = ReduceOp(reduce_op)
         axes = axis_tuple(axis)
-        leaves, treedef = flatten(value)
+        leaves, treedef = flatten_distributed(value, "Strategy.reduce", self._replica_offset)
         out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
         return unflatten(treedef, out)
 
@@ -414,7 +418,7 @@ class Strategy:
         )
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise TypeError(f"gather: axis must be an int, got {axis!r}")
-        leaves, treedef = flatten(value)
+        leaves, treedef = flatten_distributed(value, "Strategy.gather", self._replica_offset)
         out: list[object] = []
         for leaf in leaves:
             group = self._group

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import os
+import sys
 import threading
 import types
 import weakref
@@ -145,6 +146,22 @@ def where_raised(tb: TracebackType | None) -> str:
         return "unknown"
     code = found.tb_frame.f_code
     return f"awaiting at {_short(code.co_filename)}:{found.tb_lineno} in {code.co_name}()"
+
+
+def where_called() -> str | None:
+    """The innermost line of user code on the stack, ``file:line in function()``; or None.
+
+    For a hook the loop calls synchronously from the user's call (trio's instruments).
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        own = isinstance(name, str) and name.partition(".")[0] == "asyncreplica"
+        if not own and not _internal(frame.f_code.co_filename):
+            code = frame.f_code
+            return f"{_short(code.co_filename)}:{frame.f_lineno} in {code.co_name}()"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
 
 
 def _short(filename: str) -> str:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core._ledger import key_index
 from .._version import __version__
-from ._records import _Collective, _RunState
+from ._records import _Collective, _RunState, did_not_arrive
 
 if TYPE_CHECKING:
     from collections import deque
@@ -310,13 +310,18 @@ class _Builder:
                 },
             )
         )
+        missed = did_not_arrive(failure)
         for row in failure["replicas"]:
             replica = row["replica"]
+            name = f"flight recorder: replica {replica} {row['state']}"
+            if missed is not None and row["state"] != "waiting":
+                # Its row's collective is its last one, not the failed one.
+                name += f", {missed}"
             self.instants.append(
                 (
                     ("replica", replica),
                     {
-                        "name": f"flight recorder: replica {replica} {row['state']}",
+                        "name": name,
                         "cat": "failure",
                         "ph": "i",
                         "s": "t",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
+from ._records import did_not_arrive
 from ._summary import _collectives, _num_replicas, _Slice, _slowest, load_trace
 
 __all__ = ["plot"]
@@ -45,6 +46,10 @@ class _Layout:
         replicas: The rows, one per replica of the runs shown (also a replica that
             made no collective: it has a row, with ``absent`` saying why it is empty).
         absent: For each replica row without a bar, what it was doing.
+        missing: ``(replica, time in µs, text)`` for each replica of a failed run that
+            has bars but did not arrive at the failed collective: the text (its state,
+            "did not arrive at position N") is drawn on its row, after its last bar
+            and not before the failure.
         slices: The replicas' collectives drawn.
         dispatches: The backend's reductions drawn.
         failures: The failure events drawn (vertical lines).
@@ -55,6 +60,7 @@ class _Layout:
 
     replicas: list[int]
     absent: dict[int, str]
+    missing: list[tuple[int, float, str]]
     slices: list[_Slice]
     dispatches: list[_Slice]
     failures: list[dict[str, Any]]
@@ -130,6 +136,32 @@ def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives
         for r in replicas
         if r not in drawn
     }
+    missing = []
+    for event in failures:
+        args = event.get("args") or {}
+        missed = did_not_arrive(args)
+        if missed is None:
+            continue
+        arrived = {
+            s.args.get("replica")
+            for s in slices
+            if s.args.get("run") == args.get("run")
+            and s.args.get("status", "completed") != "completed"
+            and _at(s, args)
+        }
+        rows = {row.get("replica"): row for row in _failure_rows(trace, args)}
+        for r in replicas:
+            if r in arrived or r in absent:
+                continue
+            state = rows.get(r, {}).get("state") or states.get(r)
+            # After its last bar of that run, and not before the failure's line.
+            ends = [
+                e.end
+                for e in slices
+                if e.args.get("replica") == r and e.args.get("run") == args.get("run")
+            ]
+            at = max([float(event["ts"]), *ends])
+            missing.append((r, at, f"{state}: {missed}" if state else missed))
     title = [f"asyncreplica timeline: {name}"]
     if shown is not None:
         what = "the failed run" if shown in failed_runs else "one run"
@@ -146,7 +178,31 @@ def _layout(trace: Mapping[str, Any], name: str, run: int | str, max_collectives
     slowest = None if failures else _slowest(groups)
     if slowest is not None and slowest[1] <= 0:
         slowest = None
-    return _Layout(replicas, absent, slices, dispatches, failures, title, slowest)
+    return _Layout(replicas, absent, missing, slices, dispatches, failures, title, slowest)
+
+
+def _at(s: _Slice, failure: Mapping[str, Any]) -> bool:
+    """Whether ``s`` is a replica's arrival at the collective ``failure`` names."""
+    if failure.get("name") is None:
+        return bool(s.args.get("position") == failure.get("position"))
+    return bool(
+        s.args.get("name") == failure.get("name")
+        and s.args.get("occurrence") == failure.get("position")
+    )
+
+
+def _failure_rows(trace: Mapping[str, Any], args: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The per-replica rows recorded with the failure whose event args are ``args``."""
+    other = trace.get("otherData")
+    found = other.get("failures") if isinstance(other, dict) else None
+    for failure in found if isinstance(found, list) else ():
+        if (
+            isinstance(failure, dict)
+            and failure.get("run") == args.get("run")
+            and failure.get("message") == args.get("message")
+        ):
+            return [row for row in failure.get("replicas") or () if isinstance(row, dict)]
+    return []
 
 
 def plot(
@@ -222,6 +278,8 @@ def plot(
         )
     for replica, state in layout.absent.items():
         ax.text(0, y_of[replica], f" {state}", color="#636363", fontsize=8, va="center")
+    for replica, at, text in layout.missing:
+        ax.text(ms(at), y_of[replica], f" {text}", color="#636363", fontsize=8, va="center")
     if layout.slowest is not None:
         late, spread = layout.slowest
         x = ms(late.start)

@@ -8,6 +8,7 @@ the JSON-ready record that the trace, its summary and its picture show.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -96,6 +97,20 @@ def _where(signature: Signature | None) -> str | None:
 
 def _history_entry(seq: int, signature: Signature) -> dict[str, Any]:
     return {"seq": seq, "collective": signature.describe(), "call_site": _where(signature)}
+
+
+def did_not_arrive(failure: Mapping[str, Any]) -> str | None:
+    """What the trace, its summary and its picture say of a replica that missed a failure.
+
+    ``"did not arrive at position 1"`` (or ``at 'grads' #0``) for the collective
+    ``failure`` names; None when it names none.
+    """
+    position = failure.get("position")
+    if not isinstance(position, int):
+        return None
+    name = failure.get("name")
+    where = f"position {position}" if name is None else f"{name!r} #{position}"
+    return f"did not arrive at {where}"
 
 
 def _failure(

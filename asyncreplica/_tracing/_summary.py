@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
+from ._records import did_not_arrive
 
 __all__ = ["load_trace", "summarize"]
 
@@ -156,9 +157,7 @@ def summarize(path: PathLike) -> str:
             label = _POSITION_LABELS.get(str(failure.get("type")), "at position")
             lines.append(f"  {label}: {failure['position']}{differ}")
         for row in failure.get("replicas") or ():
-            at = f" at {row['call_site']}" if row.get("call_site") else ""
-            what = f" {row['collective']}{at}" if row.get("collective") else ""
-            lines.append(f"  replica {row.get('replica')}: {row.get('state')}{what}")
+            lines.append(f"  replica {row.get('replica')}: {_row_text(row, failure)}")
     lines += _cancelled(trace, slices)
     if not slices and not _failures(trace):
         lines.append("No collectives were recorded.")
@@ -173,6 +172,24 @@ _POSITION_LABELS = {
     "ReplicaExitedError": "waited at position",
     "CollectiveDeadlockError": "deadlocked at position",
 }
+
+
+def _row_text(row: Mapping[str, Any], failure: Mapping[str, Any]) -> str:
+    """One replica's line under a failure: where it waits, or that it did not arrive.
+
+    A waiting replica's recorded collective is the one it waits at; any other replica's
+    is the last one it made, which is not the failed one: saying "finished
+    all_reduce(SUM) at line 8" would name a collective that completed.
+    """
+    state = str(row.get("state"))
+    at = f" at {row['call_site']}" if row.get("call_site") else ""
+    collective = f"{row['collective']}{at}" if row.get("collective") else None
+    if state == "waiting":
+        return f"{state} {collective}" if collective else state
+    missed = did_not_arrive(failure)
+    text = state if missed is None else f"{state}, {missed}"
+    last = f"its last collective was {collective}" if collective else "it made no collective"
+    return f"{text} ({last})"
 
 
 def _num_replicas(run_records: list[_Slice]) -> int:

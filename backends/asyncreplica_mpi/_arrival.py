@@ -316,17 +316,20 @@ def created_any() -> bool:
     return bool(_created)
 
 
-def _note_exit(error: str | None, finalized: bool) -> None:
+def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = None) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
     Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
-    exists): a peer still creating a strategy there (or creating one later) raises at
-    once.
+    exists), or on those of ``only`` (their handles): a peer still creating a strategy
+    there (or creating one later) raises at once.
     """
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
     bases = dict(_created) or {world.py2f(): (world, 0)}
+    if only is not None:
+        keep = set(only)
+        bases = {handle: entry for handle, entry in bases.items() if handle in keep}
     why = (
         f"exited after an uncaught {error}"
         if error

@@ -22,9 +22,10 @@ The hooks are installed when the first group is created and, when asyncreplica i
 imported in a process an MPI launcher started, by :func:`watch` (before any strategy
 exists), so an uncaught exception before or inside a constructor reaches the peers.
 
-Every wait here is polled (never ``Wait()``), with a stall warning. The goodbye has no
-timeout: a peer that ends later (a last checkpoint) is not an error, and aborting the
-job would kill it mid-way.
+Every wait here is polled (never ``Wait()``), with a stall warning. Without
+``timeout_seconds`` the goodbye waits for ever: a peer that ends later (a last
+checkpoint) is not an error. With it, a goodbye that waits longer than its strategy's
+``timeout_seconds`` aborts the MPI job, with a message naming what it waited for.
 """
 
 from __future__ import annotations
@@ -160,26 +161,40 @@ def goodbye_all(*, finalized: bool = False) -> None:
         return
     _said.append(True)
     error = uncaught_error()
-    if error is not None or (finalized and not created_any()):
-        # A peer still creating a strategy (or creating one later) learns that this
-        # process will create none: its arrival notes end with an exit note. Only on an
-        # uncaught exception: MPICH's MPI_Finalize fails on a message nobody received,
-        # and a peer that exits normally receives none.
-        _note_exit(error, finalized)
     groups = [g for g in _groups if not g.is_closed()]
+    # A peer still creating a strategy (or creating one later) learns that this process
+    # will create none: its arrival notes end with an exit note. MPICH's MPI_Finalize
+    # fails on a message nobody received, so a process that ends normally sends them
+    # only where a goodbye exchange with every peer follows (the communicators of its
+    # groups that no peer has left): the exchange tells the peers to receive them (see
+    # farewell, and _complete where a peer in a collective meets it). An uncaught
+    # exception (or a finalize before any strategy) tells every communicator.
+    if error is not None or (finalized and not created_any()):
+        _note_exit(error, finalized)
+        noted = {g._base.py2f() for g in groups}
+    else:
+        noted = {
+            g._base.py2f()
+            for g in groups
+            if g.size > 1 and not g._departed and g._broken is None and not g._failed_here
+        }
+        if noted:
+            _note_exit(None, finalized, only=noted)
     for group in groups:
         acknowledge(group)
-    steps = [(g, farewell(g, error, finalized)) for g in groups]
+    steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
     _drive_all(steps)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
-    drained: set[int] = set()
+    # Per communicator, from every peer that any of its groups saw send them.
+    noting: dict[int, tuple[Any, set[int]]] = {}
     for group in groups:
-        handle = group._base.py2f()
-        if group._noted_peers and handle not in drained:
-            drained.add(handle)
-            with contextlib.suppress(Exception):
-                drain_exit_notes(group._base, sorted(group._noted_peers))
+        if group._noted_peers:
+            _, ranks = noting.setdefault(group._base.py2f(), (group._base, set()))
+            ranks |= group._noted_peers
+    for base, ranks in noting.values():
+        with contextlib.suppress(Exception):
+            drain_exit_notes(base, sorted(ranks))
     for group in groups:
         free(group, finalized=finalized)
 
@@ -187,9 +202,10 @@ def goodbye_all(*, finalized: bool = False) -> None:
 def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
     """Drive every group's goodbye steps together, polling their requests.
 
-    The wait has the stall warning, but no timeout: a peer that ends later (a last
-    checkpoint, a slower step) is not an error, and ending the job then would kill it
-    mid-way. A failure's acknowledgements are bounded by _ACK_SECONDS.
+    The wait has the stall warning, and each group's goodbye exchange its strategy's
+    ``timeout_seconds`` (none: a peer that ends later, a last checkpoint, is not an
+    error), past which the MPI job is aborted (see :func:`_exit_timed_out`). A
+    failure's acknowledgements are bounded by _ACK_SECONDS.
     """
     active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
     for group, gen in steps:
@@ -218,6 +234,13 @@ def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) 
         for group, _, _ in active:  # a peer's failure, acknowledged at once
             acknowledge(group)
         waited = time.monotonic() - start
+        late = [
+            g
+            for g, _, r in active
+            if g.timeout is not None and waited >= g.timeout and not isinstance(r, _Until)
+        ]
+        if late:
+            _exit_timed_out(late, [g for g, _, _ in active], waited)
         if not warned and waited >= stall:
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
@@ -239,6 +262,24 @@ def _exit_stall_message(groups: list[MPIProcessGroup], waited: float) -> str:
         "finish: a process that is busy, blocked, or waits for something this process "
         "would have sent delays this one. This is a warning, not an error."
     )
+
+
+def _exit_timed_out(
+    late: list[MPIProcessGroup], waiting: list[MPIProcessGroup], waited: float
+) -> None:
+    """The goodbye of ``late`` passed its strategy's ``timeout_seconds``: abort the job."""
+    group = late[0]
+    which = ", ".join(g.label() for g in waiting)
+    _say(
+        f"asyncreplica: process {group.rank} is exiting and has waited {waited:.1f} s, "
+        f"past the timeout_seconds ({group.timeout:g} s) of {group.label()}, for the other "
+        f"processes to reach the end of {which} (their exit, a collective on it, or "
+        "MPI.Finalize()); aborting the MPI job.\n\nEvery process must exit (or finalize "
+        "MPI) for the others to finish: one is busy, blocked, or waits for something this "
+        "process would have sent (its own output says where it is). To let a process end "
+        "later than the others (a last checkpoint), raise timeout_seconds or leave it unset."
+    )
+    group._MPI.COMM_WORLD.Abort(1)
 
 
 # -- one group's end ---------------------------------------------------------------------
@@ -295,12 +336,13 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
 
 
 def farewell(
-    group: MPIProcessGroup, error: str | None, finalized: bool
+    group: MPIProcessGroup, error: str | None, finalized: bool, noted: bool = False
 ) -> Generator[Any, None, None]:
     """This group's goodbye (at exit or MPI.Finalize): the steps of one last exchange.
 
     A generator of requests, driven by :func:`._exit.goodbye_all` together with every
-    other group's, so that no goodbye waits for one that a peer makes later.
+    other group's, so that no goodbye waits for one that a peer makes later. ``noted``:
+    this process sent exit notes on the group's communicator (the exchange says so).
     """
     state = group._state
     group._to(Event.FINALIZE if finalized else Event.EXIT)
@@ -319,13 +361,12 @@ def farewell(
         return
     if group.size == 1:
         return
-    detail: dict[str, Any] = {"error": error}
+    detail: dict[str, Any] = {"error": error, "noted": noted}
     if finalized and error is None:
         detail["finalized"] = True
     # The fingerprint says whether this process sent exit notes (see _note_exit): the
     # peers then receive them, so that none is left unreceived at MPI_Finalize.
-    noted = 1 if error is not None else 0
-    request = group._post(Status.EXITED, noted)
+    request = group._post(Status.EXITED, int(noted))
     yield request
     group._in_flight = False
     if group._unanimous():
@@ -341,7 +382,7 @@ def farewell(
     group._noted_peers = {
         int(d["rank"])
         for d in details
-        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("error")
+        if d["rank"] != group.rank and Status(d["status"]) is Status.EXITED and d.get("noted")
     }
     waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
     if waiting:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import signal
 from collections.abc import Generator, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -62,6 +63,35 @@ def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
     if position is None:
         return f"a cross-replica {describe}"
     return f"the {key_text(position)}: {describe}{where}"
+
+
+def describe_failure(error: BaseException) -> str:
+    """:func:`describe_exception` for the peers, naming an interruption (Ctrl-C) as such.
+
+    Under asyncio's runner (``asyncio.run``, ``anyio.run``) SIGINT cancels the main task:
+    the run ends with a ``CancelledError`` that says nothing of the interruption, and
+    the peers would read that this process "failed: CancelledError".
+    """
+    if isinstance(error, KeyboardInterrupt) or (_cancellation(error) and _interrupted()):
+        return "KeyboardInterrupt: the process was interrupted (SIGINT, Ctrl-C)"
+    return describe_exception(error)
+
+
+def _cancellation(error: BaseException) -> bool:
+    """Whether ``error`` is a cancellation (or a group of nothing else)."""
+    if isinstance(error, BaseExceptionGroup):
+        return error.split(asyncio.CancelledError)[1] is None
+    return isinstance(error, asyncio.CancelledError)
+
+
+def _interrupted() -> bool:
+    """Whether asyncio's runner got SIGINT (it counts them; it installs its own handler).
+
+    Read, never changed: asyncreplica installs no signal handler.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    runner = getattr(getattr(handler, "func", None), "__self__", None)
+    return bool(getattr(runner, "_interrupt_count", 0))
 
 
 def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
@@ -368,7 +398,7 @@ class Failures:
         position = None if self._pending is None else self._pending[0]
         return {
             "kind": "failed",
-            "error": describe_exception(error),
+            "error": describe_failure(error),
             "what": _exchange_text(self._pending),
             "position": position
             if isinstance(position, int)

@@ -38,7 +38,7 @@ from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
 
 from . import _exit
 from ._arrival import _arrive, _created, agree_options
-from ._failures import _consequence
+from ._failures import _consequence, describe_failure
 from ._lifecycle import Event, Refusal, State
 from ._protocol import (
     HEADER,
@@ -415,6 +415,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         gone = [d["rank"] for d in details if Status(d["status"]) is Status.EXITED]
         if gone:
             self._departed = gone
+            # Their exit notes (see _exit.goodbye_all), received before MPI_Finalize.
+            self._noted_peers.update(
+                int(d["rank"])
+                for d in details
+                if Status(d["status"]) is Status.EXITED and d.get("noted")
+            )
             self._to(Event.PEER_EXITED)
         return details
 
@@ -729,7 +735,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 status = Status.FINISHED if error is None else Status.FAILED
                 detail: dict[str, Any] = {"error": None}
                 if error is not None:
-                    detail["error"] = describe_exception(error)
+                    detail["error"] = describe_failure(error)
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )

@@ -9,8 +9,10 @@ files in. This module runs each script in a fresh interpreter, checks that each 
 equals its file, that every script is shown, and that no page holds a snippet include
 (``--8<--``), which a Markdown viewer prints as it is.
 
-Examples named ``torch_*.py`` need PyTorch, which is not in ``[test]`` (its default wheel
+Examples that import PyTorch need it, and it is not in ``[test]`` (its default wheel
 brings the CUDA libraries): they are skipped, with the reason, where torch is missing.
+Examples that import JAX need it; ``[test]`` brings it, and where it is missing (an
+install without the extra) they are skipped with the reason, as the JAX tests are.
 
 It also checks the anchors of ``docs/errors.md``: each error's section has the anchor of
 its code (``#ar103``, what ``asyncreplica explain AR103`` prints) and of its class name in
@@ -39,10 +41,16 @@ MARKDOWN = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"
 # A pymdownx.snippets line (``--8<-- "file"``, or a bare ``--8<--`` opening a block).
 SNIPPET = re.compile(r"^\s*;?-+8<-+")
 TIMEOUT_S = 60
-# Examples that need a package outside [test], by file-name prefix: (module, why not in [test]).
+# Packages an example may import that a plain install lacks: module -> where to get it.
 OPTIONAL = {
-    "torch_": ("torch", "its default wheel brings the CUDA libraries, too heavy for CI"),
+    "torch": "not in [test]: its default wheel brings the CUDA libraries, too heavy for CI",
+    "jax": "pip install -e '.[test]' brings it",
 }
+
+
+def _imports(example: Path, module: str) -> bool:
+    pattern = rf"^\s*(import|from) {module}(\.|\s|$)"
+    return re.search(pattern, example.read_text(encoding="utf-8"), re.MULTILINE) is not None
 
 
 def _sync() -> ModuleType:
@@ -60,9 +68,9 @@ SYNC = _sync()
 
 
 def _missing(example: Path) -> str | None:
-    """Why ``example`` cannot run here (a package it needs is missing), or None."""
-    for prefix, (module, why) in OPTIONAL.items():
-        if example.name.startswith(prefix) and importlib.util.find_spec(module) is None:
+    """Why ``example`` cannot run here (a package it imports is missing), or None."""
+    for module, why in OPTIONAL.items():
+        if _imports(example, module) and importlib.util.find_spec(module) is None:
             return f"{example.name} needs {module}, which is not installed ({why})"
     return None
 
@@ -72,12 +80,17 @@ def _shown(page: Path) -> list[str]:
     return [block.target for block in SYNC.blocks(page.read_text(encoding="utf-8"), page.name)]
 
 
-def test_optional_examples_skip_only_where_their_package_is_missing() -> None:
-    torch_examples = [p for p in EXAMPLES if p.name.startswith("torch_")]
-    assert torch_examples, "no docs/examples/**/torch_*.py found"
-    have_torch = importlib.util.find_spec("torch") is not None
-    assert all((_missing(p) is None) == have_torch for p in torch_examples)
-    assert all(_missing(p) is None for p in EXAMPLES if not p.name.startswith("torch_"))
+@pytest.mark.parametrize("module", sorted(OPTIONAL))
+def test_optional_examples_skip_only_where_their_package_is_missing(module: str) -> None:
+    optional = [p for p in EXAMPLES if _imports(p, module)]
+    assert optional, f"no docs/examples/**/*.py imports {module}"
+    have = importlib.util.find_spec(module) is not None
+    assert all((_missing(p) is None) == have for p in optional)
+    plain = [p for p in EXAMPLES if not any(_imports(p, m) for m in OPTIONAL)]
+    assert all(_missing(p) is None for p in plain)
+    assert {p.name for p in EXAMPLES if p.name.startswith(f"{module}_")} <= {
+        p.name for p in optional
+    }
 
 
 def test_there_are_examples_and_pages() -> None:

@@ -49,6 +49,66 @@ def test_every_page_is_in_the_nav() -> None:
     assert not missing, f"pages missing from the nav of mkdocs.yml: {missing}"
 
 
+# A Markdown link's target: ``[text](target)`` or ``[text](target#anchor)``.
+LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)\s]*)?\)")
+
+
+def test_every_page_is_linked_from_the_home_page_with_a_line_that_says_what_it_covers() -> None:
+    """On a code host there is no nav: index.md's table is the way to every page."""
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
+    rows = [line for line in text.splitlines() if line.startswith("| [")]
+    linked: dict[str, str] = {}
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 2, f"a row of index.md's table has {len(cells)} cells: {row}"
+        targets = LINK.findall(cells[0])
+        assert len(targets) == 1, f"a row of index.md's table links {targets}: {row}"
+        assert cells[1], f"index.md's row for {targets[0]} says nothing about it"
+        linked[targets[0]] = cells[1]
+    pages = [page for page in _doc_pages() if page != "index.md"]
+    missing = [page for page in pages if page not in linked]
+    assert not missing, f"pages index.md's table does not link: {missing}"
+    absent = [target for target in linked if not (DOCS / target).is_file()]
+    assert not absent, f"index.md's table links pages that do not exist: {absent}"
+
+
+def _markdown_files() -> list[Path]:
+    """Every Markdown file a reader opens on a code host: the README, the changelog, the pages."""
+    return [ROOT / "README.md", ROOT / "CHANGELOG.md", *(DOCS / page for page in _doc_pages())]
+
+
+def test_relative_links_resolve_when_read_as_plain_markdown() -> None:
+    """A code host resolves a link against the file's folder; the site is checked by mkdocs."""
+    broken = []
+    for path in _markdown_files():
+        text = path.read_text(encoding="utf-8")
+        text = re.sub(r"```.*?```", "", text, flags=re.DOTALL)  # code blocks
+        text = re.sub(r"`[^`\n]*`", "", text)  # inline code
+        for target in LINK.findall(text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            if not (path.parent / target).exists():
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not broken, f"links that lead nowhere on a code host: {broken}"
+
+
+def test_generated_pages_say_how_to_read_them_as_plain_markdown() -> None:
+    """A ``::: module`` directive is all a code host shows of an API page: say where the text is."""
+    for page in _doc_pages():
+        text = (DOCS / page).read_text(encoding="utf-8")
+        for module in re.findall(r"^::: ([\w.]+)$", text, flags=re.MULTILINE):
+            said = " ".join(text.split(":::", 1)[0].split())
+            assert f"`python3 -m pydoc {module}` shows the same text" in said, page
+
+
+def test_the_readme_links_every_guide_of_the_home_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    linked = {target.removeprefix("docs/") for target in LINK.findall(readme)}
+    guides = [page for page in _doc_pages() if "/" not in page and page != "changelog.md"]
+    missing = [page for page in guides if page not in linked]
+    assert not missing, f"docs pages the README does not link: {missing}"
+
+
 def test_the_nav_lists_only_existing_pages_once() -> None:
     nav = [page for page in _nav_pages() if "://" not in page]
     assert len(nav) == len(set(nav)), f"a page appears twice in the nav: {nav}"

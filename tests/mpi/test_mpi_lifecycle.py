@@ -18,6 +18,13 @@ created                    arrival failed (peer gave up  late
 created                    arrived                       every scenario
 joined / running           peer exited (exit, several    exit_two (exit, raise)
                            strategies)
+created                    arrival failed (peer ended    exit_normal (create)
+                           normally, creates no more)
+running                    peer exited (ended normally)  exit_normal (collective)
+closed                     exit, a peer never ends       goodbye_timeout
+                           (timeout_seconds)
+running                    interrupted (SIGINT) in a     interrupt
+                           collective
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
@@ -159,6 +166,61 @@ def test_exit_with_two_strategies_releases_a_peer_in_the_first(how: str, tmp_pat
         "again ReplicaExitedError: Process 0 of this MultiWorkerMirroredStrategy has exited"
         in (logs[1])
     )
+
+
+@pytest.mark.parametrize("then", ["create", "collective"])
+def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
+    then: str, tmp_path: Path
+) -> None:
+    # Process 0 returns from main (no exception); process 1 then creates a second
+    # strategy (process 0's exit notes end its arrival notes), or makes a collective on
+    # the first (process 0's goodbye meets it). Neither waits for ever.
+    rc, logs, output = launch("exit_normal", then, tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "not reached" not in logs[1], output
+    if then == "create":
+        assert (
+            "got ReplicaExitedError: Process 0 exited, without creating its "
+            "MultiWorkerMirroredStrategy number 2 on this communicator"
+        ) in logs[1], output
+        # The strategy both created still releases a collective on it.
+        assert "then ReplicaExitedError: " in logs[1], output
+        assert "process 0 (replica 0) exited" in logs[1], output
+    else:
+        assert "got ReplicaExitedError: " in logs[1], output
+        assert "process 0 (replica 0) exited" in logs[1], output
+
+
+def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
+    # Process 0 ends; process 1 stays busy (it waits for a message nobody sends): process
+    # 0's goodbye warns at 1 s, then aborts the job at the strategy's timeout (2 s).
+    rc, logs, output = launch("goodbye_timeout", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "busy" in logs[1], output
+    assert "not reached" not in logs[1], output
+    assert "Exit stalled: process 0 is exiting and has waited 1.0 s" in output
+    assert re.search(
+        r"asyncreplica: process 0 is exiting and has waited 2\.\d s, past the "
+        r"timeout_seconds \(2 s\) of MultiWorkerMirroredStrategy #1, for the other "
+        r"processes to reach the end of MultiWorkerMirroredStrategy #1",
+        output,
+    ), output
+    assert "aborting the MPI job" in output
+    assert "raise timeout_seconds or leave it unset" in output
+
+
+def test_a_process_interrupted_in_a_collective_is_named_as_interrupted(tmp_path: Path) -> None:
+    # SIGINT cancels asyncio's main task: process 0's run ends with a CancelledError,
+    # which the peers must read as the interruption it is.
+    rc, logs, output = launch("interrupt", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "run ended" in logs[0], output
+    assert "got ReplicaExitedError: Process 0 failed" in logs[1], output
+    assert (
+        "process 0 (replica 0) failed: KeyboardInterrupt: the process was interrupted "
+        "(SIGINT, Ctrl-C)"
+    ) in logs[1], output
+    assert "CancelledError" not in logs[1]
 
 
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:

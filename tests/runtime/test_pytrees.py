@@ -69,6 +69,20 @@ async def test_a_registered_dataclass_is_reduced_leaf_by_leaf_and_comes_back_as_
     np.testing.assert_array_equal(np.asarray(total.w), [18.0, 18.0, 18.0])
 
 
+async def test_a_per_replica_of_registered_nodes_reduces_to_that_node() -> None:
+    """PerReplica([Params, Params]) (one node per replica) is a Params of PerReplica leaves."""
+    s = strategy(2)
+    value = ar.PerReplica([Params(jnp.ones(3) * (r + 1), jnp.full(2, float(r))) for r in range(2)])
+    total = await s.reduce("sum", value, axis=None)
+    assert isinstance(total, Params)
+    assert total.lr == 0.1
+    np.testing.assert_array_equal(np.asarray(total.w), [3.0, 3.0, 3.0])
+    np.testing.assert_array_equal(np.asarray(total.b), [1.0, 1.0])
+    (mean,) = await s.extended.batch_reduce_to("mean", [(value, "CPU:0")])
+    assert isinstance(mean, Params)
+    np.testing.assert_array_equal(np.asarray(mean.w), [1.5, 1.5, 1.5])
+
+
 async def test_nested_nodes_and_a_node_inside_a_dict() -> None:
     s = strategy(2)
 

@@ -125,6 +125,92 @@ def test_summary_counts_every_replica_of_the_run(failed_after_healthy_runs: Path
     assert row.split()[1] == "5"  # replica 1 made the 5 healthy runs' collectives only
 
 
+async def _replica_2_skips_the_second() -> None:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    await ctx.all_reduce("sum", 1.0)  # the first, reached by all
+    if ctx.replica_id_in_sync_group != 2:
+        await ctx.all_reduce("sum", 2.0)  # the failed one, replica 2 never reaches it
+
+
+@pytest.fixture
+def skipped_second(tmp_path: Path) -> Path:
+    """3 replicas all reach position 0; replica 2 returns instead of reaching position 1."""
+    s = ar.MirroredStrategy([f"CPU:{i}" for i in range(3)])
+    path = tmp_path / "skipped.json"
+
+    async def main() -> None:
+        with s.trace(path):
+            await s.run(_replica_2_skips_the_second)
+
+    with pytest.raises(ar.ReplicaExitedError):
+        anyio.run(main)
+    return path
+
+
+def _line(text: str) -> str:
+    source = Path(__file__).read_text().splitlines()
+    (number,) = [i for i, line in enumerate(source, 1) if line.rstrip().endswith(text)]
+    return f"tracing/test_trace_layout.py:{number}"
+
+
+def test_a_replica_with_bars_that_missed_the_failed_collective_is_labelled(
+    skipped_second: Path,
+) -> None:
+    layout = _layout(load_trace(skipped_second), "skipped.json", "failed", 2000)
+    assert layout.absent == {}  # every replica has the bar of position 0
+    # The run failed when replica 2 returned; replica 1 had not resumed from position 0.
+    labels = {replica: text for replica, _, text in layout.missing}
+    assert labels == {
+        1: "running: did not arrive at position 1",
+        2: "finished: did not arrive at position 1",
+    }
+    (failure,) = layout.failures
+    for replica, at, _ in layout.missing:
+        ends = [s.end for s in layout.slices if s.args["replica"] == replica]
+        assert at == max([float(failure["ts"]), *ends])  # after its bars, at the failure
+
+
+def test_the_summary_does_not_name_a_finished_collective_as_the_failed_one(
+    skipped_second: Path,
+) -> None:
+    lines = summarize(skipped_second).splitlines()
+    first, failed = (
+        _line("# the first, reached by all"),
+        _line("# the failed one, replica 2 never reaches it"),
+    )
+    assert "  waited at position: 1" in lines
+    assert f"  replica 0: waiting all_reduce(SUM) on float64[] at {failed}" in lines
+    assert (
+        f"  replica 1: running, did not arrive at position 1 (its last collective was "
+        f"all_reduce(SUM) on float64[] at {first})"
+    ) in lines
+    assert (
+        f"  replica 2: finished, did not arrive at position 1 (its last collective was "
+        f"all_reduce(SUM) on float64[] at {first})"
+    ) in lines
+
+
+def test_perfettos_flight_recorder_markers_say_who_did_not_arrive(skipped_second: Path) -> None:
+    markers = {
+        e["args"]["replica"]: e["name"]
+        for e in load_trace(skipped_second)["traceEvents"]
+        if e.get("cat") == "failure" and e.get("s") == "t"
+    }
+    assert markers == {
+        0: "flight recorder: replica 0 waiting",
+        1: "flight recorder: replica 1 running, did not arrive at position 1",
+        2: "flight recorder: replica 2 finished, did not arrive at position 1",
+    }
+
+
+def test_a_replica_that_made_no_collective_says_so_in_the_summary(
+    failed_after_healthy_runs: Path,
+) -> None:
+    lines = summarize(failed_after_healthy_runs).splitlines()
+    assert "  replica 1: finished, did not arrive at position 0 (it made no collective)" in lines
+
+
 @pytest.mark.parametrize(
     ("error", "label"),
     [

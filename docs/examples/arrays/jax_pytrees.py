@@ -1,4 +1,4 @@
-"""A JAX pytree (a registered dataclass) as a collective's value: the same type comes back."""
+"""A JAX pytree (a registered dataclass) through run, all_reduce and Strategy.reduce."""
 
 import asyncio
 import dataclasses
@@ -37,3 +37,24 @@ for local in strategy.experimental_local_results(new):
     np.testing.assert_allclose(np.asarray(local.w), [-0.15, -0.15, -0.15])
     np.testing.assert_allclose(np.asarray(local.b), [-0.05])
 print(strategy.experimental_local_results(new)[0])
+
+# Strategy.reduce takes the same pytrees: run's result (a Params whose leaves are
+# PerReplica values) and a PerReplica that holds one Params per replica both come back
+# as one Params, reduced leaf by leaf, its static lr kept.
+per_replica = ar.PerReplica([Params(jnp.full(3, r + 1.0), jnp.full(1, float(r))) for r in (0, 1)])
+
+
+async def reduce_both() -> tuple[Params, Params]:
+    mean = await strategy.reduce("mean", new, axis=None)
+    total = await strategy.reduce("sum", per_replica, axis=None)
+    return mean, total
+
+
+mean, total = asyncio.run(reduce_both())
+assert isinstance(mean, Params)
+assert isinstance(total, Params)
+assert total.lr == 0.1
+np.testing.assert_allclose(np.asarray(mean.w), [-0.15, -0.15, -0.15])
+np.testing.assert_allclose(np.asarray(total.w), [3.0, 3.0, 3.0])
+np.testing.assert_allclose(np.asarray(total.b), [1.0])
+print(total)

@@ -121,6 +121,14 @@ async def main() -> None:
         check("batch_reduce_to-mirrored", component, [1.0, 1.0])
     gathered = await strategy.gather(per, axis=0)
     check("gather-cross", gathered, np.ones(sum(range(1, TOTAL + 1))))
+    # a PerReplica of nests is the nest of PerReplica values, reduced leaf by leaf
+    nested = ar.PerReplica([{"a": np.ones(2), "b": [np.float64(FIRST + i)]} for i in range(LOCAL)])
+    got = await strategy.reduce("SUM", nested, axis=None)
+    assert sorted(got) == ["a", "b"]
+    check("reduce-nested", got["a"], [TOTAL] * 2)
+    check("reduce-nested-list", got["b"][0], sum(range(TOTAL)))
+    (to,) = await strategy.extended.batch_reduce_to("MEAN", [(nested, "CPU:0")])
+    check("batch_reduce_to-nested", to["a"], [1.0, 1.0])
     # a dataset is split by global replica: this process keeps its replicas' slices
     dataset = strategy.experimental_distribute_dataset([np.arange(TOTAL * 2)])
     for batch in dataset:

@@ -68,6 +68,96 @@ async def exit_two(how: str) -> None:
         report(f"again {type(exc).__name__}: {str(exc).splitlines()[0]}")
 
 
+async def exit_normal(then: str) -> None:
+    """Process 0 ends normally (no exception) while process 1 goes on.
+
+    ``then``: what process 1 does once process 0 has left ``main``: ``create`` a second
+    strategy (process 0 will create none), or a ``collective`` on the one they share.
+    """
+    first = ar.MultiWorkerMirroredStrategy()
+    await first.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        go(1)
+        return
+    await wait_for_go()
+    try:
+        if then == "create":
+            second = ar.MultiWorkerMirroredStrategy()
+            await second.run(one_reduce)
+        else:
+            await first.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    if then == "create":
+        try:  # the strategy both created: process 0's goodbye there releases it
+            await first.run(one_reduce)
+            report("not reached")
+        except ar.ReplicaExitedError as exc:
+            report(f"then {type(exc).__name__}: {exc}")
+
+
+async def goodbye_timeout() -> None:
+    """Process 0 ends; process 1 stays busy: process 0's goodbye times out (2 s)."""
+    options = ar.CommunicationOptions(timeout_seconds=2)
+    strategy = ar.MultiWorkerMirroredStrategy(
+        communication_options=options, stall_warning_seconds=1
+    )
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    report("busy")
+    WORLD.recv(source=0, tag=_GO_TAG)  # never sent: busy until the job is aborted
+    report("not reached")
+
+
+async def interrupt() -> None:
+    """Process 1 interrupts process 0 (SIGINT) while process 0 waits for it in a collective.
+
+    Process 0 tells process 1 just before its collective; process 1 sends the signal,
+    waits until process 0 saw it (a task of process 0's that the interruption cancels
+    says so), then makes the same collective.
+    """
+    import signal
+
+    strategy = ar.MultiWorkerMirroredStrategy()
+    pids = WORLD.allgather(os.getpid())
+
+    async def step() -> float:
+        if RANK == 0:
+            go(1)  # about to wait for process 1 in the collective
+        return await one_reduce()
+
+    if RANK == 1:
+        await wait_for_go()
+        os.kill(pids[0], signal.SIGINT)
+        await wait_for_go()  # process 0 was interrupted
+        try:
+            await strategy.run(step)
+            report("returned")
+        except ar.CollectiveError as exc:
+            logged(exc)
+        return
+
+    async def watch() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            go(1)
+
+    async def run() -> None:
+        try:
+            await strategy.run(step)
+        finally:
+            report("run ended")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        tg.start_soon(run)
+
+
 async def merge_in_run(path: str) -> None:
     """A trace block that ends inside a run is refused on every process, in step."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -429,6 +519,9 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
         exit_two,
+        exit_normal,
+        goodbye_timeout,
+        interrupt,
         merge_in_run,
         opposite,
         finalize_run,

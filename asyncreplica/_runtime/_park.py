@@ -1,0 +1,567 @@
+"""How a run's replicas leave it: waits abandoned, tasks ended, the error the run raises.
+
+The parking and ending half of :class:`~._run.Run` (its base class): a replica parked at
+a collective and cancelled there (:meth:`Parking._abandoned`), a backend combine
+cancelled under the replica that runs it (:meth:`Parking._dispatch_ended`), a replica's
+task ending any way (:meth:`Parking._ended_with`, through the lifecycle table of
+:mod:`.._core._lifecycle`), the run's own cancellation of its replicas
+(:meth:`Parking._cancel_run`), and, once the run is over, what is left of it: pending
+collectives resolved, helper tasks told (:meth:`Parking._close_leftovers`), and the one
+error ``Strategy.run`` raises (:meth:`Parking._root_cause`). ``_run`` keeps the set-up,
+the rendezvous and the replica's driver; :mod:`._deadlock` the checks for cycles and
+stalls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from .._core._dtypes import same_refusal
+from .._core._ledger import Key, Ledger
+from .._core._lifecycle import Event, Lifecycle, Outcome, State
+from .._core._report import (
+    ended_message,
+    key_text,
+    told_once,
+)
+from .._core._signature import Signature
+from .._exceptions import (
+    CollectiveError,
+    InternalError,
+    ReplicaCancelledError,
+)
+from . import _ending, _tasks
+from ._collective import Rendezvous, Slot, fail_waiters
+from ._waiter import Waiter
+
+if TYPE_CHECKING:
+    from ._protocols import RunStrategy
+    from ._trace import Tracer
+
+__all__ = ["Parking"]
+
+
+def _cancelled(error: BaseException) -> bool:
+    """Whether ``error`` unwinds a task rather than reports a failure (a cancellation)."""
+    return isinstance(error, anyio.get_cancelled_exc_class())
+
+
+def _not_a_cancellation(error: BaseException) -> bool:
+    """``split`` condition: a replica's failures, without any cancellation of any loop."""
+    return not isinstance(error, BaseExceptionGroup) and not _ending.cancellation(error)
+
+
+def _leaves(error: BaseException) -> Iterator[BaseException]:
+    """The exceptions in ``error``, a (nested) group or a single exception."""
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield error
+
+
+def _describe(error: BaseException) -> str:
+    """``Type: first line of its message`` for ``error``; never raises.
+
+    A user's exception may have a ``__str__`` that raises: the run's own messages must
+    still be built, and the user's exception still re-raised.
+    """
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:
+        return f"{name} (its message could not be read: its __str__ raised)"
+    first = text.splitlines()[0] if text else ""
+    return f"{name}: {first}" if first else name
+
+
+def _add_note(error: BaseException, note: str) -> None:
+    """Add ``note`` to ``error`` if it accepts one (a user's exception may refuse)."""
+    with contextlib.suppress(Exception):
+        error.add_note(note)
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    """Mark a task's exception as retrieved (the run already reported the failure)."""
+    if not task.cancelled():
+        task.exception()
+
+
+class Parking:
+    """The state of a run that its endings read and write (set by ``Run.__init__``)."""
+
+    strategy: RunStrategy
+    tracer: Tracer | None
+    num_replicas: int
+    ledger: Ledger
+    life: Lifecycle
+    watch: _tasks.TaskWatch
+    _rv: Rendezvous
+    _slots: dict[Key, Slot]
+    _loop: asyncio.AbstractEventLoop | None
+    _current_task: Callable[[], object]
+    _parked: dict[int, Slot]
+    _ended: str
+    _errors: list[tuple[int, BaseException]]
+    _abandonments: list[CollectiveError]
+    _left: list[tuple[int, Key]]
+    _cancel_scope: anyio.CancelScope | None
+    _reason: str
+    _reason_given: bool
+    _pending_outside: set[int]
+    _left_replicas: set[int]
+    _noted: set[int]
+    _consequences: set[int]
+
+    @property
+    def failed(self) -> bool:
+        """Whether a root cause has been recorded."""
+        return bool(self._errors)
+
+    def note(self, error: BaseException, note: str) -> None:
+        """Attach ``note`` to ``error`` instead of the usual "raised in replica k" note."""
+        _add_note(error, note)
+        self._noted.add(id(error))
+
+    def note_interrupt(self, replica: int, task: asyncio.Task[Any]) -> None:
+        """A helper task of ``replica`` ended: note a ``KeyboardInterrupt`` or ``SystemExit``.
+
+        asyncio lets those leave the event loop at once, from the helper task, past the
+        run (which never sees them): they go on as themselves, with the replica's note as
+        any other error of a replica has. The note is added when the loop runs its
+        callbacks again (``asyncio.run`` does, cancelling the tasks left).
+        """
+        if task.cancelled():
+            return
+        error = getattr(task, "_exception", None)  # not exception(): it is not retrieved
+        if not isinstance(error, BaseException) or isinstance(error, Exception):
+            return
+        if isinstance(error, (asyncio.CancelledError, GeneratorExit)):
+            return  # (a loop callback: anyio cannot tell which loop runs it)
+        where = _ending.where_ended(error)
+        self.note(
+            error,
+            f"(raised in a task started by replica {replica + self.strategy._replica_offset} "
+            f"of {self.strategy.num_replicas_in_sync} in {type(self.strategy).__name__}.run"
+            + (f", at {where})" if where else ")"),
+        )
+
+    def _recorded(self, error: BaseException) -> bool:
+        """Whether ``error`` is a recorded root cause, or only wraps recorded ones.
+
+        A replica's own task group wraps the collective error it re-raises in an
+        ``ExceptionGroup``; that group is not a second failure.
+        """
+        if any(e is error for _, e in self._errors) or id(error) in self._consequences:
+            return True
+        origin = getattr(error, "_ar_twin_of", None)
+        if origin is not None and any(e is origin for _, e in self._errors):
+            return True  # a waiter's copy of a dispatch error (_collective.fail_waiters)
+        if isinstance(error, BaseExceptionGroup):
+            return all(
+                self._recorded(e) or isinstance(e, anyio.get_cancelled_exc_class())
+                for e in error.exceptions
+            )
+        return False
+
+    def _fail(self, replica: int, error: BaseException) -> None:
+        # replica is -1 when no replica raised it (found by a callback).
+        if not self._recorded(error):
+            self._errors.append((replica, error))
+            if self.tracer is not None:
+                self.tracer.failed(error, getattr(error, "report", None))
+        self._cancel_run()
+
+    def _cancel_run(self) -> None:
+        """Cancel the run's scope (its replicas), with the run's reason.
+
+        First, the replicas whose task already has a cancellation pending are noted:
+        asked for before the run's, it is not the run's (``task.cancel()`` of several
+        replica tasks in one turn: each is cancelled from outside, see
+        :meth:`_cancelled_outside`).
+        """
+        scope = self._cancel_scope
+        if scope is None or scope.cancel_called:
+            return
+        if self._loop is not None:
+            for replica, task in enumerate(self._rv.mains):
+                if (
+                    isinstance(task, asyncio.Task)
+                    and not task.done()
+                    and task.cancelling()
+                    and task is not self._current_task()
+                ):
+                    self._pending_outside.add(replica)
+        try:
+            scope.cancel(self._reason)  # type: ignore[call-arg,unused-ignore]
+        except TypeError:  # anyio before 4.11 takes no reason
+            scope.cancel()
+        else:
+            self._reason_given = True
+
+    def _by_run(self, error: BaseException) -> bool | None:
+        """Whether the cancellation ``error`` is the run's own (None: cannot be told)."""
+        scope = self._cancel_scope
+        if scope is None or not scope.cancel_called:
+            return False
+        return _ending.delivered_by(error, scope, self._reason if self._reason_given else None)
+
+    def _cancelled_outside(self, replica: int, error: BaseException) -> bool:
+        """Whether ``replica``'s task, ended by ``error``, was cancelled from outside.
+
+        By no scope of the run's nor around it, though the run's scope is cancelled now.
+        Two replica tasks cancelled with ``task.cancel()`` in one turn: the first one's end
+        cancels the run's scope; the second one's cancellation came first all the same.
+        """
+        return (
+            replica in self._pending_outside
+            and replica not in self._left_replicas
+            and self._by_run(error) is False
+            and not _ending.scope_cancellation(error)
+        )
+
+    def _abandoned(self, replica: int, key: Key, slot: Slot, outside: bool = False) -> None:
+        """A waiter was cancelled: its replica left the collective at ``key``.
+
+        Unless the whole run is being cancelled (then the run ends with that
+        cancellation, see :meth:`execute`), this is the root cause: the others would
+        wait for ever. The run fails at once; the tracer hears of it when the run ends.
+
+        ``outside``: the cancellation is known to have been asked for before the run's
+        own (asyncio's waiter tells): when another replica's abandonment failed the run
+        meanwhile, this replica is still shown cancelled at ``key`` in that error.
+        """
+        self._rv.gen += 1
+        scope = self._cancel_scope
+        if scope is not None and scope.cancel_called:
+            if outside:
+                self._left_replicas.add(replica)  # told by the first abandonment's error
+                if not slot.done:
+                    self.ledger.abandon(replica, key)  # the first abandonment is the error
+            # The run's own scope cancelled it: a consequence. (With no root cause recorded
+            # the scope was cancelled for a task that ended cancelled before it ran, which
+            # the run's end tells as that replica's: see _account_for_every_replica.)
+            return
+        if not self._errors and slot.error is None:
+            # After the collective completed (its peers have their results, computed
+            # with this replica's value) the cancellation fails the run all the same:
+            # it never took its result, and would go on with a value its peers lack. The
+            # same while the backend combines it (every replica arrived: it left _slots).
+            combining = not slot.done and self._slots.get(key) is not slot
+            error = (
+                self.ledger.cancelled_after(replica, key, combining=combining)
+                if slot.done or combining
+                else self.ledger.abandon(replica, key)
+            )
+            if error is not None:
+                self._left_replicas.add(replica)
+                self._errors.append((replica, error))
+                self._abandonments.append(error)
+                if not slot.done and not combining:
+                    self._left.append((replica, key))
+                else:
+                    self._left.append((-1, key))  # told as it is
+                self._cancel_run()
+
+    def _dispatch_ended(self, replica: int, slot: Slot, error: BaseException) -> None:
+        """The backend call that combines ``slot``'s collective ended with ``error``.
+
+        ``error`` is not an ``Exception`` (those go to every waiter as they are, see
+        ``fail_waiters``): a cancellation, ``KeyboardInterrupt``, ``SystemExit``. The
+        combine is abandoned half-way, so no replica waiting there can ever get a result:
+        each is woken with an error now, never left waiting. A cancellation the run did
+        not ask for is the run's root cause (a ``CollectiveError`` naming the replica whose
+        combine was cancelled); otherwise the waiters learn that the run ended.
+        """
+        if slot.done:
+            return
+        key = slot.key
+        if (
+            _ending.cancellation(error)
+            and not self._errors
+            and slot.error is None
+            and self._by_run(error) is not True
+        ):
+            waiting = [r for r in range(self.num_replicas) if r != replica]
+            cause = self.ledger.cancelled_combining(replica, key, waiting)
+            cause.__cause__ = error
+            self._left_replicas.add(replica)
+            self._errors.append((replica, cause))
+            self._abandonments.append(cause)
+            self._left.append((-1, key))  # told as it is
+            fail_waiters(slot, cause)  # each waiter raises a copy: not a second root cause
+            self._cancel_run()
+            return
+        slot.abort(functools.partial(self._consequence, key))
+        self._rv.gen += 1  # the waiters are runnable again
+
+    def _consequence(self, key: Key) -> CollectiveError:
+        """:meth:`_ended_error` for ``key``, raised because the run already failed."""
+        error = self._ended_error(key, None)
+        self._consequences.add(id(error))
+        return error
+
+    def _replica_awaiting(self, waiter: object) -> int | None:
+        """The replica whose task awaits ``waiter`` (a completed fast-path waiter), if any.
+
+        Only asked when such a task is cancelled (rare): it looks at the run's tasks.
+        """
+        for replica in range(self.num_replicas):
+            for task in self.watch.tasks(replica):
+                if getattr(task, "_fut_waiter", None) is waiter:
+                    return replica
+        return None
+
+    def _is_parked(self, current: object, task: object) -> bool:
+        """Whether ``task`` waits at one of this run's pending collectives."""
+        if task is current:
+            return True
+        slot = self._parked.get(id(task))
+        if slot is not None:
+            return not slot.done
+        waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
+        return type(waiter) is Waiter and waiter._ar_slot.run is self and not waiter.done()
+
+    def _ended_with(self, replica: int, error: BaseException, called: bool = True) -> bool:
+        """``replica``'s task is ending with ``error``: drive its lifecycle, record the cause.
+
+        Called in that task (see :func:`._ending.event_of`). Every way a replica can end
+        without returning goes through the lifecycle table here; each final state either
+        is the run's root cause (recorded, the run fails with it) or the consequence of
+        a run that already failed or was cancelled.
+
+        Args:
+            replica: The replica.
+            error: What ended its task.
+            called: Whether its step function had been called.
+
+        Returns:
+            Whether the task must re-raise ``error`` (a cancellation the run asked for).
+        """
+        if isinstance(error, BaseExceptionGroup) and not isinstance(error, Exception):
+            # A replica's own task group mixes a failure with its children's
+            # cancellations (trio): the failure is what counts. The same on every loop:
+            # asyncio's CancelledError is a cancellation on trio too (see _ending).
+            failures, _ = error.split(_not_a_cancellation)
+            if failures is None:
+                event = Event.CANCEL if _ending.requested() else Event.CANCEL_OUTSIDE
+            else:
+                error = failures
+                event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
+        else:
+            event = _ending.event_of(error)
+            if event is Event.CANCEL and self._cancelled_outside(replica, error):
+                event = Event.CANCEL_OUTSIDE
+        state = self.life.handle(replica, event)
+        if state is State.CANCELLED:
+            self.ledger.cancel(replica)
+            return True
+        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
+            self.ledger.cancel(replica)
+        else:
+            self.ledger.fail(replica)
+        if state is State.CANCELLED_OUTSIDE or state is State.CLOSED:
+            cause: BaseException = self._replica_cancelled(
+                replica, "closed" if state is State.CLOSED else "cancelled", error, called
+            )
+        elif state is State.BROKEN:
+            cause = self._internal_error(
+                f"An exception escaped asyncreplica's own code in the task of replica "
+                f"{replica + self.strategy._replica_offset}: {_describe(error)}",
+                error,
+                replica,
+            )
+        else:
+            # RAISED, INTERRUPTED: the user's own exception (KeyboardInterrupt and
+            # SystemExit included) is the root cause, re-raised as it is by the run.
+            cause = error
+        self._fail(replica, cause)
+        return False
+
+    def _replica_cancelled(
+        self, replica: int, how: str, error: BaseException | None, called: bool = False
+    ) -> ReplicaCancelledError:
+        """The run's error for a replica cancelled from outside it (or closed).
+
+        ``called``: whether its step function was called (it may have returned an
+        awaitable, whose cancellation ended the replica with no line of it running).
+        """
+        cancelled = ReplicaCancelledError(
+            replica + self.strategy._replica_offset,
+            how,
+            None if error is None else _ending.where_ended(error),
+            num_replicas=self.strategy.num_replicas_in_sync,
+            strategy=type(self.strategy).__name__,
+            report=self.ledger.report(),
+            called=called,
+        )
+        cancelled.__cause__ = error
+        return cancelled
+
+    def _internal_error(
+        self, message: str, error: BaseException | None, replica: int | None
+    ) -> InternalError:
+        """An :class:`InternalError` with ``error`` chained; never noted as a replica's."""
+        internal = InternalError(
+            message,
+            replica_id=None if replica is None else replica + self.strategy._replica_offset,
+        )
+        internal.__cause__ = error
+        self._noted.add(id(internal))
+        return internal
+
+    def _account_for_every_replica(self) -> None:
+        """The run's task group ended without an error: every replica must have returned.
+
+        A replica whose task was cancelled before its first step never ran our code; it
+        is told to the lifecycle here. Any other replica not ``RETURNED`` while no root
+        cause is recorded is a broken invariant (it would become a ``None`` result).
+        """
+        life = self.life
+        for replica in range(self.num_replicas):
+            if life.states[replica] is State.NOT_STARTED:
+                # Neither anyio nor trio cancels a task before its first step (a replica
+                # that starts after the run failed skips itself, in _replica_main): only
+                # task.cancel() does, from outside, even in the turn the run failed.
+                life.handle(replica, Event.CANCEL_OUTSIDE)
+                self.ledger.cancel(replica)
+                self._fail(replica, self._replica_cancelled(replica, "cancelled", None))
+        if self.failed:
+            return
+        for replica in range(self.num_replicas):
+            if life.outcome(replica) is not Outcome.RESULT:
+                self._fail(
+                    replica,
+                    self._internal_error(
+                        f"Replica {replica + self.strategy._replica_offset} ended in state "
+                        f"{life.states[replica].name} while the run recorded no failure; "
+                        "it would have returned no result",
+                        None,
+                        replica,
+                    ),
+                )
+
+    def _retell_abandonments(self) -> None:
+        """Rebuild the errors of replicas cancelled while waiting, now that the run is over.
+
+        Replicas cancelled in the same loop turn hear of it one after the other: when the
+        first one's error was built, the others were still waiting. Now their rows and
+        the message say they were cancelled too.
+        """
+        for i, (replica, key) in enumerate(self._left):
+            if replica < 0:
+                continue
+            old = self._abandonments[i]
+            new = self.ledger.abandoned_error(replica, key, old.report)
+            new.__cause__ = old.__cause__
+            self._abandonments[i] = new
+            self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
+
+    def _close_leftovers(self) -> list[asyncio.Task[Any]]:
+        """The run is over: no collective still pending can complete; tasks are told.
+
+        A collective awaited by a task that outlived its replica (one started with
+        ``asyncio.ensure_future`` or ``create_task`` and not awaited) is woken with a
+        ``CollectiveError`` saying the run ended, so whoever awaits that task later
+        gets an error, never a hang. When the run failed or was cancelled, the other
+        unfinished tasks its replicas created are cancelled, as the replicas were.
+
+        Returns:
+            The tasks that were woken or cancelled: they finish within a loop turn or two.
+        """
+        ended = self._ended or "ended"
+        self._ended = ended
+        helpers = self.watch.helpers() if self._loop is not None else []
+        # Decided before the collectives are resolved: a parked helper gets the error.
+        parked: list[asyncio.Task[Any]] = []
+        idle: list[asyncio.Task[Any]] = []
+        for task in helpers:
+            if isinstance(task, asyncio.Task) and not task.done():
+                (parked if self._is_parked(None, task) else idle).append(task)
+        for key, slot in list(self._slots.items()):
+            slot.abort(functools.partial(self._ended_error, key, None))
+        self._slots.clear()
+        for task in parked:
+            # Its error is the run's consequence, already raised by Strategy.run.
+            task.add_done_callback(_retrieve)
+        if ended != "ended":
+            for task in idle:
+                task.cancel()
+            return parked + idle
+        return parked
+
+    def _helper_ended(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """:meth:`_ended_error`, raised in a helper task that outlived its replica.
+
+        Nobody may await that task: its error is the run's consequence, already raised by
+        ``Strategy.run``, so it is marked retrieved once the task ends.
+        """
+        task = self._current_task() if self._loop is not None else None
+        if isinstance(task, asyncio.Task):
+            task.add_done_callback(_retrieve)
+        return self._ended_error(key, signature)
+
+    def _ended_error(self, key: Key | None, signature: Signature | None) -> CollectiveError:
+        """The error for a collective that can never complete: its run failed or ended.
+
+        Args:
+            key: The collective, if it was issued (else ``signature`` describes it).
+            signature: The collective's signature, when it was never issued.
+        """
+        cause = None
+        if self._errors:
+            cause = _describe(sorted(self._errors, key=lambda item: item[0])[0][1])
+        return CollectiveError(
+            ended_message(
+                key_text(key) if key is not None else None,
+                signature.describe() if signature is not None else None,
+                self._ended or "failed",
+                cause,
+                self.ledger.missing(key) if key is not None else (),
+                type(self.strategy).__name__,
+            ),
+            report=self.ledger.report(),
+        )
+
+    def _root_cause(self) -> BaseException:
+        errors = sorted(self._errors, key=lambda item: item[0])
+        offset = self.strategy._replica_offset
+        once = told_once([(r + offset, e) for r, e in errors]) if errors[0][0] >= 0 else None
+        if once is not None:
+            return once  # one refusal, raised alike by each replica: its message names them
+        name = f"{type(self.strategy).__name__}.run"
+        for replica, error in errors:
+            if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
+                continue  # they name their replicas themselves (an InternalError, none)
+            if replica < 0:
+                _add_note(
+                    error,
+                    f"(raised while {name} waited for its {self.num_replicas} replicas, "
+                    "which were cancelled)",
+                )
+            else:
+                _add_note(
+                    error,
+                    f"(raised in replica {replica + self.strategy._replica_offset} of "
+                    f"{self.strategy.num_replicas_in_sync} in {name})",
+                )
+        if len(errors) == 1:
+            return errors[0][1]
+        exceptions = [e for _, e in errors]
+        if same_refusal(exceptions):
+            return exceptions[0]  # one collective refused alike by every replica
+        if all(isinstance(e, Exception) for e in exceptions):
+            return ExceptionGroup(
+                f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run",
+                [e for e in exceptions if isinstance(e, Exception)],
+            )
+        return BaseExceptionGroup(
+            f"{len(exceptions)} replicas failed in {type(self.strategy).__name__}.run", exceptions
+        )
