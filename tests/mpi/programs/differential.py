@@ -13,8 +13,9 @@ infinities and signed zeros), then cross-replica calls on the run's results and 
 (``strategy.reduce``, ``gather``, ``extended.reduce_to`` / ``batch_reduce_to`` /
 ``broadcast_to``, ``experimental_local_results``,
 ``experimental_distribute_values_from_function``, ``experimental_distribute_dataset``), some with a fault (a replica that
-calls another collective or skips one, a ``SUM`` of a plain value, a ``bool``
-reduction). Each program runs under both strategies, and this process's part of each
+calls another collective or skips one, or all-reduces ``2**70``, which no dtype holds; a
+``SUM`` of a plain value, a ``bool`` reduction, a ``strategy.reduce`` component whose
+shape, rank or dtype differs on one replica). Each program runs under both strategies, and this process's part of each
 result must equal the oracle's: integers and every float of a layout with one replica
 per process bit for bit, other floats within the documented tolerance (NaN equal to
 NaN); an error must be of the oracle's class with its position, name and fields, and
@@ -184,7 +185,7 @@ def generate(seed: int, number: int, total: int) -> Case:
         for p in case.posts
     ]
     roll = rng.random()
-    if roll < 0.3:
+    if roll < 0.36:
         # A program with a fault has no dtype that a reduction refuses: which of two
         # errors is found first depends on when each replica arrives.
         case.steps = [(s[0], s[1], "int32" if s[2] == "bool" else s[2], *s[3:]) for s in case.steps]
@@ -198,6 +199,10 @@ def generate(seed: int, number: int, total: int) -> Case:
     elif roll < 0.3 and total > 1:
         # the last replica returns before one of its collectives
         case.fault = ("skip", int(rng.integers(len(case.steps))), total - 1)
+    elif roll < 0.36 and "reduce" in [s[0] for s in case.steps]:
+        # a replica all-reduces a value no dtype holds (2**70): refused as it is issued
+        reduces = [k for k, s in enumerate(case.steps) if s[0] == "reduce"]
+        case.fault = ("refuse", reduces[int(rng.integers(len(reduces)))], int(rng.integers(total)))
     return case
 
 
@@ -233,6 +238,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 return out
             other = fault is not None and g == fault[2] and fault[0] == "other"
             x = make(dtype, (2, cols), case.number, j, g)
+            if fault is not None and g == fault[2] and fault[0] == "refuse":
+                x = 2**70  # type: ignore[assignment]
             if kind == "reduce":
                 result = await ctx.all_reduce(
                     "MAX" if other and s[4] != "MAX" else "MIN" if other else s[4], x
@@ -399,6 +406,9 @@ def describe_error(error: BaseException | None, *, ids: bool = False) -> tuple[A
     if isinstance(error, ar.ReplicaExitedError):
         found = (name, error.replica_id, error.position, error.name)
         return (*found, tuple(sorted(error.waiting))) if ids else found
+    first = str(error).partition("\n")[0]
+    if isinstance(error, TypeError) and first.startswith("replica "):
+        return (name, first)  # a refused value: which replica, and why
     return (name,)
 
 
