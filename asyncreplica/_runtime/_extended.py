@@ -73,7 +73,7 @@ async def reduce_leaf(
                 raise
             # Found by this process's replicas alone: every process raises it (in the
             # agreement the others make for this reduce), none waits for this one.
-            await group.refuse(error)
+            await group.refuse(error, components=(op, axes, specs))
         if norm is None:
             if strategy._group is None and all(type(c) in _NUMBERS for c in components):
                 # Distributed Python numbers are a collective's values, described as

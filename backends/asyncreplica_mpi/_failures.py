@@ -461,6 +461,12 @@ class Failures:
         position and name of the collective the processes wait at.
         """
         refused = first_refusal(details)
+        if refused is not None and refused.get("components"):
+            # Strategy.reduce's components differ inside a process: one process's own
+            # check of every replica's component, raised alike everywhere.
+            found = components_error(details)
+            if found is not None:
+                raise found
         if refused is not None:
             name, text, *rest = refused["refused"]
             what = rest[1] if len(rest) > 1 else "cross-replica operation"

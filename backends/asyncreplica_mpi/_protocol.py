@@ -323,27 +323,35 @@ def components_error(details: Sequence[Mapping[str, Any]]) -> Exception | None:
     (``asyncreplica.abc.check_reduced``: ``ValueError`` for shapes, or
     ``CollectiveMismatchError``), so that check is made here of every process's
     components, in global replica order: the same class, fields, replica ids and
-    message. None when the processes differ in anything else (the op, the axis).
+    message. A process whose own replicas' components differ refuses with them
+    (``components`` in its detail: see ``MPIProcessGroup.refuse``). None when the
+    processes differ in anything else (the op, the axis, another refusal).
     """
-    reduces = [
-        d
-        for d in details
-        if Status(d["status"]) is Status.COLLECTIVE
-        and d.get("fields")
-        and d["fields"].get("kind") == "reduce"
-        and len(d["fields"].get("leaves", ())) == 1
-    ]
-    if not reduces or len(reduces) != len(details):
-        return None
-    first = reduces[0]["fields"]
-    if any(
-        (d["fields"]["op"], d["fields"]["axis"]) != (first["op"], first["axis"]) for d in reduces
-    ):
+    # Each process's components: those of a refusal (its replicas differ), or its
+    # reduce's one leaf for each of its replicas (they agree).
+    parts: list[tuple[int, Mapping[str, Any], list[Any]]] = []
+    for d in details:
+        sent = d.get("components")
+        fields = d.get("fields")
+        first_replica, count = (int(v) for v in d["replicas"])
+        if sent:
+            parts.append((first_replica, sent, list(sent["leaves"])))
+        elif (
+            Status(d["status"]) is Status.COLLECTIVE
+            and fields
+            and fields.get("kind") == "reduce"
+            and len(fields.get("leaves", ())) == 1
+        ):
+            parts.append((first_replica, fields, list(fields["leaves"]) * count))
+        else:
+            return None
+    first = parts[0][1]
+    if any((f["op"], f["axis"]) != (first["op"], first["axis"]) for _, f, _ in parts):
         return None
     specs: list[LeafSpec] = []
-    for d in sorted(reduces, key=lambda d: int(d["replicas"][0])):
-        shape, dtype, sparse, *rest = d["fields"]["leaves"][0]
-        specs += [LeafSpec(tuple(shape), dtype, bool(sparse), *rest)] * int(d["replicas"][1])
+    for _, _, leaves in sorted(parts, key=lambda part: part[0]):
+        for shape, dtype, sparse, *rest in leaves:
+            specs.append(LeafSpec(tuple(shape), dtype, bool(sparse), *rest))
     axis = first["axis"]
     try:
         check_reduced(ReduceOp(first["op"]), specs, None if axis is None else tuple(axis), 0)
