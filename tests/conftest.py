@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 
+import _clocks
 import _passes  # tests/ is on sys.path, as for every module of the suite
 import pytest
 
@@ -27,11 +28,18 @@ _LOOPS = [
 
 @pytest.fixture(params=_LOOPS)
 def anyio_backend(request: pytest.FixtureRequest) -> object:
-    """Run each ``@pytest.mark.anyio`` test once per event loop."""
-    return request.param
+    """Run each ``@pytest.mark.anyio`` test once per event loop.
+
+    Or on trio's autojump clock, where tests/_clocks.py's decorators ask for it.
+    """
+    return _clocks.anyio_backend(request.param, request.node)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{_clocks.MARKER}: the test's trio run is on trio's autojump clock (tests/_clocks.py)",
+    )
     config.addinivalue_line(
         "markers",
         f"{_passes.MARKER}: runs the library only in child processes or not at all, so the "

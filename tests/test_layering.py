@@ -172,13 +172,11 @@ def test_every_plugin_is_registered_through_an_entry_point() -> None:
 
 GRAPH_PACKAGES = ("asyncreplica/_runtime", "asyncreplica/_tracing")
 
-# The one exception: the public classes of tf.distribute's model name each other in their
-# public annotations (``ReplicaContext.strategy -> Strategy``, ``StrategyExtended``'s
-# strategy), as TensorFlow's, which keeps the three in one module. Only these imports,
-# and only under TYPE_CHECKING: at run time ``_strategy`` is above both.
+# The one exception: ``ReplicaContext.strategy``, public, is annotated ``-> Strategy``
+# (TensorFlow keeps the two classes in one module). Only this import, and only under
+# TYPE_CHECKING: at run time ``_strategy`` is above ``_context``.
 PUBLIC_TYPE_EDGES = {
     ("asyncreplica._runtime._context", "asyncreplica._runtime._strategy"),
-    ("asyncreplica._runtime._extended", "asyncreplica._runtime._strategy"),
 }
 
 

@@ -24,6 +24,10 @@ from ._values import component
 
 if TYPE_CHECKING:
     from ._run import Run
+
+    # A ReplicaContext holds its Strategy, and its public ``strategy`` is annotated
+    # ``-> Strategy``: the one type-only import upward (tests/test_layering.py lists it);
+    # at run time _strategy is above this module.
     from ._strategy import Strategy
 
 __all__ = [

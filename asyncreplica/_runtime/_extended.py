@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 from .._core._components import by_shape, check_components, check_reduced, normalize_axes
 from .._core._devices import parse_device
@@ -18,9 +18,65 @@ from ._mode import current_mode
 from ._values import flatten_distributed
 
 if TYPE_CHECKING:
-    from ._strategy import Strategy
+    from ..abc import Backend, ProcessGroup
 
 __all__ = ["StrategyExtended", "axis_tuple", "check_components", "normalize_axes", "reduce_leaf"]
+
+
+class ContainerStrategy(Protocol):
+    """What ``StrategyExtended`` and the reductions read of their strategy.
+
+    TensorFlow's "container strategy": a ``_strategy.Strategy``, which is above this module
+    (it creates the ``StrategyExtended``), so this module names its class nowhere, not even
+    for types.
+    """
+
+    @property
+    def _devices(self) -> tuple[str, ...]:
+        """The devices of this process's replicas."""
+
+    @property
+    def _num_local(self) -> int:
+        """This process's replicas."""
+
+    @property
+    def _replica_offset(self) -> int:
+        """The global id of this process's first replica."""
+
+    @property
+    def _group(self) -> ProcessGroup | None:
+        """The processes the strategy spans; None within one."""
+
+    @property
+    def _local_backend(self) -> Backend:
+        """The backend of this process's replicas alone."""
+
+    @property
+    def backend(self) -> Backend:
+        """The strategy's backend."""
+
+    @property
+    def communication_options(self) -> CommunicationOptions:
+        """The strategy's default options."""
+
+    @property
+    def num_replicas_in_sync(self) -> int:
+        """Replicas in sync, over every process."""
+
+    @property
+    def extended(self) -> StrategyExtended:
+        """``strategy.extended``."""
+
+    def _require_cross_replica(self, api: str, instead: str) -> None:
+        """Raise ``ReplicaContextError`` unless in cross-replica context."""
+
+    def _component(self, replica_id: int, leaf: object) -> object:
+        """Replica ``replica_id``'s component of ``leaf``."""
+
+    async def _run(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
+    ) -> Any:
+        """Run ``fn`` once per replica (``Strategy.run``'s engine)."""
 
 
 def axis_tuple(axis: object) -> tuple[int, ...] | None:
@@ -48,7 +104,7 @@ _NUMBERS = (int, float, complex)
 
 
 async def reduce_leaf(
-    strategy: Strategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
+    strategy: ContainerStrategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
 ) -> object:
     """Reduce one leaf across replicas (``Strategy.reduce`` and ``extended.reduce_to``).
 
@@ -159,7 +215,7 @@ def _destination_count(destinations: object, num_local: int) -> int | None:
 class StrategyExtended:
     """The extended, cross-replica API of a strategy (``strategy.extended``)."""
 
-    def __init__(self, strategy: Strategy) -> None:
+    def __init__(self, strategy: ContainerStrategy) -> None:
         self._strategy = strategy
 
     @property
@@ -455,7 +511,7 @@ class StrategyExtended:
                     f"{replica.strategy!r}: mixing strategies is not supported."
                 )
 
-            def merge_fn(strategy: Strategy, var: Any, *a: Any, **k: Any) -> Any:
+            def merge_fn(strategy: ContainerStrategy, var: Any, *a: Any, **k: Any) -> Any:
                 # Replica 0's closure runs, as in TensorFlow (every replica's has one code).
                 return strategy.extended._update(var, fn, a, k, group)
 

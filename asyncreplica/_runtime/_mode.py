@@ -45,5 +45,6 @@ def current_mode() -> Mode:
     """Return the current mode; the default mode when none was set."""
     mode = MODE.get()
     if mode is None:
+        # Registered when asyncreplica is imported (its __init__ imports _strategy).
         return _default_mode[0]()
     return mode

@@ -1,12 +1,12 @@
 """What the modules below are handed by the classes above them, as small protocols.
 
-The runtime's compiled core (``_collective``, ``_issuing``) and the modules it calls
-(``_ownership``, ``_mode``) sit below :class:`~._run.Run`, :class:`~._context.ReplicaContext`
-and :class:`~._strategy.Strategy`, which create and drive them. They name none of those
-classes, not even for types: each reads the few fields it is handed, listed here, and the
-classes above satisfy these protocols by their shape. ``tests/test_layering.py`` holds
-the rule (no import circle among the runtime's modules; the compiled modules import
-nothing above them).
+The runtime's compiled core (``_collective``, ``_issuing``) and the ownership checks it
+calls (``_ownership``) sit below :class:`~._run.Run`, :class:`~._context.ReplicaContext`
+and :class:`~._strategy.Strategy`, which create and drive them; ``Run`` itself sits below
+``Strategy``. None of them names a class above it, not even for types: each reads the few
+fields it is handed, listed here, and the classes above satisfy these protocols by their
+shape. ``tests/test_layering.py`` holds the rule (no import circle among the runtime's
+modules; the compiled modules import nothing above them).
 
 This module imports nothing of the runtime.
 """
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .._core._nest import TreeDef
     from .._core._signature import LeafSpec, Signature
     from .._options import CommunicationOptions
-    from ..abc import Backend, ProcessGroup
+    from ..abc import ProcessGroup
 
 __all__ = [
     "Describer",
@@ -36,7 +36,8 @@ __all__ = [
 class IssuingRun(Protocol):
     """What issuing a collective reads of its run (:class:`~._run.Run`)."""
 
-    # The run's rendezvous (a ``_collective.Rendezvous``; typed there, which is below).
+    # The run's rendezvous: a ``_collective.Rendezvous``, not named here (``_collective``
+    # imports this module; the name would close a circle).
     _rv: Any
 
     @property
@@ -108,10 +109,6 @@ class RunStrategy(Protocol):
     @property
     def extended(self) -> _WorkerDevices:
         """``strategy.extended`` (its devices)."""
-
-    @property
-    def backend(self) -> Backend:
-        """The strategy's backend."""
 
 
 class OwnedCollective(Protocol):

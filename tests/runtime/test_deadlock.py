@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _clocks import trio_on_autojump_clock
 
 import asyncreplica as ar
 from asyncreplica._runtime import _run
@@ -147,6 +148,7 @@ async def test_a_helper_waiting_on_a_failed_sibling_is_not_a_cycle(anyio_backend
         await s.run(step)
 
 
+@trio_on_autojump_clock
 async def test_a_join_on_a_plain_event_is_not_analysed_and_times_out(
     anyio_backend: object,
 ) -> None:
@@ -270,6 +272,7 @@ async def test_an_arrivals_deadlock_check_does_not_grow_with_the_replicas() -> N
         ),
     ],
 )
+@trio_on_autojump_clock
 async def test_a_join_begun_after_the_helpers_parked_is_still_reported_as_a_cycle(
     limits: dict[str, Any], anyio_backend: object
 ) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import anyio
 import numpy as np
 import pytest
+from _clocks import on_autojump_clock, trio_on_autojump_clock
 
 import asyncreplica as ar
 
@@ -137,8 +138,9 @@ async def test_cancelling_the_run_from_outside_cancels_every_replica() -> None:
     assert len(anyio.get_running_tasks()) == before
 
 
+@on_autojump_clock
 async def test_timeout_names_arrived_and_missing_replicas() -> None:
-    s = strategy(3, communication_options=ar.CommunicationOptions(timeout_seconds=0.05))
+    s = strategy(3, communication_options=ar.CommunicationOptions(timeout_seconds=30.0))
     never = anyio.Event()
 
     async def step() -> None:
@@ -155,12 +157,13 @@ async def test_timeout_names_arrived_and_missing_replicas() -> None:
     assert error.arrived == frozenset({0, 2})
     assert error.missing == frozenset({1})
     assert str(error).startswith(
-        "Timed out after 0.05 s waiting for replica 1 at the 1st collective (position 0)."
+        "Timed out after 30 s waiting for replica 1 at the 1st collective (position 0)."
     )
 
 
+@on_autojump_clock
 async def test_per_call_timeout_overrides_the_strategy() -> None:
-    s = strategy(2)
+    s = strategy(2, communication_options=ar.CommunicationOptions(timeout_seconds=600.0))
     never = anyio.Event()
 
     async def step() -> None:
@@ -168,10 +171,12 @@ async def test_per_call_timeout_overrides_the_strategy() -> None:
         assert ctx is not None
         if ctx.replica_id_in_sync_group == 1:
             await never.wait()
-        await ctx.all_reduce("sum", 1.0, ar.CommunicationOptions(timeout_seconds=0.01))
+        await ctx.all_reduce("sum", 1.0, ar.CommunicationOptions(timeout_seconds=5.0))
 
-    with pytest.raises(ar.CollectiveTimeoutError):
+    started = anyio.current_time()
+    with pytest.raises(ar.CollectiveTimeoutError, match=r"^Timed out after 5 s "):
         await s.run(step)
+    assert anyio.current_time() - started < 600.0  # the call's 5 s, not the strategy's
 
 
 async def test_merge_fn_exception_fails_the_run() -> None:
@@ -326,6 +331,7 @@ async def test_a_collective_refuses_to_be_used_as_a_value(use: object) -> None:
     await s.run(step)
 
 
+@trio_on_autojump_clock
 async def test_cancelling_one_replicas_collective_fails_the_run() -> None:
     s = strategy(2)
     never = anyio.Event()

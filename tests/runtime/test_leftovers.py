@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
+from _clocks import on_autojump_clock, trio_on_autojump_clock
 
 import asyncreplica as ar
 
@@ -50,6 +51,7 @@ def _line(marker: str) -> int:
     return hits[0]
 
 
+@trio_on_autojump_clock
 @pytest.mark.parametrize("n", [1, 3])
 async def test_a_merge_fn_that_never_returns_times_out(n: int) -> None:
     s = strategy(n, communication_options=ar.CommunicationOptions(timeout_seconds=0.2))
@@ -68,6 +70,7 @@ async def test_a_merge_fn_that_never_returns_times_out(n: int) -> None:
     assert info.value.arrived == frozenset(range(n))
 
 
+@on_autojump_clock
 async def test_a_merge_fn_timeout_counts_from_when_the_merge_fn_starts() -> None:
     # docs/hangs.md: "timeout_seconds (counted from when merge_fn starts)". The late
     # arrival (0.6 s) and the merge_fn (0.6 s) each stay under the 1 s timeout; together
@@ -89,6 +92,7 @@ async def test_a_merge_fn_timeout_counts_from_when_the_merge_fn_starts() -> None
         assert anyio.current_time() - started >= 1.2
 
 
+@trio_on_autojump_clock
 async def test_a_merge_fn_that_stalls_is_warned_about_then_resumes(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

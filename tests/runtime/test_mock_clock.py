@@ -12,6 +12,7 @@ import time
 import anyio
 import numpy as np
 import pytest
+from _clocks import on_autojump_clock, trio_on_autojump_clock
 
 import asyncreplica as ar
 
@@ -53,3 +54,31 @@ def test_a_two_minute_timeout_passes_in_no_real_time(caplog: pytest.LogCaptureFi
     assert stalls, [r.getMessage() for r in caplog.records]
     # The stall warning's figure is the mock clock's 60 s, not the real milliseconds.
     assert any("60." in m or "1 min" in m for m in stalls), stalls
+
+
+# -- tests/_clocks.py: the decorators that put a test on the autojump clock -------------
+
+
+@on_autojump_clock
+@pytest.mark.anyio
+async def test_on_autojump_clock_runs_once_on_trio_with_time_mocked(
+    anyio_backend_name: str,
+) -> None:
+    assert anyio_backend_name == "trio"
+    started, real = anyio.current_time(), time.monotonic()
+    await anyio.sleep(3600.0)
+    assert anyio.current_time() - started >= 3600.0
+    assert time.monotonic() - real < 30.0  # hang guard: an hour of mock time, not real
+
+
+@trio_on_autojump_clock
+@pytest.mark.anyio
+async def test_trio_on_autojump_clock_mocks_trio_only(anyio_backend_name: str) -> None:
+    started, real = anyio.current_time(), time.monotonic()
+    if anyio_backend_name == "trio":
+        await anyio.sleep(3600.0)
+        assert anyio.current_time() - started >= 3600.0
+    else:  # asyncio keeps its real clock: a real millisecond is a millisecond
+        await anyio.sleep(0.001)
+        assert anyio.current_time() - started < 30.0
+    assert time.monotonic() - real < 30.0

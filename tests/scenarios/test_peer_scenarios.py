@@ -24,6 +24,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from _clocks import trio_on_autojump_clock
 
 import asyncreplica as ar
 from asyncreplica._core._ledger import ReplicaRow, ReplicaState
@@ -938,6 +939,7 @@ async def test_s22_unnamed_collective_while_another_is_in_flight(first_name: str
 # -- 23: alive but busy ---------------------------------------------------------------------------
 
 
+@trio_on_autojump_clock
 async def test_s23_busy_replica_times_out_naming_where_it_waits() -> None:
     timeout = ar.CommunicationOptions(timeout_seconds=0.05)
     s = strategy(4, communication_options=timeout)
@@ -982,6 +984,7 @@ class _OnRecord(logging.Handler):
             self.action()
 
 
+@trio_on_autojump_clock
 async def test_s23_stall_warning_then_resumed_when_the_busy_replica_arrives(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
