@@ -37,6 +37,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
+from ._core._components import check_reduced
 from ._core._dtypes import (
     EXACT_MEAN_COUNT,
     is_reducible,
@@ -64,6 +65,7 @@ __all__ = [
     "ReduceOp",
     "Signature",
     "available_backends",
+    "check_reduced",
     "is_reducible",
     "is_refusal",
     "key_text",
@@ -241,13 +243,23 @@ class ProcessGroup(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not wrap a local backend")
 
-    async def refuse(self, error: Exception) -> NoReturn:
+    async def refuse(
+        self,
+        error: Exception,
+        *,
+        components: tuple[ReduceOp, tuple[int, ...] | None, Sequence[LeafSpec]] | None = None,
+    ) -> NoReturn:
         """Refuse a cross-replica operation that the other processes may be making.
 
         This process found ``error`` before it could take part (a ``SUM`` of a plain
         value that stands for several replicas, say). It still takes part in the
         agreement, so that every process raises ``error``'s class with the same
         message, instead of the others waiting for it. The default raises ``error``.
+
+        ``components``: for ``Strategy.reduce`` whose components this process's
+        replicas hold differ, its op, axes and one spec per local replica: the group
+        can then check every process's components as one process would
+        (:func:`check_reduced`) and raise that error everywhere.
         """
         raise error
 

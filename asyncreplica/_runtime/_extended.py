@@ -6,10 +6,10 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
+from .._core._components import by_shape, check_components, check_reduced, normalize_axes
 from .._core._devices import parse_device
-from .._core._match import differing_fields
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
-from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
+from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
@@ -96,114 +96,8 @@ def axis_tuple(axis: object) -> tuple[int, ...] | None:
     raise TypeError(f"Expected `axis` to be an integer, tuple or list not: {type(axis)}")
 
 
-def normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Non-negative axes of a value of this shape.
-
-    Raises:
-        ValueError: An axis is out of range or named twice.
-    """
-    rank = len(shape)
-    out = []
-    for a in axes:
-        if not -rank <= a < rank:
-            raise ValueError(f"`axis` = {a} out of range for `value` with rank {rank}")
-        out.append(a % rank)
-    if len(set(out)) != len(out):
-        raise ValueError(f"`axis` {axes} names the same axis twice")
-    return tuple(out)
-
-
-def _replicas(ids: Sequence[int]) -> str:
-    return f"replica{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
-
-
-def _by_shape(shapes: Sequence[tuple[int, ...]], first: int = 0) -> str:
-    """Which replicas hold which shape; ``first``: the global id of ``shapes[0]``'s replica."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, shape in enumerate(shapes, first):
-        groups.setdefault(shape, []).append(i)
-    return "; ".join(
-        f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} shape {shape}"
-        for shape, ids in groups.items()
-    )
-
-
 def _is_number(value: object) -> bool:
     return isinstance(value, int | float | complex) and not isinstance(value, bool)
-
-
-def check_components(
-    api: str,
-    kind: CollectiveKind,
-    op: ReduceOp | None,
-    specs: Sequence[LeafSpec],
-    axis: int | None = None,
-    first: int = 0,
-) -> None:
-    """Hold a distributed value's components to the match table, as a collective is held.
-
-    ``Strategy.reduce``, ``gather`` and ``extended.reduce_to``/``batch_reduce_to``
-    combine one component per replica, as ``all_reduce`` and ``all_gather`` combine
-    one value per replica: the same rules of :data:`~.._core._match.RULES` decide
-    whether they may (dtype, sparse or dense, array type). Shapes are checked by the
-    callers, whose rule depends on ``axis``; ``gather`` passes its (non-negative)
-    ``axis``, and its components are held to ``all_gather``'s shape row too (one rank,
-    one size in every other dimension). ``first``: the global id of the first
-    component's replica (under MPI, this process's first), for the message.
-
-    Raises:
-        CollectiveMismatchError: Components differ in a field of the match table.
-    """
-    if len(specs) < 2:
-        return
-    signatures = {
-        i: Signature(
-            kind,
-            op=op,
-            axis=axis,
-            leaves=(LeafSpec(() if axis is None else s.shape, s.dtype, s.sparse, s.array_type),),
-        )
-        for i, s in enumerate(specs, first)
-    }
-    base = signatures[first]
-    fields: list[str] = []
-    for sig in signatures.values():
-        fields.extend(
-            f for f in differing_fields(base, sig, check_call_sites=False) if f not in fields
-        )
-    if not fields:
-        return
-    groups: dict[str, list[int]] = {}
-    for i, spec in enumerate(specs, first):
-        what = f"IndexedSlices of {spec.dtype}" if spec.sparse else spec.dtype
-        if spec.array_type is not None:
-            what = f"{spec.array_type} of {what}"
-        if "shape" in fields:
-            what = f"{what}{list(spec.shape)}"
-        groups.setdefault(what, []).append(i)
-    held = "; ".join(
-        f"{_replicas(ids)} {'hold' if len(ids) > 1 else 'holds'} {what}"
-        for what, ids in groups.items()
-    )
-    advice = {
-        "array type": "Convert every component to one array type (np.asarray, jnp.asarray).",
-        "sparsity": "Pass IndexedSlices on every replica or dense values on every replica.",
-        "dtype": "Cast every component to one dtype first (TensorFlow raises here too).",
-        "shape": (
-            f"Give every component one rank, and one size in every dimension but axis {axis}."
-        ),
-    }
-    raise CollectiveMismatchError(
-        0,
-        signatures,
-        fields,
-        num_replicas=len(specs),
-        message=(
-            f"{api} combines one component per replica, and they must agree as a "
-            f"collective's values must ({', '.join(fields)}), but {held}. "
-            + " ".join(advice[f] for f in fields if f in advice)
-        ),
-    )
 
 
 _NUMBERS = (int, float, complex)
@@ -229,13 +123,13 @@ async def reduce_leaf(
         specs = [describe(c) for c in components]
         group = strategy._group
         try:
-            norm = _check_reduced(op, specs, axes, 0 if group is None else group.offset)
+            norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
         except (CollectiveMismatchError, ValueError) as error:
             if group is None:
                 raise
             # Found by this process's replicas alone: every process raises it (in the
             # agreement the others make for this reduce), none waits for this one.
-            await group.refuse(error)
+            await group.refuse(error, components=(op, axes, specs))
         if norm is None:
             if strategy._group is None and all(type(c) in _NUMBERS for c in components):
                 # Distributed Python numbers are a collective's values, described as
@@ -277,46 +171,6 @@ async def reduce_leaf(
         # (N of every process: the same number as in one process).
         return await local.reduce(op, [leaf] * strategy.num_replicas_in_sync, norm)
     return await local.reduce(op, [leaf], norm)
-
-
-def _check_reduced(
-    op: ReduceOp, specs: Sequence[LeafSpec], axes: tuple[int, ...] | None, first: int
-) -> tuple[int, ...] | None:
-    """Check the components ``Strategy.reduce`` combines; the axes it reduces (normalized).
-
-    ``first``: the global id of the first component's replica (under MPI, this
-    process's first), for the messages.
-
-    Raises:
-        CollectiveMismatchError: Components differ in a field of the match table.
-        ValueError: Shapes that ``axes`` cannot combine, or an axis out of range.
-    """
-    check_components("Strategy.reduce", CollectiveKind.ALL_REDUCE, op, specs, first=first)
-    shapes = [tuple(s.shape) for s in specs]
-    if axes is None:
-        if len(set(shapes)) > 1:
-            raise ValueError(
-                f"Strategy.reduce with axis=None combines the replicas' values "
-                f"element-wise, so they need one shape, but {_by_shape(shapes, first)}. Pass "
-                "axis=0 to reduce along the batch axis too (then only the other "
-                "dimensions must agree)."
-            )
-        return None
-    if len({len(s) for s in shapes}) > 1:
-        raise ValueError(
-            f"Strategy.reduce with axis={axes} needs values of one rank on every "
-            f"replica, but {_by_shape(shapes, first)}. TensorFlow raises here too; give every "
-            "replica a value of the same rank (an empty batch has shape (0, ...), not (0,))."
-        )
-    norm = normalize_axes(axes, shapes[0])
-    kept = [tuple(d for k, d in enumerate(s) if k not in norm) for s in shapes]
-    if len(set(kept)) > 1:
-        raise ValueError(
-            f"Strategy.reduce with axis={axes} sums each replica's value along those "
-            f"axes, then across replicas element-wise, so the other dimensions must "
-            f"agree, but {_by_shape(shapes, first)}."
-        )
-    return norm
 
 
 def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:
@@ -550,7 +404,7 @@ class StrategyExtended:
             if len(set(shapes)) > 1:
                 raise ValueError(
                     f"extended.reduce_to combines the replicas' values element-wise, so they "
-                    f"need one shape, but {_by_shape(shapes)} (value {j} of the batch)."
+                    f"need one shape, but {by_shape(shapes)} (value {j} of the batch)."
                 )
         return await strategy.backend.all_reduce(op, per_replica, bytes_per_pack=bytes_per_pack)
 

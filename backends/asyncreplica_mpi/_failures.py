@@ -38,6 +38,7 @@ from ._protocol import (
     REFUSALS,
     Status,
     collective_error,
+    components_error,
     describe_exception,
     differing_fields,
     error_fields,
@@ -460,6 +461,12 @@ class Failures:
         position and name of the collective the processes wait at.
         """
         refused = first_refusal(details)
+        if refused is not None and refused.get("components"):
+            # Strategy.reduce's components differ inside a process: one process's own
+            # check of every replica's component, raised alike everywhere.
+            found = components_error(details)
+            if found is not None:
+                raise found
         if refused is not None:
             name, text, *rest = refused["refused"]
             what = rest[1] if len(rest) > 1 else "cross-replica operation"
@@ -492,6 +499,9 @@ class Failures:
         name = key[0] if isinstance(key, list) else None
         position = key[1] if isinstance(key, list) else key if isinstance(key, int) else 0
         if kind == "mismatch":
+            found = components_error(details)  # Strategy.reduce: one process's check
+            if found is not None:
+                raise found
             cycle = _cycle(details)
             if cycle is not None:
                 raise cycle

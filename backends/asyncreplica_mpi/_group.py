@@ -34,7 +34,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica.abc import Backend, CollectiveKind, ProcessGroup, Signature
+from asyncreplica.abc import Backend, CollectiveKind, LeafSpec, ProcessGroup, ReduceOp, Signature
 
 from . import _exit
 from ._arrival import _arrive, _created, agree_options
@@ -47,6 +47,7 @@ from ._protocol import (
     MAGIC,
     Status,
     at_position,
+    cross_fields,
     describe_exception,
     error_fields,
     fingerprint,
@@ -424,13 +425,26 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._to(Event.PEER_EXITED)
         return details
 
-    async def refuse(self, error: Exception) -> NoReturn:
-        """Take part in the agreement with a refusal: every process raises ``error``'s class."""
+    async def refuse(
+        self,
+        error: Exception,
+        *,
+        components: tuple[ReduceOp, tuple[int, ...] | None, Sequence[LeafSpec]] | None = None,
+    ) -> NoReturn:
+        """Take part in the agreement with a refusal: every process raises ``error``'s class.
+
+        ``components`` (``Strategy.reduce``: see ``ProcessGroup.refuse``) travel with
+        the refusal, as the processes that reduce send theirs, so that every process
+        raises one process's own check of every replica's component.
+        """
         fields = refusal_fields(error)
-        detail = {
+        detail: dict[str, Any] = {
             "describe": f"a refused cross-replica operation ({describe_exception(error)})",
             "refused": refused_detail(error, "cross-replica operation"),
         }
+        if components is not None:
+            op, axes, specs = components
+            detail["components"] = cross_fields("reduce", op, axes, specs)
         await self._acquire()
         try:
             with anyio.CancelScope(shield=True):

@@ -38,6 +38,7 @@ from asyncreplica.abc import (
     LeafSpec,
     ReduceOp,
     Signature,
+    check_reduced,
     is_refusal,
     signature_differences,
     treedef_key,
@@ -310,6 +311,52 @@ def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, A
             "name": found.name,
             "waiting": sorted(found.waiting),
         }
+    return None
+
+
+def components_error(details: Sequence[Mapping[str, Any]]) -> Exception | None:
+    """What one process raises for these processes' ``Strategy.reduce`` calls, or None.
+
+    Each process checked its own replicas' components (they agree); when the processes'
+    reduces differ in their components (a shape, a rank, a dtype), one process with
+    every replica would have raised the runtime's own check of the components
+    (``asyncreplica.abc.check_reduced``: ``ValueError`` for shapes, or
+    ``CollectiveMismatchError``), so that check is made here of every process's
+    components, in global replica order: the same class, fields, replica ids and
+    message. A process whose own replicas' components differ refuses with them
+    (``components`` in its detail: see ``MPIProcessGroup.refuse``). None when the
+    processes differ in anything else (the op, the axis, another refusal).
+    """
+    # Each process's components: those of a refusal (its replicas differ), or its
+    # reduce's one leaf for each of its replicas (they agree).
+    parts: list[tuple[int, Mapping[str, Any], list[Any]]] = []
+    for d in details:
+        sent = d.get("components")
+        fields = d.get("fields")
+        first_replica, count = (int(v) for v in d["replicas"])
+        if sent:
+            parts.append((first_replica, sent, list(sent["leaves"])))
+        elif (
+            Status(d["status"]) is Status.COLLECTIVE
+            and fields
+            and fields.get("kind") == "reduce"
+            and len(fields.get("leaves", ())) == 1
+        ):
+            parts.append((first_replica, fields, list(fields["leaves"]) * count))
+        else:
+            return None
+    first = parts[0][1]
+    if any((f["op"], f["axis"]) != (first["op"], first["axis"]) for _, f, _ in parts):
+        return None
+    specs: list[LeafSpec] = []
+    for _, _, leaves in sorted(parts, key=lambda part: part[0]):
+        for shape, dtype, sparse, *rest in leaves:
+            specs.append(LeafSpec(tuple(shape), dtype, bool(sparse), *rest))
+    axis = first["axis"]
+    try:
+        check_reduced(ReduceOp(first["op"]), specs, None if axis is None else tuple(axis), 0)
+    except (CollectiveMismatchError, ValueError) as error:
+        return error
     return None
 
 

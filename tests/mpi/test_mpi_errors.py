@@ -181,10 +181,12 @@ def test_reduce_components_refused_inside_one_process_raise_alike_everywhere(
     fields = [_fields(logs[r]) for r in range(n)]
     assert fields[0]["class"] == "CollectiveMismatchError", logs[0]
     assert fields[0]["fields"] == ["dtype"], logs[0]
+    assert fields[0]["signatures"] == list(range(2 * n)), logs[0]  # as in one process
     assert all(f == fields[0] for f in fields), fields
     last = 2 * n - 1
+    held = ", ".join(map(str, range(last)))
     for rank in range(n):
-        assert f"replica {last - 1} holds float64; replica {last} holds float32" in logs[rank]
+        assert f"replicas {held} hold float64; replica {last} holds float32" in logs[rank]
         assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 
@@ -198,7 +200,9 @@ def test_reduce_shapes_refused_inside_one_process_raise_alike_everywhere(
     assert rc == 0, output
     for rank in range(n):
         assert _fields(logs[rank]) == {"class": "ValueError"}, logs[rank]
-        assert "replica 0 holds shape (2, 4); replica 1 holds shape (2, 3)" in logs[rank]
+        others = ", ".join(map(str, [0, *range(2, 2 * n)]))
+        want = f"replicas {others} hold shape (2, 4); replica 1 holds shape (2, 3)"  # one process's
+        assert want in logs[rank], logs[rank]
         assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 

@@ -13,8 +13,9 @@ infinities and signed zeros), then cross-replica calls on the run's results and 
 (``strategy.reduce``, ``gather``, ``extended.reduce_to`` / ``batch_reduce_to`` /
 ``broadcast_to``, ``experimental_local_results``,
 ``experimental_distribute_values_from_function``, ``experimental_distribute_dataset``), some with a fault (a replica that
-calls another collective or skips one, a ``SUM`` of a plain value, a ``bool``
-reduction). Each program runs under both strategies, and this process's part of each
+calls another collective or skips one, or all-reduces ``2**70``, which no dtype holds; a
+``SUM`` of a plain value, a ``bool`` reduction, a ``strategy.reduce`` component whose
+shape, rank or dtype differs on one replica). Each program runs under both strategies, and this process's part of each
 result must equal the oracle's: integers and every float of a layout with one replica
 per process bit for bit, other floats within the documented tolerance (NaN equal to
 NaN); an error must be of the oracle's class with its position, name and fields, and
@@ -161,6 +162,7 @@ def generate(seed: int, number: int, total: int) -> Case:
                 "values_fn",
                 "dataset",
                 "large",
+                "mismatch",
             )
         )
         if kind == "plain":
@@ -169,7 +171,10 @@ def generate(seed: int, number: int, total: int) -> Case:
             op = pick(("MIN", "MAX"))
         else:
             op = pick(OPS)
-        case.posts.append((kind, 100 + j, pick(INTS + FLOATS), int(rng.integers(1, 4)), op))
+        dtype = pick(INTS + FLOATS)
+        if kind == "mismatch" and dtype == "bool":
+            dtype = "int32"  # (a refused dtype: which of two refusals wins is another test)
+        case.posts.append((kind, 100 + j, dtype, int(rng.integers(1, 4)), op))
     # (where the oracle has a defect, another dtype of the same kind)
     case.steps = [
         (s[0], s[1], "int64" if (s[2], *s[4:5]) in ORACLE_DEFECTS else s[2], *s[3:])
@@ -180,7 +185,7 @@ def generate(seed: int, number: int, total: int) -> Case:
         for p in case.posts
     ]
     roll = rng.random()
-    if roll < 0.3:
+    if roll < 0.36:
         # A program with a fault has no dtype that a reduction refuses: which of two
         # errors is found first depends on when each replica arrives.
         case.steps = [(s[0], s[1], "int32" if s[2] == "bool" else s[2], *s[3:]) for s in case.steps]
@@ -194,6 +199,10 @@ def generate(seed: int, number: int, total: int) -> Case:
     elif roll < 0.3 and total > 1:
         # the last replica returns before one of its collectives
         case.fault = ("skip", int(rng.integers(len(case.steps))), total - 1)
+    elif roll < 0.36 and "reduce" in [s[0] for s in case.steps]:
+        # a replica all-reduces a value no dtype holds (2**70): refused as it is issued
+        reduces = [k for k, s in enumerate(case.steps) if s[0] == "reduce"]
+        case.fault = ("refuse", reduces[int(rng.integers(len(reduces)))], int(rng.integers(total)))
     return case
 
 
@@ -229,6 +238,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 return out
             other = fault is not None and g == fault[2] and fault[0] == "other"
             x = make(dtype, (2, cols), case.number, j, g)
+            if fault is not None and g == fault[2] and fault[0] == "refuse":
+                x = 2**70  # type: ignore[assignment]
             if kind == "reduce":
                 result = await ctx.all_reduce(
                     "MAX" if other and s[4] != "MAX" else "MIN" if other else s[4], x
@@ -285,6 +296,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
             [
                 make_large(dt, case.number, j, g)
                 if kind == "large"
+                else deviant(dt, c, kind, g, case, j, n)
+                if kind == "mismatch"
                 else make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
                 for kind, j, dt, c, _ in case.posts
             ]
@@ -292,6 +305,28 @@ def step_fn(case: Case) -> Callable[[], Any]:
         return out
 
     return step
+
+
+def deviation(case: Case, j: int, total: int) -> tuple[int, str, int | None]:
+    """A ``mismatch`` post: the replica whose component differs, how, and the axis."""
+    rng = np.random.default_rng([case.number, j, 7])
+    return (
+        int(rng.integers(total)),
+        ("shape", "rank", "dtype")[int(rng.integers(3))],
+        (None, 0)[int(rng.integers(2))],
+    )
+
+
+def deviant(dtype: str, cols: int, how: str, g: int, case: Case, j: int, total: int) -> Any:
+    """Replica ``g``'s component of a ``mismatch`` post."""
+    replica, what, _ = deviation(case, j, total)
+    if g != replica:
+        return make(dtype, (2, cols), case.number, j, g)
+    if what == "shape":
+        return make(dtype, (2, cols + 1), case.number, j, g)
+    if what == "rank":
+        return make(dtype, (2, cols, 1), case.number, j, g)
+    return make("float32" if dtype != "float32" else "float64", (2, cols), case.number, j, g)
 
 
 def layout_plain(
@@ -320,6 +355,10 @@ async def posts(
             out.append(await cross(strategy, kind, op, value))
         elif kind == "large":
             out.append({EXACT: await cross(strategy, "reduce", op, value)})
+        elif kind == "mismatch":
+            # one replica's component differs (shape, rank or dtype): one process raises
+            _, _, axis = deviation(case, j, strategy.num_replicas_in_sync)
+            out.append(await strategy.reduce(op, value, axis=axis))
         elif kind == "broadcast_to":
             plain = make(dtype, (cols,), case.number, j)
             out.append(await strategy.extended.broadcast_to(plain, destinations="CPU:0"))
@@ -367,6 +406,9 @@ def describe_error(error: BaseException | None, *, ids: bool = False) -> tuple[A
     if isinstance(error, ar.ReplicaExitedError):
         found = (name, error.replica_id, error.position, error.name)
         return (*found, tuple(sorted(error.waiting))) if ids else found
+    first = str(error).partition("\n")[0]
+    if isinstance(error, TypeError) and first.startswith("replica "):
+        return (name, first)  # a refused value: which replica, and why
     return (name,)
 
 
