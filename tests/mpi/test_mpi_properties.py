@@ -71,9 +71,7 @@ def test_random_programs_across_processes(n: int, first: int, tmp_path: Path) ->
     env = {**os.environ, "ASYNCREPLICA_TEST_OUT": str(tmp_path), "PYTHONUNBUFFERED": "1"}
     env.pop("ASYNCREPLICA_TRACE", None)
     command = [mpiexec, "-n", str(n), sys.executable, str(PROGRAM), str(first), str(SEEDS)]
-    again = (
-        f"ASYNCREPLICA_MPI_PROPERTY_ONLY=<seed> mpiexec -n {n} python {PROGRAM} {first} {SEEDS}"
-    )
+    again = f"ASYNCREPLICA_MPI_PROPERTY_ONLY=<seed> mpiexec -n {n} python {PROGRAM} {first} {SEEDS}"
     try:
         proc = subprocess.run(
             command,

@@ -250,7 +250,11 @@ def test_a_swap_on_one_line_is_caught_and_shown_with_columns() -> None:
         f = ctx.all_reduce
         swap = ctx.replica_id_in_sync_group == 1
         found.append(_here() + 1)
-        return (await f("sum", x), await f("sum", y)) if not swap else (await f("sum", y), await f("sum", x))
+        return (
+            (await f("sum", x), await f("sum", y))
+            if not swap
+            else (await f("sum", y), await f("sum", x))
+        )
 
     text = _fail(strategy, step)
     line = found[0]

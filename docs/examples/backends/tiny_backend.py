@@ -129,7 +129,9 @@ class TinyBackend(Backend):
         if op is ReduceOp.MEAN:  # global sum over global count: uneven components weigh right
             count = sum(int(np.prod([a.shape[k] for k in axis])) for a in arrays)
             if arrays[0].dtype.kind in "iu":
-                return exact_mean([np.asarray(a.astype(object).sum(axis=axis)) for a in arrays], count)
+                return exact_mean(
+                    [np.asarray(a.astype(object).sum(axis=axis)) for a in arrays], count
+                )
             total = combine(ReduceOp.SUM, [np.asarray(a.sum(axis=axis)) for a in arrays])
             return divide(total, count)
         return combine(op, [np.asarray(LOCAL[op](a, axis=axis)) for a in arrays])

@@ -102,9 +102,7 @@ def strategy_for(counts: list[int], stall: bool) -> ar.MultiWorkerMirroredStrate
         )
     key = tuple(counts)
     if key not in _strategies:
-        _strategies[key] = ar.MultiWorkerMirroredStrategy(
-            [f"CPU:{i}" for i in range(counts[RANK])]
-        )
+        _strategies[key] = ar.MultiWorkerMirroredStrategy([f"CPU:{i}" for i in range(counts[RANK])])
     return _strategies[key]
 
 
@@ -130,7 +128,11 @@ async def one(seed: int, counts: list[int], last: bool) -> dict[str, Any]:
         for k, action in enumerate(program.actions[rid]):
             if fault is not None and fault[1] == RANK and k == len(program.actions[rid]) // 2:
                 if fault[0] == "exit":
-                    report(json.dumps({"seed": seed, "outcome": "exit", "violation": None, "fault": fault}))
+                    report(
+                        json.dumps(
+                            {"seed": seed, "outcome": "exit", "violation": None, "fault": fault}
+                        )
+                    )
                     sys.exit(3)  # the process exits in the middle of its step
                 await anyio.sleep(6.0)  # stalls past the others' timeout (2 s)
             gave, result = await rp.act(ctx, action, rid, planted, never_cancel)
@@ -143,7 +145,12 @@ async def one(seed: int, counts: list[int], last: bool) -> dict[str, Any]:
         except Exception as exc:
             outcome = exc
     if guard.cancelled_caught:
-        return {"seed": seed, "outcome": "hang", "violation": f"no answer in {GUARD_S} s", "fault": fault}
+        return {
+            "seed": seed,
+            "outcome": "hang",
+            "violation": f"no answer in {GUARD_S} s",
+            "fault": fault,
+        }
     name = "ok" if outcome is None else type(outcome).__name__
     try:
         check(program, outcome, planted, results, local, fault)
