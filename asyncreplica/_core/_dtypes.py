@@ -16,6 +16,9 @@ The rules, as TensorFlow 2.21 applies them (measured: docs/migration.md):
   them in ``all_reduce``); here every integer MEAN follows the one float64 rule, as
   every backend implements it (docs/migration.md lists the difference).
 * Booleans are held (broadcast, all_gather, gather) but never reduced.
+* Every result, of every collective (broadcast, all_gather and gather included), is in
+  the machine's byte order: ``'>f8'`` and ``'<f8'`` are both ``float64`` by name (see
+  :func:`native_order`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "is_refusal",
     "is_integer",
     "is_reducible",
+    "native_order",
     "not_reducible_message",
     "number_dtype",
     "reduce_refusal",
@@ -128,6 +132,19 @@ def same_refusal(errors: Sequence[BaseException]) -> bool:
     first = errors[0]
     key = (type(first), str(first))
     return all(getattr(e, REFUSAL_MARK, False) and (type(e), str(e)) == key for e in errors)
+
+
+def native_order(dtype: str) -> str:
+    """The byte order of a result's dtype, given its input's (numpy's ``dtype.str``).
+
+    A collective's result is always in the machine's byte order (``"="``), whatever
+    order its input had, on every path and in every process: the signature names
+    dtypes (``"float64"``), so a big-endian leaf is not told from a little-endian one,
+    and MPI moves and reduces native numbers only. ``"|"`` (no byte order) stays.
+    """
+    if dtype[:1] in ("<", ">"):
+        return "=" + dtype[1:]
+    return dtype
 
 
 def reduced_dtype(op: ReduceOp, dtype: str) -> str:

@@ -80,6 +80,10 @@ _DELIBERATE = (AsyncReplicaError, TypeError, ValueError, NotImplementedError, Ru
 # all_reduce of a 32 TiB broadcast view raised numpy's MemoryError in the backend).
 _EXHAUSTION = (MemoryError, OSError)
 
+# numpy raises FloatingPointError only where the user's np.seterr/np.errstate asked for
+# it ("raise"): the user's error wherever the library combined the values, on every path.
+_ASKED = (FloatingPointError,)
+
 
 def _own(frame: FrameType) -> bool:
     """Whether ``frame`` runs asyncreplica's own code (by its module, never by a path)."""
@@ -102,7 +106,7 @@ def raised_by_library(error: BaseException) -> bool:
     See the module docstring for the rule. ``AsyncReplicaError`` (raised on purpose) and
     exception groups (the user's task groups) are never bugs here.
     """
-    if isinstance(error, (AsyncReplicaError, BaseExceptionGroup, *_EXHAUSTION)):
+    if isinstance(error, (AsyncReplicaError, BaseExceptionGroup, *_ASKED, *_EXHAUSTION)):
         return False
     tb = _innermost(error.__traceback__)
     if tb is None or not _own(tb.tb_frame):

@@ -9,7 +9,10 @@ Determinism: partial results of up to :data:`GATHER_BYTES` (and of dtypes MPI ca
 reduce) are gathered and combined in rank order here (those up to the group's
 ``INLINE_BYTES`` travel inside the agreement exchange itself), so every process computes the
 same bits in the same order. Larger ones use MPI's ``Iallreduce``, in place in the local
-result's buffer, whose result MPICH makes identical on every process.
+result's buffer: integer SUM/PROD with MPI's own operations, floats and MIN/MAX with a
+non-commutative operation of the local backend's rule (see :func:`_rank_order_op`), in
+rank order, so that NaN payloads and signs, signed zeros and numpy's floating-point
+warnings are one process's.
 
 Every transfer is posted and driven from the event loop (see :meth:`MPIBackend._drive`):
 MPICH moves data only inside MPI calls, so the thread that tests the request is the one
@@ -22,6 +25,7 @@ import asyncio
 import os
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +47,7 @@ from asyncreplica import IndexedSlices
 from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from . import _waiting
+from ._failures import IN_STEP
 from ._group import MPIProcessGroup
 from ._protocol import cross_fields
 
@@ -70,43 +75,139 @@ def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarra
 
     By the local backend's own combine (``asyncreplica_numpy``: its element-wise
     operation for each op and dtype), the one rule the replicas of one process follow.
+    numpy's floating-point errors (overflow, invalid value, ...) are recorded and then
+    raised or warned as the caller's ``np.errstate`` says (see :func:`_replay_fp`), as
+    one process's combine does, by a deliberate ``raise``: the user's error, not a bug.
     """
-    return np.asarray(_local_combine(ReduceOp.SUM if op is ReduceOp.MEAN else op, parts))
+    log = _FPLog()
+    with np.errstate(all="log", call=log):
+        result = np.asarray(_local_combine(ReduceOp.SUM if op is ReduceOp.MEAN else op, parts))
+    _replay_fp(log.bits)
+    return result
+
+
+# numpy's floating-point error texts ("<kind> encountered in <ufunc>"), the np.errstate
+# setting of each kind, its flag for an errcall, and the ufuncs a combine uses: a
+# recorded error is one bit, kind-major, so processes can OR theirs together.
+_FP_KINDS = ("divide by zero", "overflow", "underflow", "invalid value")
+_FP_SETTINGS = ("divide", "over", "under", "invalid")
+_FP_UFUNCS = ("add", "subtract", "multiply", "minimum", "maximum", "divide")
+
+
+class _FPLog:
+    """numpy's floating-point errors of a combine, as bits (``np.errstate(all="log")``)."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self) -> None:
+        self.bits = 0
+
+    def write(self, message: str) -> None:
+        kind, _, name = message.strip().removeprefix("Warning: ").partition(" encountered in ")
+        k = _FP_KINDS.index(kind) if kind in _FP_KINDS else 3
+        u = _FP_UFUNCS.index(name) if name in _FP_UFUNCS else 0
+        self.bits |= 1 << (k * len(_FP_UFUNCS) + u)
+
+
+def _replay_fp(bits: int) -> None:
+    """Raise or warn for recorded floating-point errors as numpy would have, here.
+
+    Under the caller's ``np.errstate``, by numpy's texts: ``"raise"`` raises
+    ``FloatingPointError`` (the first kind, as numpy does), ``"warn"`` warns
+    ``RuntimeWarning``, ``"call"``/``"log"``/``"print"`` go where numpy sends them.
+    """
+    if not bits:
+        return
+    setting = np.geterr()
+    for k, kind in enumerate(_FP_KINDS):
+        mode = setting[_FP_SETTINGS[k]]  # type: ignore[literal-required]
+        for u, name in enumerate(_FP_UFUNCS):
+            if mode == "ignore" or not (bits >> (k * len(_FP_UFUNCS) + u)) & 1:
+                continue
+            message = f"{kind} encountered in {name}"
+            if mode == "raise":
+                error = FloatingPointError(message)
+                # Every process computes the same bits, so raises alike once the data
+                # moved: the processes stay in step (see _failures.in_step).
+                setattr(error, IN_STEP, True)
+                raise error
+            if mode == "warn":
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            elif mode == "call":
+                np.geterrcall()(kind, 1 << k)  # type: ignore[misc,operator]
+            elif mode == "log":
+                np.geterrcall().write(f"Warning: {message}\n")  # type: ignore[union-attr]
+            else:  # print
+                sys.stdout.write(f"Warning: {message}\n")  # as numpy prints it
+
+
+class _CallbackState:
+    """What the rank-order operation met while MPI ran it (see :func:`_rank_order_op`)."""
+
+    __slots__ = ("bits", "pending")
+
+    def __init__(self) -> None:
+        self.bits = 0
+        self.pending: list[BaseException] = []
 
 
 # Rank-order MPI reductions (see _rank_order_op): one per (op, dtype), for the process.
-_RANK_ORDER_OPS: dict[tuple[ReduceOp, str], tuple[Any, Any]] = {}
+_RANK_ORDER_OPS: dict[tuple[ReduceOp, str], tuple[Any, Any, _CallbackState]] = {}
 
 
-def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, Any]:
-    """An MPI reduction by the local backend's own rule, and the element type it reduces.
+def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, Any, _CallbackState]:
+    """An MPI reduction by the local backend's own rule, its element type, and its state.
 
     MPI's own ``MIN``/``MAX`` drop NaN (``a > b ? a : b``) where numpy's
     ``np.minimum``/``np.maximum``, which one process uses, propagate it, and they order
-    ``-0.0``/``0.0`` ties their own way. This user-defined operation applies the local
-    backend's :func:`_local_combine` (the one rule) to two partial results, and is
-    declared non-commutative, so MPI combines them in rank order (``inout = in op
-    inout``, ``in`` from the lower ranks), as one process combines its replicas: for
-    MIN/MAX, whose rule picks the first NaN or the first of equal values whichever way
-    the operations are grouped, the bits one process computes.
+    ``-0.0``/``0.0`` ties their own way; MPI's own ``SUM``/``PROD`` are commutative,
+    so MPICH swaps the operands on part of the buffer, and x86 returns the first
+    operand's NaN: another replica's sign and payload. This user-defined operation
+    applies the local backend's :func:`_local_combine` (the one rule) to two partial
+    results, and is declared non-commutative, so MPI combines them in rank order
+    (``inout = in op inout``, ``in`` from the lower ranks), as one process combines its
+    replicas: the bits one process computes.
+
+    It never raises into MPI (an exception there is a "Fatal Python error" and an
+    abort): numpy's floating-point errors are recorded as bits in the state, and an
+    asynchronous exception (a signal handler's ``KeyboardInterrupt``/``SystemExit``)
+    is kept there while the combine is finished; the caller raises it once the MPI call
+    returned (see :meth:`MPIBackend._combine`).
 
     The element type is a contiguous run of ``dtype.itemsize`` bytes, so MPI never cuts
     an element when it splits the buffer. Created once per process (MPI frees them at
     finalize); the operation reinterprets the bytes as ``dtype``.
     """
+    if op is ReduceOp.MEAN:
+        op = ReduceOp.SUM  # the sum; the caller divides
     key = (op, dtype.str)
     found = _RANK_ORDER_OPS.get(key)
     if found is not None:
         return found
+    state = _CallbackState()
 
     def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        left = np.frombuffer(inbuf, dtype)
-        right = np.frombuffer(inoutbuf, dtype)
-        right[...] = _local_combine(op, [left, right])
+        log = _FPLog()
+        work: list[Any] = [None]  # the combined values, once computed
+        while True:
+            # Every step may be redone after an interruption: the result is computed
+            # before inoutbuf is written, and writing it again, or OR-ing the bits
+            # again, changes nothing.
+            try:
+                if work[0] is None:
+                    with np.errstate(all="log", call=log):
+                        work[0] = _local_combine(
+                            op, [np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)]
+                        )
+                np.frombuffer(inoutbuf, dtype)[...] = work[0]
+                state.bits |= log.bits
+                break
+            except BaseException as error:  # never into MPI: kept, raised after it
+                state.pending.append(error)
 
     element = MPI.BYTE.Create_contiguous(dtype.itemsize)
     element.Commit()
-    found = _RANK_ORDER_OPS[key] = (MPI.Op.Create(combine, commute=False), element)
+    found = _RANK_ORDER_OPS[key] = (MPI.Op.Create(combine, commute=False), element, state)
     return found
 
 
@@ -192,7 +293,7 @@ class MPIBackend(Backend):
             ReduceOp.SUM: self._MPI.SUM,
             ReduceOp.MEAN: self._MPI.SUM,
             ReduceOp.PROD: self._MPI.PROD,
-        }  # MIN and MAX: by the local backend's rule (see _rank_order_op)
+        }  # integers; floats, and MIN/MAX: by the local backend's rule (_rank_order_op)
 
     def describe(self, value: object) -> LeafSpec:
         """Describe a leaf (the local backend decides what it holds).
@@ -331,14 +432,30 @@ class MPIBackend(Backend):
             mine = _writable(flat) if owned else None
             out = self._output(flat.size, flat.dtype) if mine is None else mine.reshape(-1)
             send = flat if mine is None else self._MPI.IN_PLACE
-            if op in (ReduceOp.MIN, ReduceOp.MAX):
-                # By the local backend's rule, in rank order (MPI's MIN/MAX drop NaN).
-                mpi_op, element = _rank_order_op(self._MPI, op, dtype)
+            if op in (ReduceOp.MIN, ReduceOp.MAX) or dtype.kind in "fc":
+                # By the local backend's rule, in rank order (MPI's MIN/MAX drop NaN,
+                # its SUM/PROD swap operands: another replica's NaN; see _rank_order_op).
+                mpi_op, element, state = _rank_order_op(self._MPI, op, dtype)
                 if mine is None:
                     send = [flat, flat.size, element]
+                state.bits = 0
+                state.pending = []
                 await self._move(
                     flat.nbytes, "Allreduce", send, [out, out.size, element], op=mpi_op
                 )
+                bits, pending = state.bits, state.pending
+                state.pending = []
+                # Each process combined a part of the buffer: their floating-point
+                # errors together are the combine's, the same on every process.
+                flags = np.array([bits], np.int64)
+                every = np.empty(1, np.int64)
+                await self._move(8, "Allreduce", flags, every, op=self._MPI.BOR)
+                if pending:
+                    # An interruption inside the operation, raised once the data moved:
+                    # the processes are in step, and the run's end tells the others.
+                    setattr(pending[0], IN_STEP, True)
+                    raise pending[0]
+                _replay_fp(int(every[0]))
             else:
                 await self._move(flat.nbytes, "Allreduce", send, out, op=self._ops[op])
             return out

@@ -154,6 +154,19 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+IN_STEP = "_ar_in_step"
+
+
+def in_step(error: BaseException) -> bool:
+    """Whether ``error`` was raised alike on every process after the data moved.
+
+    The backend marks such an error (numpy's ``FloatingPointError`` under the user's
+    ``np.seterr``, computed from the same bits everywhere): nothing waits for this
+    process's data, so the processes stay in step and each raises it.
+    """
+    return bool(getattr(error, IN_STEP, False))
+
+
 class Failures:
     """The failure half of :class:`~asyncreplica_mpi.MPIProcessGroup` (its base).
 
@@ -386,7 +399,7 @@ class Failures:
         run's end is not told with one), and the exit hook ends the job once every
         peer has reported the failure.
         """
-        if self._broken is not None or self.size == 1:
+        if self._broken is not None or self.size == 1 or in_step(error):
             return
         self._break("this process failed after the processes agreed on a collective")
         self._failed_here = True

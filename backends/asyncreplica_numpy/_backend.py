@@ -1182,11 +1182,12 @@ class NumpyBackend(Backend):
         copies = []
         for v in values:
             array = _as_array(v)
+            native = _native(array.dtype)  # every result in native order (_core._dtypes)
             if array.nbytes >= POOL_BYTES:
-                copy = await self._buffer(array.shape, array.dtype)
+                copy = await self._buffer(array.shape, native)
                 np.copyto(copy, array)
             else:
-                copy = np.array(array, copy=True)
+                copy = np.array(array, dtype=native, copy=True)
             copies.append(_shared(copy, num_replicas))
         return [[views[r] for views in copies] for r in range(num_replicas)]
 

@@ -23,6 +23,7 @@ from asyncreplica.abc import (
     EXACT_MEAN_COUNT,
     ReduceOp,
     is_reducible,
+    native_order,
     reduced_dtype,
     sparse_op_message,
 )
@@ -51,7 +52,7 @@ def _native(dtype: np.dtype[Any]) -> np.dtype[Any]:
     ``'>f8'`` and ``'<f8'`` are both float64 (the signature names dtypes): every path
     returns float64 in native order, whatever order the inputs had.
     """
-    return dtype if dtype.isnative else dtype.newbyteorder("=")
+    return dtype if dtype.isnative else np.dtype(native_order(dtype.str))
 
 
 def _reducible_dtype(dtype: np.dtype[Any]) -> bool:

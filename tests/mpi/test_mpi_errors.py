@@ -373,3 +373,40 @@ def test_options_that_may_differ_between_processes_are_not_compared(tmp_path: Pa
     assert rc == 0, output
     for rank in range(2):
         assert logs[rank] == "created\nagain [3.0, 3.0]\n", logs[rank]
+
+
+# -- floats past the inline size: one process's bits, warnings and errors ---------------
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_floats_past_the_inline_size_are_one_process_bits_warnings_and_errors(
+    n: int, tmp_path: Path
+) -> None:
+    # MPI's built-in SUM/PROD swap operands on part of the buffer (another replica's NaN
+    # sign and payload), overflow in C (no RuntimeWarning) and ignore np.seterr; the
+    # inline path raised InternalError under np.seterr(all="raise"); broadcast of a
+    # big-endian array returned '>f8' in one process and '<f8' across processes. Each
+    # case runs on one process's MirroredStrategy and across processes, compared.
+    rc, logs, output = launch(n, "float_rules.py", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        lines = logs[rank].splitlines()
+        assert lines[-1] == "done", logs[rank]
+        assert len(lines) == 1 + 6 + 16 + 6, logs[rank]
+        assert all(line.startswith("same ") for line in lines[:-1]), logs[rank]
+    assert "Fatal Python error" not in output, output
+    assert "InternalError" not in output, output
+
+
+def test_an_interruption_inside_the_rank_order_operation_is_raised_after_it(
+    tmp_path: Path,
+) -> None:
+    # A KeyboardInterrupt (a signal handler's) inside the Python operation MPI runs was
+    # "Fatal Python error: exception in user-defined reduction operation" and MPI_Abort:
+    # it is kept, the combine finished, and raised once the MPI call returned, in step.
+    rc, logs, output = launch(2, "float_rules.py", "interrupt", tmp_path=tmp_path)
+    assert "Fatal Python error" not in output, output
+    assert "aborting the MPI job" not in output, output
+    assert rc == 0, output
+    assert logs[0] == "raised KeyboardInterrupt\ndone\n", logs[0]
+    assert logs[1] == "raised ReplicaExitedError\ndone\n", logs[1]
