@@ -48,7 +48,7 @@ import numpy.typing as npt
 with contextlib.suppress(ImportError):  # registers "bfloat16" with numpy, when installed
     import ml_dtypes  # noqa: F401
 
-from .._core._dtypes import is_integer, is_reducible, reduced_dtype
+from .._core._dtypes import is_integer, is_reducible, native_order, reduced_dtype
 from .._core._signature import ReduceOp
 
 __all__ = [
@@ -199,8 +199,11 @@ def reduce_scatter(
 
 
 def broadcast(per_replica: Sequence[Sequence[Array]], source: int) -> list[Array]:
-    """``ctx.broadcast``: the source's leaves."""
-    return [np.array(leaf, copy=True) for leaf in per_replica[source]]
+    """``ctx.broadcast``: the source's leaves, in native byte order (``native_order``)."""
+    return [
+        np.array(leaf, dtype=np.dtype(native_order(np.asarray(leaf).dtype.str)), copy=True)
+        for leaf in per_replica[source]
+    ]
 
 
 def _local(op: ReduceOp, value: Array, axis: tuple[int, ...]) -> Array:

@@ -74,6 +74,21 @@ def test_bool_can_still_be_gathered_and_broadcast() -> None:
     assert copies[1][0].dtype == np.bool_
 
 
+@pytest.mark.parametrize("dtype", [">f8", ">i4", ">c16", ">u2", "<f8", "|u1"])
+@pytest.mark.parametrize("n", [3, 40_000])  # a small copy and a pooled buffer
+def test_broadcast_results_are_in_native_byte_order(dtype: str, n: int) -> None:
+    # One rule for every result (asyncreplica.abc.native_order): broadcast kept '>f8'
+    # in one process where MultiWorkerMirroredStrategy, all_gather and all_reduce give
+    # '<f8' (on a little-endian machine).
+    backend = NumpyBackend(["CPU:0", "CPU:1"])
+    source = np.arange(n, dtype=dtype)
+    copies = anyio.run(backend.broadcast, [source], 2)
+    want = np.dtype(dtype).newbyteorder("=") if np.dtype(dtype).byteorder != "|" else dtype
+    for copy in copies:
+        assert copy[0].dtype.str == np.dtype(want).str
+        np.testing.assert_array_equal(copy[0], source)
+
+
 # Devices --------------------------------------------------------------------------------------
 
 
