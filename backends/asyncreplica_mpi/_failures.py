@@ -46,6 +46,7 @@ from ._protocol import (
     key_text,
     outcome_message,
     rebuild_signature,
+    refusal_wins,
 )
 
 __all__ = ["Failures"]
@@ -474,6 +475,9 @@ class Failures:
         position and name of the collective the processes wait at.
         """
         refused = first_refusal(details)
+        lost = refused is not None and not refusal_wins(details, refused)
+        if lost:
+            refused = None  # an error found before it, in replica order
         if refused is not None and refused.get("components"):
             # Strategy.reduce's components differ inside a process: one process's own
             # check of every replica's component, raised alike everywhere.
@@ -497,8 +501,21 @@ class Failures:
         if failed is not None:
             # A process's own ledger found the error: every process raises it, with the
             # same attributes (global replica ids), and this process's message.
-            raise self._global_error(failed["collective_error"], details)
+            fields = failed["collective_error"]
+            headline = fields.get("headline")
+            told: str | None = None
+            if headline:  # the first line one process's ledger gave, then what happened
+                told = f"{headline}\n\n{outcome_message(details)[1]}"
+            raise self._global_error(fields, details, told)
         kind, message = outcome_message(details)
+        compared = details
+        if lost:
+            # The collectives of the processes below the refusing one differ: one
+            # process finds that mismatch before the refusal (see refusal_wins).
+            compared = [
+                d for d in details if Status(d["status"]) is Status.COLLECTIVE and d["fields"]
+            ]
+            kind, message = outcome_message(compared)
         signatures: dict[int, Signature] = {}
         key: Any = None
         for d in details:
@@ -521,7 +538,7 @@ class Failures:
             raise CollectiveMismatchError(
                 position,
                 signatures,
-                differing_fields(details),
+                differing_fields(compared),
                 num_replicas=self.num_replicas,
                 name=name,
                 message=message,
@@ -586,6 +603,14 @@ class Failures:
 
         Its attributes then equal those every other process raises.
         """
+        refused = first_refusal(details)
+        if refused is not None and refusal_wins(details, refused):
+            # A replica of a lower rank refused its collective before this process's
+            # ledger found its error: one process raises that refusal, so every one does.
+            try:
+                self._raise_for(details)
+            except Exception as alike:
+                raise alike from error
         found = collective_error(error)
         fields = error_fields(error, check_call_sites=self.check_call_sites)
         if found is None or fields is None:

@@ -292,6 +292,7 @@ def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, A
     if isinstance(found, CollectiveMismatchError):
         return {
             "class": "CollectiveMismatchError",
+            "headline": str(found).split("\n", 1)[0],  # the finder's first line
             "position": found.position,
             "name": found.name,
             "fields": list(found.fields),
@@ -430,6 +431,24 @@ def first_refusal(details: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | N
         return (order.index(name) if name in order else 0, int(detail["rank"]))
 
     return min(refused, key=rank) if refused else None
+
+
+def refusal_wins(details: Sequence[Mapping[str, Any]], refused: Mapping[str, Any]) -> bool:
+    """Whether one process with every replica would raise ``refused`` (see first_refusal).
+
+    One process finds errors in replica order: a replica refuses the collective it
+    issues, and its ledger finds a mismatch when a replica issues a collective that
+    differs from an earlier replica's. Replicas of a lower rank come first, so an error
+    that a lower rank's ledger found, or a difference among the collectives of ranks
+    below the refusing one, is found before the refusal: that error wins, on every
+    process alike (a refusal on process 1 no longer hides process 0's mismatch).
+    """
+    rank = int(refused["rank"])
+    earlier = sorted((d for d in details if int(d["rank"]) < rank), key=lambda d: int(d["rank"]))
+    if any(d.get("collective_error") for d in earlier):
+        return False
+    issued = [d for d in earlier if d.get("fields") and not d.get("refused")]
+    return len(issued) < 2 or not differing_fields(issued)
 
 
 def _path_texts(details: Sequence[Mapping[str, Any]]) -> dict[int, str]:

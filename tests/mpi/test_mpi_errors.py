@@ -169,6 +169,35 @@ def test_a_collective_refused_as_it_is_issued_raises_alike_everywhere(
         assert logs[rank].endswith(f"again {float(total)}\n"), logs[rank]
 
 
+@pytest.mark.parametrize(
+    ("n", "scenario", "want"),
+    [
+        (2, "shape_then_too_big", "CollectiveMismatchError"),
+        (3, "shape_then_too_big_1", "CollectiveMismatchError"),
+        (2, "too_big_then_shape", "TypeError"),
+    ],
+)
+def test_a_mismatch_and_a_refusal_on_different_processes_raise_one_process_error(
+    n: int, scenario: str, want: str, tmp_path: Path
+) -> None:
+    # Process 0's ledger found a shape mismatch (replicas 0, 1) and process 1 refused
+    # 2**70 (its last replica): CollectiveMismatchError on process 0, TypeError on
+    # process 1. One process finds errors in replica order: the error of the lower
+    # replica wins, on every process alike (and a refusal at replica 0 wins over the
+    # last process's own mismatch).
+    rc, logs, output = launch(n, "errors.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        fields = _fields(logs[rank])
+        assert fields["class"] == want, logs[rank]
+        if want == "CollectiveMismatchError":
+            assert fields["fields"] == ["shape"], logs[rank]
+            assert fields["position"] == 0, logs[rank]
+        else:
+            assert logs[rank].splitlines()[1].startswith("replica 0 passed value"), logs[rank]
+        assert logs[rank].endswith(f"again {float(n * (1 if n == 3 else 2))}\n"), logs[rank]
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_reduce_components_refused_inside_one_process_raise_alike_everywhere(
     n: int, tmp_path: Path

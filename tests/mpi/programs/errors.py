@@ -22,6 +22,13 @@ Scenarios:
   it): every process raises replica 0's ``TypeError``, as one process does.
 * ``too_big_last``: 2 replicas per process; only the last replica all-reduces ``2**70``:
   its ``TypeError`` everywhere (not ``ReplicaExitedError`` on the others).
+* ``shape_then_too_big`` (2 replicas per process) and ``shape_then_too_big_1`` (1):
+  replica 0 all-reduces ``ones(3)``, the last replica ``2**70``, the others ``ones(2)``:
+  one process finds the shape mismatch (replica 1) before the refusal (the last
+  replica): ``CollectiveMismatchError`` (shape) everywhere, never a TypeError on one.
+* ``too_big_then_shape``: 2 replicas per process; replica 0 all-reduces ``2**70``, the
+  last replica ``ones(3)``, the others ``ones(2)``: replica 0's ``TypeError`` everywhere,
+  the last process's own mismatch included.
 * ``reduce_dtype``: 2 replicas per process; ``strategy.reduce`` of components of float32
   on the last replica, float64 elsewhere (found inside the last process alone):
   ``CollectiveMismatchError`` (dtype) everywhere.
@@ -107,6 +114,22 @@ async def too_big_last() -> object:
     return await ctx.all_reduce("SUM", 2**70 if last else 1)
 
 
+async def shape_then_too_big() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    replica, last = ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync - 1
+    value = np.ones(3) if replica == 0 else 2**70 if replica == last else np.ones(2)
+    return await ctx.all_reduce("SUM", value)
+
+
+async def too_big_then_shape() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    replica, last = ctx.replica_id_in_sync_group, ctx.num_replicas_in_sync - 1
+    value = 2**70 if replica == 0 else np.ones(3) if replica == last else np.ones(2)
+    return await ctx.all_reduce("SUM", value)
+
+
 def last_float32(context: ar.ValueContext) -> object:
     """Components of ``strategy.reduce``: float32 on the last replica, float64 elsewhere."""
     last = context.replica_id_in_sync_group == context.num_replicas_in_sync - 1
@@ -132,6 +155,9 @@ SCENARIOS = {
     "gather_ranks": (None, 2),
     "too_big": (too_big, 1),
     "too_big_last": (too_big_last, 2),
+    "shape_then_too_big": (shape_then_too_big, 2),
+    "shape_then_too_big_1": (shape_then_too_big, 1),
+    "too_big_then_shape": (too_big_then_shape, 2),
     "reduce_dtype": (None, 2),
     "reduce_shape": (None, 2),
 }
