@@ -102,7 +102,7 @@ class Case:
     fault: tuple[Any, ...] | None = None
 
 
-def generate(seed: int, number: int, total: int) -> Case:
+def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -> Case:
     """The ``number``-th program for ``total`` global replicas (the same everywhere)."""
     rng = np.random.default_rng([seed, number, total])
     case = Case(number)
@@ -185,7 +185,7 @@ def generate(seed: int, number: int, total: int) -> Case:
         for p in case.posts
     ]
     roll = rng.random()
-    if roll < 0.36:
+    if roll < 0.42:
         # A program with a fault has no dtype that a reduction refuses: which of two
         # errors is found first depends on when each replica arrives.
         case.steps = [(s[0], s[1], "int32" if s[2] == "bool" else s[2], *s[3:]) for s in case.steps]
@@ -203,6 +203,18 @@ def generate(seed: int, number: int, total: int) -> Case:
         # a replica all-reduces a value no dtype holds (2**70): refused as it is issued
         reduces = [k for k, s in enumerate(case.steps) if s[0] == "reduce"]
         case.fault = ("refuse", reduces[int(rng.integers(len(reduces)))], int(rng.integers(total)))
+    elif roll < 0.42 and total > 1 and case.steps[0][0] == "reduce":
+        # two errors at the run's first all_reduce, on different processes: the last
+        # replica refuses 2**70, replica 0 passes another shape (a mismatch) or bools
+        # (another refusal): every process raises what one process finds first, in
+        # replica order (at the first collective one process's replicas issue in that
+        # order; later, the replica that dispatched the previous collective goes first)
+        second = pick(("shape", "bool"))
+        # (not where replica 1 is on the refusing process and replica 0 alone on
+        # process 0, "1,3": that process sends its refusal, not the collective its
+        # replicas 1.. issued before it, so the mismatch with replica 0 goes unseen)
+        if not (second == "shape" and counts[:1] == (1,) and len(counts) == 2):
+            case.fault = ("refuse2", 0, total - 1, second)
     return case
 
 
@@ -238,8 +250,11 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 return out
             other = fault is not None and g == fault[2] and fault[0] == "other"
             x = make(dtype, (2, cols), case.number, j, g)
-            if fault is not None and g == fault[2] and fault[0] == "refuse":
+            if fault is not None and g == fault[2] and fault[0] in ("refuse", "refuse2"):
                 x = 2**70  # type: ignore[assignment]
+            elif fault is not None and g == 0 and fault[0] == "refuse2":
+                shape = (2, cols) if fault[3] == "bool" else (2, cols + 1)
+                x = make("bool" if fault[3] == "bool" else dtype, shape, case.number, j, g)
             if kind == "reduce":
                 result = await ctx.all_reduce(
                     "MAX" if other and s[4] != "MAX" else "MIN" if other else s[4], x
@@ -543,7 +558,7 @@ async def main(seed: int, cases: int, layouts: list[tuple[int, ...]]) -> int:
         oracle = ar.MirroredStrategy([f"CPU:{i}" for i in range(total)], stall_warning_seconds=None)
         check = Checker(counts)
         for number in range(cases):
-            await run_case(mw, oracle, generate(seed, number, total), check)
+            await run_case(mw, oracle, generate(seed, number, total, counts), check)
         layout = ",".join(map(str, counts))
         print(f"rank={RANK} layout={layout} cases={cases} checks={check.checks}", flush=True)
         for failure in check.failures:
