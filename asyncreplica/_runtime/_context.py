@@ -11,8 +11,9 @@ import anyio
 
 from .._core._dtypes import refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
+from .._core._report import key_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
-from .._exceptions import ReplicaContextError
+from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
@@ -119,8 +120,12 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
     bytes_per_pack = call.bytes_per_pack
     assert op is not None
     assert bytes_per_pack is not None
-    results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
-    return results
+    try:
+        results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
+    except Exception as exc:
+        _blame(run, call, "all_reduce", exc)
+        raise
+    return _checked(run, call, "all_reduce", results, payloads)
 
 
 async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -129,7 +134,12 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     _check_unchanged(run, call, payloads)
     axis = call._signature.axis
     assert axis is not None
-    return await run.backend.all_gather(payloads, axis)
+    try:
+        results: Sequence[Any] = await run.backend.all_gather(payloads, axis)
+    except Exception as exc:
+        _blame(run, call, "all_gather", exc)
+        raise
+    return _checked(run, call, "all_gather", results, payloads)
 
 
 async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -139,9 +149,13 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     # passes its own replica's leaves (of the agreed shapes) to receive into.
     local = source - run.strategy._replica_offset
     _check_unchanged(run, call, payloads)
-    return await run.backend.broadcast(
-        payloads[local if 0 <= local < len(payloads) else 0], len(payloads)
-    )
+    sent = payloads[local if 0 <= local < len(payloads) else 0]
+    try:
+        results: Sequence[Any] = await run.backend.broadcast(sent, len(payloads))
+    except Exception as exc:
+        _blame(run, call, "broadcast", exc)
+        raise
+    return _checked(run, call, "broadcast", results, [sent] * len(payloads))
 
 
 async def _dispatch_reduce_scatter(
@@ -153,7 +167,69 @@ async def _dispatch_reduce_scatter(
     op, axis = call._signature.op, call._signature.axis
     assert op is not None
     assert axis is not None
-    return await run.backend.reduce_scatter(op, payloads, axis)
+    try:
+        results: Sequence[Any] = await run.backend.reduce_scatter(op, payloads, axis)
+    except Exception as exc:
+        _blame(run, call, "reduce_scatter", exc)
+        raise
+    return _checked(run, call, "reduce_scatter", results, payloads)
+
+
+def _backend_text(run: Run, method: str, call: Collective) -> str:
+    """``the numpy backend's all_reduce (NumpyBackend), combining the 1st collective ...``."""
+    backend = run.backend
+    name = getattr(backend, "name", "") or type(backend).__name__
+    slot = call._slot
+    where = "" if slot is None else f" the {key_text(slot.key)},"
+    return (
+        f"the {name!r} backend's {method} ({type(backend).__name__}.{method}), "
+        f"combining{where} {call._signature.describe()}, for all "
+        f"{run.strategy.num_replicas_in_sync} replicas of "
+        f"{type(run.strategy).__name__}.run"
+    )
+
+
+def _blame(run: Run, call: Collective, method: str, exc: Exception) -> None:
+    """``exc``, raised by the backend's combine: noted as the backend's, never a replica's.
+
+    Every replica's values had been checked to agree when the backend was called: what
+    it raises is the backend's (a leaf it cannot hold, a native failure), and it is
+    told as raised there, not "in replica k", whichever replica's task ran the combine.
+    """
+    run.note(exc, f"(raised in {_backend_text(run, method, call)})")
+
+
+def _checked(
+    run: Run, call: Collective, method: str, results: Sequence[Any], payloads: list[Any]
+) -> Sequence[Any]:
+    """The backend's ``results``, refused unless one list of leaves per replica.
+
+    A backend that returns too few results (or ``None``) would otherwise fail deep in
+    the runtime as if asyncreplica were broken: it is the backend that broke its contract.
+    """
+    if isinstance(results, (list, tuple)) and len(results) == len(payloads):
+        for r, leaves in enumerate(results):
+            if not isinstance(leaves, (list, tuple)) or len(leaves) != len(payloads[r]):
+                break
+        else:
+            return results
+        got = (
+            f"replica {r}'s results are {type(leaves).__name__} "
+            f"{'of ' + str(len(leaves)) + ' leaves ' if isinstance(leaves, (list, tuple)) else ''}"
+            f"where it gave {len(payloads[r])} leaves"
+        )
+    elif isinstance(results, (list, tuple)):
+        got = f"it returned {len(results)} results for {len(payloads)} replicas"
+    else:
+        got = f"it returned {type(results).__name__}, not one list of leaves per replica"
+    error = BackendError(
+        f"The backend broke its contract in {_backend_text(run, method, call)}: {got}. "
+        "A backend returns values[r][j] for leaf j of replica r, in the layout it was "
+        "given (see asyncreplica.abc.Backend). This is a bug in the backend, not in "
+        "asyncreplica or in your program: report it to the backend's authors."
+    )
+    run._noted.add(id(error))  # the message names the backend: no replica note
+    raise error
 
 
 async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:

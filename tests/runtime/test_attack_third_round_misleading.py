@@ -1,0 +1,105 @@
+"""Misleading errors found by the third-round attack (issue 23, attack23 B2, B4-B6, B10-B12).
+
+Each test failed before its fix: the error was told as another's (a backend's exception
+as replica k's), told once per replica, or said something else than what happened.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.lowlevel
+import numpy as np
+import pytest
+from asyncreplica_numpy import NumpyBackend
+
+import asyncreplica as ar
+
+pytestmark = pytest.mark.anyio
+
+DEVICES = ["CPU:0", "CPU:1", "CPU:2"]
+
+
+def _ctx() -> ar.ReplicaContext:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return ctx
+
+
+def _backend(kind: str) -> NumpyBackend:
+    class Broken(NumpyBackend):
+        async def all_reduce(self, op: Any, values: Any, *, bytes_per_pack: int = 0) -> Any:
+            await anyio.lowlevel.checkpoint()
+            if kind == "raises":
+                raise ValueError("backend bug")
+            result = await super().all_reduce(op, values, bytes_per_pack=bytes_per_pack)
+            if kind == "short":
+                return result[:-1]
+            if kind == "leaves":
+                return [[*list(leaves), np.zeros(1)] for leaves in result]
+            return None
+
+    return Broken(DEVICES[:2])
+
+
+# -- B2: a backend's exception is the backend's, not replica k's --------------------------
+
+
+async def test_backend_exception_is_noted_as_the_backends_not_a_replicas() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2], backend=_backend("raises"))
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", np.ones(2))
+
+    with pytest.raises(ValueError, match="backend bug") as info:
+        await strategy.run(step)
+    notes = getattr(info.value, "__notes__", [])
+    assert not any("raised in replica" in n for n in notes), notes
+    assert any(
+        "raised in the 'numpy' backend's all_reduce (Broken.all_reduce), combining the 1st "
+        "collective (position 0)" in n
+        for n in notes
+    ), notes
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("short", "it returned 1 results for 2 replicas"),
+        ("none", "it returned NoneType, not one list of leaves per replica"),
+        ("leaves", "replica 0's results are list of 2 leaves where it gave 1 leaves"),
+    ],
+)
+async def test_backend_returning_the_wrong_layout_is_a_backend_error(kind: str, said: str) -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2], backend=_backend(kind))
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", np.ones(2))
+
+    with pytest.raises(ar.BackendError) as info:  # one error, not one per replica
+        await strategy.run(step)
+    message = str(info.value)
+    assert said in message
+    assert "Broken.all_reduce" in message
+    assert "bug in the backend" in message
+    assert "bug in asyncreplica" not in message
+    notes = getattr(info.value, "__notes__", [])
+    assert not any("raised in replica" in n for n in notes), notes
+
+
+# -- B6: extended precision is a float, refused for what it is ------------------------------
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble) == np.float64, reason="longdouble is float64 here")
+async def test_longdouble_is_refused_as_extended_precision_not_as_a_non_float() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", np.ones(2, dtype=np.longdouble))
+
+    with pytest.raises(TypeError) as info:
+        await strategy.run(step)
+    message = str(info.value)
+    assert "extended precision (numpy's longdouble) is not supported" in message
+    assert "x.astype(np.float64)" in message
+    assert "need integer, float or complex" not in message
