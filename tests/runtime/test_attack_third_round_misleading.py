@@ -103,3 +103,29 @@ async def test_longdouble_is_refused_as_extended_precision_not_as_a_non_float() 
     assert "extended precision (numpy's longdouble) is not supported" in message
     assert "x.astype(np.float64)" in message
     assert "need integer, float or complex" not in message
+
+
+# -- B12: MAX/MIN along an axis with no elements: a named error, in the reference too ------
+
+
+@pytest.mark.parametrize("op", ["MAX", "MIN"])
+async def test_reduce_max_min_of_an_empty_replica_batch_is_a_named_error(op: str) -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:3])
+    value = ar.PerReplica((np.array([1.0]), np.zeros((0,)), np.zeros((0,))))
+    with pytest.raises(ValueError, match=r"replicas 1, 2 hold values with no elements") as info:
+        await strategy.reduce(op, value, axis=0)
+    message = str(info.value)
+    assert f"{op} of no elements has no identity" in message
+    assert "zero-size array" not in message
+    with pytest.raises(ValueError, match="the value \\(not distributed\\) has no elements"):
+        await strategy.reduce(op, np.zeros((0, 2)), axis=0)
+    # SUM, PROD and MEAN have identities (0, 1, NaN): unchanged.
+    assert float(await strategy.reduce("SUM", value, axis=0)) == 1.0
+
+
+def test_reference_refuses_max_of_an_empty_component_with_the_same_error() -> None:
+    from asyncreplica._core._signature import ReduceOp
+    from asyncreplica.testing import _reference
+
+    with pytest.raises(ValueError, match="replica 0 holds a value with no elements"):
+        _reference.reduce(ReduceOp.MAX, [np.zeros((0,)), np.array([1.0])], (0,))
