@@ -441,9 +441,17 @@ class ReplicaContext:
 
     @staticmethod
     def _check_name(name: object) -> str | None:
-        if name is not None and not isinstance(name, str):
+        """``name`` as a plain ``str`` (or None); anything else is refused.
+
+        A ``str`` subclass is read as its characters: replicas pair by them, whatever the
+        subclass's ``__hash__`` or ``__eq__`` say (one that hashes by identity would
+        make every replica's name a different one: a false deadlock).
+        """
+        if name is None or type(name) is str:
+            return name
+        if not isinstance(name, str):
             raise TypeError(f"name must be a string or None, got {name!r}")
-        return name
+        return str.__str__(name)
 
     # -- collectives ------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
@@ -129,3 +130,61 @@ def test_reference_refuses_max_of_an_empty_component_with_the_same_error() -> No
 
     with pytest.raises(ValueError, match="replica 0 holds a value with no elements"):
         _reference.reduce(ReduceOp.MAX, [np.zeros((0,)), np.array([1.0])], (0,))
+
+
+# -- B11: a name is its characters, whatever its str subclass says --------------------------
+
+
+class _HashById(str):
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class _EqualsAll(str):
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = str.__hash__
+
+
+async def test_a_str_subclass_name_that_hashes_by_identity_pairs_by_its_characters() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        ctx = _ctx()
+        return await ctx.all_reduce(
+            "SUM", float(ctx.replica_id_in_sync_group + 1), name=_HashById("g")
+        )
+
+    assert [float(x) for x in strategy.experimental_local_results(await strategy.run(step))] == [
+        3.0,
+        3.0,
+    ]
+
+
+async def test_str_subclass_names_issued_in_swapped_order_pair_by_their_characters() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        ctx = _ctx()
+        r = ctx.replica_id_in_sync_group
+        names = ["a", "b"] if r == 0 else ["b", "a"]
+        value = {"a": 1.0, "b": 10.0}
+        done: dict[str, float] = {}
+
+        async def one(name: str) -> None:
+            done[name] = float(
+                await ctx.all_reduce("SUM", value[name] * (r + 1), name=_EqualsAll(name))
+            )
+
+        async with anyio.create_task_group() as tg:
+            for name in names:
+                tg.start_soon(one, name)
+        return done["a"], done["b"]
+
+    results = strategy.experimental_local_results(await strategy.run(step))
+    assert list(results) == [(3.0, 30.0), (3.0, 30.0)]
