@@ -11,7 +11,7 @@ import anyio
 
 from .._core._dtypes import refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
-from .._core._report import key_text
+from .._core._report import key_text, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
@@ -401,7 +401,9 @@ class ReplicaContext:
 
     def _merged(self, options: CommunicationOptions) -> CommunicationOptions:
         if not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+            raise TypeError(
+                f"options must be CommunicationOptions or None, got {value_text(options)}"
+            )
         return self._strategy.communication_options.merge(options)
 
     def _describe(self, leaves: Sequence[object], treedef: TreeDef = None) -> tuple[LeafSpec, ...]:
@@ -450,7 +452,7 @@ class ReplicaContext:
         if name is None or type(name) is str:
             return name
         if not isinstance(name, str):
-            raise TypeError(f"name must be a string or None, got {name!r}")
+            raise TypeError(f"name must be a string or None, got {value_text(name)}")
         return str.__str__(name)
 
     # -- collectives ------------------------------------------------------------------
@@ -569,7 +571,7 @@ class ReplicaContext:
         run = self._require_current("broadcast")
         n = self.num_replicas_in_sync
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
-            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {source!r}")
+            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
         signature = Signature(
@@ -695,7 +697,7 @@ class ReplicaContext:
         run = self._require_current("merge_call")
         if not callable(merge_fn):
             raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
         timeout = self._options(None)
@@ -720,7 +722,7 @@ def _component(num_replicas: int) -> Callable[[int, object], object]:
 
 def _check_axis(axis: object, specs: Sequence[LeafSpec], api: str, *, sparse_ok: bool) -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{api}: axis must be an int, got {axis!r}")
+        raise TypeError(f"{api}: axis must be an int, got {value_text(axis)}")
     for spec in specs:
         if spec.sparse and not sparse_ok:
             raise NotImplementedError(f"{api} does not support IndexedSlices")
@@ -794,13 +796,13 @@ class DefaultReplicaContext(ReplicaContext):
             if spec.sparse:
                 raise NotImplementedError("all_gather does not support IndexedSlices")
         if isinstance(axis, bool) or not isinstance(axis, int):
-            raise TypeError(f"all_gather: axis must be an int, got {axis!r}")
+            raise TypeError(f"all_gather: axis must be an int, got {value_text(axis)}")
         return value
 
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
         if source != 0:
-            raise ValueError(f"source must be a replica id in 0..0, got {source!r}")
+            raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
         self._validate(value)
         return value
 
@@ -824,7 +826,7 @@ class DefaultReplicaContext(ReplicaContext):
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
         if not callable(merge_fn):
             raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         if current_mode().replica is not self:
             raise ReplicaContextError(

@@ -188,3 +188,48 @@ async def test_str_subclass_names_issued_in_swapped_order_pair_by_their_characte
 
     results = strategy.experimental_local_results(await strategy.run(step))
     assert list(results) == [(3.0, 30.0), (3.0, 30.0)]
+
+
+# -- B10: a value whose __repr__ raises is told as the value it is ---------------------------
+
+
+class _BadRepr:
+    def __repr__(self) -> str:
+        raise RuntimeError("repr broke")
+
+
+class _ArrayRaises:
+    def __array__(self, dtype: object = None, copy: object = None) -> Any:
+        raise KeyError("array broke")
+
+
+async def test_a_value_whose_repr_raises_is_refused_as_a_value_the_backend_cannot_hold() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", _BadRepr())
+
+    with pytest.raises(TypeError, match="numpy backend cannot hold") as info:
+        await strategy.run(step)
+    assert "_BadRepr object whose __repr__ failed" in str(info.value)
+
+
+async def test_an_array_conversion_error_is_told_in_the_refusal() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", _ArrayRaises())
+
+    with pytest.raises(TypeError, match="cannot hold") as info:
+        await strategy.run(step)
+    assert "converting it to an array raised KeyError: 'array broke'" in str(info.value)
+
+
+async def test_collective_arguments_whose_repr_raises_are_refused_by_type() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", 1.0, name=_BadRepr())  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="name must be a string or None, got <_BadRepr object"):
+        await strategy.run(step)
