@@ -16,6 +16,7 @@ from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
+from ._ending import stop_iteration_error
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
@@ -249,13 +250,21 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
         # Any error of the merge_fn's own (an Exception, KeyboardInterrupt, SystemExit,
         # the user's BaseException) is told as the merge_fn's; a cancellation of the run
         # is no error of it.
-        if not isinstance(exc, anyio.get_cancelled_exc_class()):
-            run.note(
-                exc,
-                f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all "
-                f"{num} replicas of {type(strategy).__name__}.run)",
-            )
-        raise
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            raise
+        error = exc
+        if isinstance(exc, StopIteration):
+            # Python would turn it into a RuntimeError at this coroutine's frame, past the
+            # note (PEP 479), then told as the error of whichever replica ran merge_fn.
+            error = stop_iteration_error(exc, f"merge_fn {call._signature.merge_fn_name}")
+        run.note(
+            error,
+            f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all "
+            f"{num} replicas of {type(strategy).__name__}.run)",
+        )
+        if error is exc:
+            raise
+        raise error from exc
     finally:
         MODE.reset(token)
     return [select_replica(i, result, _component(num)) for i in range(num)]

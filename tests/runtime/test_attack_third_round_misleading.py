@@ -233,3 +233,38 @@ async def test_collective_arguments_whose_repr_raises_are_refused_by_type() -> N
 
     with pytest.raises(TypeError, match="name must be a string or None, got <_BadRepr object"):
         await strategy.run(step)
+
+
+# -- B4: StopIteration from a plain step or a sync merge_fn is told where it came from ------
+
+
+async def test_a_plain_steps_stopiteration_is_a_runtime_error_noted_with_its_replica() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    def step() -> Any:
+        if _ctx().replica_id_in_sync_group == 1:
+            raise StopIteration("exhausted")
+        return 1.0
+
+    with pytest.raises(RuntimeError, match="the step function raised StopIteration") as info:
+        await strategy.run(step)
+    assert isinstance(info.value.__cause__, StopIteration)
+    assert getattr(info.value, "__notes__", []) == [
+        "(raised in replica 1 of 2 in MirroredStrategy.run)"
+    ]
+
+
+async def test_a_sync_merge_fns_stopiteration_is_noted_as_merge_fns_not_a_replicas() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    def merge_fn(strategy: Any, value: Any) -> Any:
+        raise StopIteration("exhausted")
+
+    async def step() -> Any:
+        return await _ctx().merge_call(merge_fn, args=(1.0,))
+
+    with pytest.raises(RuntimeError, match=r"merge_fn .*merge_fn raised StopIteration") as info:
+        await strategy.run(step)
+    notes = getattr(info.value, "__notes__", [])
+    assert not any("raised in replica" in n for n in notes), notes
+    assert any("called once for all 2 replicas" in n for n in notes), notes
