@@ -268,3 +268,52 @@ async def test_a_sync_merge_fns_stopiteration_is_noted_as_merge_fns_not_a_replic
     notes = getattr(info.value, "__notes__", [])
     assert not any("raised in replica" in n for n in notes), notes
     assert any("called once for all 2 replicas" in n for n in notes), notes
+
+
+# -- B5/B6b: a refusal every replica raises alike is told once, naming them all -------------
+
+
+async def test_a_collective_awaited_twice_on_every_replica_is_told_once() -> None:
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def step() -> Any:
+        collective = _ctx().all_reduce("SUM", 1.0)
+        first = await collective
+        return first, await collective
+
+    with pytest.raises(ar.CollectiveError) as info:  # one error, not a group of two
+        await strategy.run(step)
+    assert str(info.value).startswith("Each of replicas 0, 1 awaited all_reduce(SUM)")
+    assert "again, after it completed" in str(info.value)
+
+
+async def test_an_async_generator_finalized_by_the_loop_is_told_once_and_why(
+    anyio_backend: object,
+) -> None:
+    if anyio_backend == "trio" or (isinstance(anyio_backend, tuple) and anyio_backend[0] == "trio"):
+        pytest.skip("trio finalizes async generators in a system task of its own, after the run")
+    import gc
+
+    strategy = ar.MirroredStrategy(DEVICES[:2])
+
+    async def agen(ctx: ar.ReplicaContext) -> Any:
+        try:
+            yield 1
+        finally:
+            await ctx.all_reduce("SUM", 1.0)
+
+    async def step() -> Any:
+        ctx = _ctx()
+        async for _ in agen(ctx):
+            break
+        gc.collect()  # the loop's finalizer hook closes the generator in a task of its own
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        return 7.0
+
+    with pytest.raises(ar.CollectiveError) as info:
+        await strategy.run(step)
+    message = str(info.value)
+    assert message.startswith("Each of replicas 0, 1 issued all_reduce(SUM)")
+    assert "the event loop closing an async generator" in message
+    assert "contextlib.aclosing" in message
