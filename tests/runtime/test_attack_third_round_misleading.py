@@ -148,7 +148,8 @@ class _EqualsAll(str):
     def __eq__(self, other: object) -> bool:
         return True
 
-    __hash__ = str.__hash__
+    def __hash__(self) -> int:
+        return 0  # with __eq__: every name is every other name, to a dict
 
 
 async def test_a_str_subclass_name_that_hashes_by_identity_pairs_by_its_characters() -> None:
