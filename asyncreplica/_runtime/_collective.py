@@ -188,10 +188,16 @@ def _twin(exc: BaseException) -> BaseException:
         return exc
     if type(twin) is not type(exc):
         return exc
-    twin.__cause__ = exc.__cause__
-    # Uncaught, a copy is the dispatching replica's error again, not a second root
-    # cause (Run._recorded reads this).
-    twin._ar_twin_of = exc  # type: ignore[attr-defined]
+    try:
+        twin.__cause__ = exc.__cause__
+        # Uncaught, a copy is the dispatching replica's error again, not a second root
+        # cause (Run._recorded reads this).
+        twin._ar_twin_of = exc  # type: ignore[attr-defined]
+    except Exception:
+        # A user's exception may refuse attributes (a __setattr__ that raises): every
+        # waiter gets the error itself then, never our AttributeError, never a waiter
+        # left unwoken (the abort wakes them one by one).
+        return exc
     return twin
 
 

@@ -309,17 +309,27 @@ class Parking:
         run's root cause: a ``CollectiveError`` naming the replica whose combine was
         cancelled, or for a ``merge_fn`` the ``ReplicaCancelledError`` of its replica (its
         ``where`` is the merge_fn's line); otherwise the waiters learn that the run
-        ended. ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` fail the run
-        when they leave the replica's task, which cancels the waiters.
+        ended. ``GeneratorExit`` closes the combine as a cancellation does (the error
+        says "closed" for a ``merge_fn``; a copy of it thrown into a waiter's task on
+        asyncio would close its coroutine, not reach its step). ``KeyboardInterrupt``,
+        ``SystemExit`` and any other ``BaseException`` fail the run when they leave the
+        replica's task, which cancels the waiters; each waiter is woken with a copy at
+        once all the same (``fail_waiters``, as for an ``Exception``): a replica that
+        catches it (save and stop on Ctrl-C) must not leave its peers parked for ever.
         """
-        if slot.done or not _ending.cancellation(error):
+        if slot.done:
+            return
+        closed = isinstance(error, GeneratorExit)
+        if not closed and not _ending.cancellation(error):
+            fail_waiters(slot, error)
             return
         key = slot.key
         if not self._errors and slot.error is None and self._by_run(error) is not True:
             cause: CollectiveError
             if merge:
                 self.ledger.cancel(replica)
-                cause = self._replica_cancelled(replica, "cancelled", error, called=True)
+                how = "closed" if closed else "cancelled"
+                cause = self._replica_cancelled(replica, how, error, called=True)
             else:
                 waiting = [r for r in range(self.num_replicas) if r != replica]
                 cause = self.ledger.cancelled_combining(replica, key, waiting)
@@ -399,7 +409,9 @@ class Parking:
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
             return True
-        if state is State.CANCELLED_OUTSIDE and replica in self._left_replicas:
+        if (
+            state is State.CANCELLED_OUTSIDE or state is State.CLOSED
+        ) and replica in self._left_replicas:
             # Its leaving a collective is already told by an error of its own (the run's
             # root cause, or its consequence): not a second root cause.
             self.ledger.cancel(replica)
