@@ -67,6 +67,8 @@ class Rendezvous:
         self.unawaited: list[dict[int, Any]] = [{} for _ in range(num_replicas)]
         self.slots: dict[Key, Slot] = {}  # pending collectives
         self.errors: list[tuple[int, BaseException]] = []  # the run's root causes
+        # The run failed or was cancelled: no collective can complete any more.
+        self.stopped = False
         # Whether ``await collective`` takes the fast path (asyncio, no tracer, no shuffle).
         self.fast_await = False
         self.loop: Any = None  # the asyncio loop, once the run starts (None on trio)
@@ -116,7 +118,7 @@ class Rendezvous:
         dispatch coroutine. Returns the iterator the ``await`` drives.
         """
         run = self.run
-        if self.errors:
+        if self.errors or self.stopped:
             # The run failed meanwhile: the coroutine raises the cancellation.
             return run._collective(call).__await__()  # type: ignore[no-any-return]
         replica = call.replica

@@ -131,6 +131,7 @@ class Parking:
     _noted: set[int]
     _consequences: set[int]
     _dispatching: dict[Key, tuple[Slot, Collective]]
+    _stopping: anyio.Event | None
 
     @property
     def failed(self) -> bool:
@@ -226,6 +227,8 @@ class Parking:
             scope.cancel()
         else:
             self._reason_given = True
+        if self._stopping is not None:
+            self._stopping.set()  # shielded waiters too (see Run._wake_shielded)
 
     def _by_run(self, error: BaseException) -> bool | None:
         """Whether the cancellation ``error`` is the run's own (None: cannot be told)."""

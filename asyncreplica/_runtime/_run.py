@@ -50,7 +50,7 @@ from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._deadlock import Watching
 from ._mode import MODE, Mode
-from ._park import _cancelled, _describe, _leaves
+from ._park import _cancelled, _describe, _leaves, _retrieve
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -289,6 +289,11 @@ class Run(Watching):
         self._consequences: set[int] = set()
         # Each replica's coroutine (see execute).
         self._mains: list[Coroutine[Any, Any, None]] = []
+        # Set when the run fails (see _cancel_run): _wake_shielded wakes the waiters that
+        # a shielded scope kept from the run's cancellation; _mains_done once every
+        # replica's task ended (then cancelling _wake_shielded is the run's own end).
+        self._stopping: anyio.Event | None = None
+        self._mains_done = False
 
     # -- collectives ----------------------------------------------------------------
 
@@ -319,12 +324,15 @@ class Run(Watching):
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
-        if self._errors or (self.closed and self._ended != "ended"):
+        if self._errors or self._rv.stopped or (self.closed and self._ended != "ended"):
             # The run is being torn down; this raises the cancellation in a replica's
             # task. A task outside the run's scope (a helper the replica did not await)
             # learns that the run is over instead.
             await anyio.lowlevel.checkpoint()
-            raise self._helper_ended(None, call._signature)
+            # (Or a replica under a shielded scope: the run's consequence, not a cause.)
+            ended = self._helper_ended(None, call._signature)
+            self._consequences.add(id(ended))
+            raise ended
         replica = call.replica
         signature = call._signature
         try:
@@ -680,6 +688,11 @@ class Run(Watching):
             async with anyio.create_task_group() as outer:
                 if stall and self.num_replicas > 1:
                     outer.start_soon(self._watch_stalls, stall, name="asyncreplica stall watch")
+                if self.num_replicas > 1:
+                    self._stopping = anyio.Event()
+                    outer.start_soon(
+                        self._wake_shielded, self._stopping, name="asyncreplica shield watch"
+                    )
                 async with anyio.create_task_group() as tg:
                     self._cancel_scope = tg.cancel_scope
                     order = list(range(self.num_replicas))
@@ -691,6 +704,7 @@ class Run(Watching):
                         main = self._replica_main(i, modes[i], fn, args[i], kwargs[i])
                         self._mains.append(main)
                         tg.start_soon(_given, main, name=f"asyncreplica replica {i}")
+                self._mains_done = True
                 outer.cancel_scope.cancel()
             self._account_for_every_replica()
         except BaseException as exc:
@@ -721,6 +735,43 @@ class Run(Watching):
         if self._errors:
             raise self._root_cause()
         return self._results
+
+    async def _wake_shielded(self, stopping: anyio.Event) -> None:
+        """Wake the waiters a shielded scope keeps from the run's cancellation.
+
+        The run fails (``stopping`` is set by :meth:`_cancel_run`) or is cancelled from
+        outside: its scope's cancellation unwinds every replica parked at a collective,
+        except one that awaits it inside ``anyio.CancelScope(shield=True)``, which would
+        wait for ever (and the run with it). Those collectives can never complete: each
+        waiter still parked one loop turn later (the cancellation reached the others
+        at once) is woken with the run's "can never complete" error, a consequence of
+        the root cause, and any later arrival gets it too.
+        """
+        try:
+            await stopping.wait()
+        except anyio.get_cancelled_exc_class():
+            if not self._mains_done:  # cancelled from outside, replicas still running
+                self._ended = self._ended or "was cancelled"
+                self._abort_pending()
+            raise
+        self._abort_pending()
+
+    def _abort_pending(self) -> None:
+        """Every collective still pending can never complete: wake its waiters."""
+        self._rv.stopped = True
+        if self._loop is not None:
+            for task in self.watch.helpers():
+                if (
+                    isinstance(task, asyncio.Task)
+                    and not task.done()
+                    and self._is_parked(None, task)
+                ):
+                    # Its error is the run's consequence, already raised by Strategy.run.
+                    task.add_done_callback(_retrieve)
+        for key, slot in list(self._slots.items()):
+            if not slot.done:
+                slot.abort(functools.partial(self._consequence, key))
+        self._rv.gen += 1
 
     async def _tear_down(self, loop: asyncio.AbstractEventLoop | None, cancelled: bool) -> None:
         """The run's end, whatever ended it: every step runs even if one before it raised.

@@ -196,3 +196,83 @@ async def test_an_error_that_refuses_attributes_reaches_every_waiter(
             )
             assert leaves
             assert all(type(e) is _NoSetattr for e in leaves), leaves
+
+
+# -- B0b: a collective awaited inside a shielded cancel scope -----------------------------
+
+
+async def _shielded_sum(options: ar.CommunicationOptions | None) -> object:
+    with anyio.CancelScope(shield=True):
+        return await _ctx().all_reduce("SUM", 1.0, options=options)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("peer", ["raises", "returns", "mismatch"])
+async def test_a_shielded_waiter_is_woken_when_its_peer_fails(
+    peer: str, options: ar.CommunicationOptions | None
+) -> None:
+    # Before: the run cancelled its replicas; the shield kept the waiter parked for ever.
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            return await _shielded_sum(options)
+        if peer == "raises":
+            raise ValueError("peer failed")
+        if peer == "mismatch":
+            return await ctx.all_reduce("MAX", 1.0, options=options)
+        return 0.0
+
+    expected: type[BaseException] = {
+        "raises": ValueError,
+        "returns": ar.ReplicaExitedError,
+        "mismatch": ar.CollectiveMismatchError,
+    }[peer]
+    with anyio.fail_after(10), pytest.raises(expected):
+        await strategy(2, check_call_sites=False).run(step)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+async def test_a_shielded_waiter_is_woken_when_the_run_is_cancelled_from_outside(
+    options: ar.CommunicationOptions | None,
+) -> None:
+    # Before: the scope around the run could never end it.
+    started = anyio.Event()
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            started.set()
+            return await _shielded_sum(options)
+        await anyio.sleep_forever()
+        return 0.0
+
+    with anyio.fail_after(10):
+        with anyio.CancelScope() as outside:
+
+            async def cancel_when_started() -> None:
+                await started.wait()
+                await anyio.lowlevel.checkpoint()
+                outside.cancel()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(cancel_when_started)
+                await strategy(2).run(step)
+        assert outside.cancelled_caught
+
+
+async def test_a_replica_arriving_under_a_shield_after_the_run_failed_is_told() -> None:
+    # A shielded replica that reaches its collective only after its peer failed.
+    failed = anyio.Event()
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            with anyio.CancelScope(shield=True):
+                await failed.wait()
+                await anyio.lowlevel.checkpoint()
+                return await ctx.all_reduce("SUM", 1.0)
+        failed.set()
+        raise ValueError("peer failed")
+
+    with anyio.fail_after(10), pytest.raises(ValueError, match="peer failed"):
+        await strategy(2).run(step)
