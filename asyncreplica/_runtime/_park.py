@@ -132,6 +132,8 @@ class Parking:
     _consequences: set[int]
     _dispatching: dict[Key, tuple[Slot, Collective]]
     _stopping: anyio.Event | None
+    _also_left: dict[Key, list[int]]
+    _after_left: list[tuple[int, Key, str, CollectiveError]]
 
     @property
     def failed(self) -> bool:
@@ -267,7 +269,12 @@ class Parking:
         if scope is not None and scope.cancel_called:
             if outside:
                 self._left_replicas.add(replica)  # told by the first abandonment's error
-                if not slot.done:
+                if not slot.done and self._slots.get(key) is not slot:
+                    # Every replica arrived (combining, or its merge_fn runs): its row
+                    # says cancelled, and the first one's error names it too.
+                    self.ledger.cancelled_after(replica, key)
+                    self._also_left.setdefault(key, []).append(replica)
+                elif not slot.done:
                     self.ledger.abandon(replica, key)  # the first abandonment is the error
             # The run's own scope cancelled it: a consequence. (With no root cause recorded
             # the scope was cancelled for a task that ended cancelled before it ran, which
@@ -296,6 +303,8 @@ class Parking:
                     self._left.append((replica, key))
                 else:
                     self._left.append((-1, key))  # told as it is
+                    if combining:  # unless others are cancelled there in the same turn
+                        self._after_left.append((replica, key, during, error))
                 self._cancel_run()
 
     def _dispatch_ended(
@@ -518,6 +527,14 @@ class Parking:
             new = self.ledger.abandoned_error(replica, key, old.report)
             new.__cause__ = old.__cause__
             self._abandonments[i] = new
+            self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
+        for replica, key, during, old in self._after_left:
+            also = [r for r in self._also_left.get(key, ()) if r != replica]
+            if not also:
+                continue
+            new = self.ledger.cancelled_after(replica, key, during=during, also=also)
+            new.__cause__ = old.__cause__
+            self._abandonments[:] = [new if e is old else e for e in self._abandonments]
             self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
 
     def _close_leftovers(self) -> list[asyncio.Task[Any]]:

@@ -294,6 +294,10 @@ class Run(Watching):
         # a shielded scope kept from the run's cancellation; _mains_done once every
         # replica's task ended (then cancelling _wake_shielded is the run's own end).
         self._stopping: anyio.Event | None = None
+        # Replicas cancelled in the same turn at a collective every replica had arrived
+        # at (by key), and the errors that name the first of them (see _abandoned).
+        self._also_left: dict[Key, list[int]] = {}
+        self._after_left: list[tuple[int, Key, str, CollectiveError]] = []
         self._mains_done = False
 
     # -- collectives ----------------------------------------------------------------

@@ -276,3 +276,43 @@ async def test_a_replica_arriving_under_a_shield_after_the_run_failed_is_told() 
 
     with anyio.fail_after(10), pytest.raises(ValueError, match="peer failed"):
         await strategy(2).run(step)
+
+
+# -- B8/B14: replicas cancelled while a merge_fn runs ------------------------------------
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_two_replicas_cancelled_in_one_turn_while_merge_fn_runs_are_both_named() -> None:
+    # Before: only replica 0 was named, replica 1's row said "running", and the message
+    # said its peers "received results" though merge_fn was still running.
+    import asyncio
+
+    tasks: dict[int, asyncio.Task[Any]] = {}
+
+    async def merge_fn(strategy: ar.Strategy, value: Any) -> float:
+        await asyncio.sleep(0)
+        runner = asyncio.current_task()
+        for task in tasks.values():
+            if task is not runner:
+                task.cancel()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return 1.0
+
+    async def step() -> object:
+        ctx = _ctx()
+        task = asyncio.current_task()
+        assert task is not None
+        tasks[ctx.replica_id_in_sync_group] = task
+        return await ctx.merge_call(merge_fn, args=(1.0,))
+
+    with anyio.fail_after(10), pytest.raises(ar.CollectiveError) as info:
+        await strategy().run(step)
+    message = str(info.value)
+    assert "while their merge_fn ran (replica " in message
+    assert "was cancelled there too)" in message
+    assert "would receive results" in message
+    assert "received results" not in message.replace("would receive results", "")
+    rows = info.value.report.rows  # type: ignore[union-attr]
+    # The two cancelled replicas (the run cancels the one running merge_fn after them).
+    assert [row.state.value for row in rows].count("running") == 0
