@@ -52,6 +52,7 @@ from ._deadlock import Watching
 from ._ending import stop_iteration_error
 from ._mode import MODE, Mode
 from ._park import _cancelled, _describe, _leaves, _retrieve
+from ._waiter import Waiter
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -767,8 +768,25 @@ class Run(Watching):
         self._abort_pending()
 
     def _abort_pending(self) -> None:
-        """Every collective still pending can never complete: wake its waiters."""
+        """The collectives a replica's own task still waits at can never complete: wake them.
+
+        Only those: a helper task outside the run's scope (in a nursery the step was
+        given) parked elsewhere is told when the run ends (:meth:`_close_leftovers`), after
+        its own scope had the chance to cancel it.
+        """
         self._rv.stopped = True
+        stuck: dict[int, Slot] = {}
+        for task in self._rv.mains:
+            if task is None:
+                continue
+            slot = self._parked.get(id(task))
+            if slot is None:
+                waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
+                slot = waiter._ar_slot if type(waiter) is Waiter else None
+            if slot is not None and slot.run is self and not slot.done:
+                stuck[id(slot)] = slot
+        if not stuck:
+            return
         if self._loop is not None:
             for task in self.watch.helpers():
                 if (
@@ -778,9 +796,8 @@ class Run(Watching):
                 ):
                     # Its error is the run's consequence, already raised by Strategy.run.
                     task.add_done_callback(_retrieve)
-        for key, slot in list(self._slots.items()):
-            if not slot.done:
-                slot.abort(functools.partial(self._consequence, key))
+        for slot in stuck.values():
+            slot.abort(functools.partial(self._consequence, slot.key))
         self._rv.gen += 1
 
     async def _tear_down(self, loop: asyncio.AbstractEventLoop | None, cancelled: bool) -> None:
