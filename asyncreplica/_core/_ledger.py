@@ -406,7 +406,9 @@ class Ledger:
                     rep.state = ReplicaState.CANCELLED
         return self.abandoned_error(replica, key, None)
 
-    def cancelled_after(self, replica: int, key: Key, *, during: str = "") -> CollectiveError:
+    def cancelled_after(
+        self, replica: int, key: Key, *, during: str = "", also: Sequence[int] = ()
+    ) -> CollectiveError:
         """The error for ``replica`` cancelled at ``key`` after that collective completed.
 
         Its value went into its peers' results, but the cancellation reached it before it
@@ -415,7 +417,10 @@ class Ledger:
 
         ``during``: what ran when every replica had arrived and the collective had not
         completed yet ("the backend combined their values", "their merge_fn ran"): the
-        cancellation came then, with the same consequence.
+        cancellation came then, with the same consequence: its peers would receive results
+        computed with its value (none has one yet).
+
+        ``also``: other replicas (local ids) cancelled there in the same loop turn.
         """
         rep = self._replicas[replica]
         if rep.state is ReplicaState.WAITING or rep.state is ReplicaState.RUNNING:
@@ -425,10 +430,19 @@ class Ledger:
             if during
             else "after that collective had completed"
         )
+        if also:
+            others = [r + self._offset for r in also]
+            verb = "was" if len(others) == 1 else "were"
+            when += f" ({_report.format_replicas(others)} {verb} cancelled there too)"
+        told = (
+            "its peers would receive results computed with its value, and it would never "
+            "take its own"
+            if during
+            else "its peers received results computed with its value, and it never took its own"
+        )
         return CollectiveError(
             f"Replica {replica + self._offset} was cancelled while waiting at its "
-            f"{_report.key_text(key)}, {when}: its peers "
-            "received results computed with its value, and it never took its own, so the "
+            f"{_report.key_text(key)}, {when}: {told}, so the "
             "replicas would go on with values that disagree.\n\n"
             "A collective cannot be abandoned half-way: every replica must complete it. "
             "Cancel the whole run (the scope around Strategy.run) instead of one replica's "

@@ -67,6 +67,8 @@ class Rendezvous:
         self.unawaited: list[dict[int, Any]] = [{} for _ in range(num_replicas)]
         self.slots: dict[Key, Slot] = {}  # pending collectives
         self.errors: list[tuple[int, BaseException]] = []  # the run's root causes
+        # The run failed or was cancelled: no collective can complete any more.
+        self.stopped = False
         # Whether ``await collective`` takes the fast path (asyncio, no tracer, no shuffle).
         self.fast_await = False
         self.loop: Any = None  # the asyncio loop, once the run starts (None on trio)
@@ -116,7 +118,7 @@ class Rendezvous:
         dispatch coroutine. Returns the iterator the ``await`` drives.
         """
         run = self.run
-        if self.errors:
+        if self.errors or self.stopped:
             # The run failed meanwhile: the coroutine raises the cancellation.
             return run._collective(call).__await__()  # type: ignore[no-any-return]
         replica = call.replica
@@ -188,10 +190,16 @@ def _twin(exc: BaseException) -> BaseException:
         return exc
     if type(twin) is not type(exc):
         return exc
-    twin.__cause__ = exc.__cause__
-    # Uncaught, a copy is the dispatching replica's error again, not a second root
-    # cause (Run._recorded reads this).
-    twin._ar_twin_of = exc  # type: ignore[attr-defined]
+    try:
+        twin.__cause__ = exc.__cause__
+        # Uncaught, a copy is the dispatching replica's error again, not a second root
+        # cause (Run._recorded reads this).
+        twin._ar_twin_of = exc  # type: ignore[attr-defined]
+    except Exception:
+        # A user's exception may refuse attributes (a __setattr__ that raises): every
+        # waiter gets the error itself then, never our AttributeError, never a waiter
+        # left unwoken (the abort wakes them one by one).
+        return exc
     return twin
 
 

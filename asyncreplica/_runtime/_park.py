@@ -131,6 +131,9 @@ class Parking:
     _noted: set[int]
     _consequences: set[int]
     _dispatching: dict[Key, tuple[Slot, Collective]]
+    _stopping: anyio.Event | None
+    _also_left: dict[Key, list[int]]
+    _after_left: list[tuple[int, Key, str, CollectiveError]]
 
     @property
     def failed(self) -> bool:
@@ -226,6 +229,8 @@ class Parking:
             scope.cancel()
         else:
             self._reason_given = True
+        if self._stopping is not None:
+            self._stopping.set()  # shielded waiters too (see Run._wake_shielded)
 
     def _by_run(self, error: BaseException) -> bool | None:
         """Whether the cancellation ``error`` is the run's own (None: cannot be told)."""
@@ -264,7 +269,12 @@ class Parking:
         if scope is not None and scope.cancel_called:
             if outside:
                 self._left_replicas.add(replica)  # told by the first abandonment's error
-                if not slot.done:
+                if not slot.done and self._slots.get(key) is not slot:
+                    # Every replica arrived (combining, or its merge_fn runs): its row
+                    # says cancelled, and the first one's error names it too.
+                    self.ledger.cancelled_after(replica, key)
+                    self._also_left.setdefault(key, []).append(replica)
+                elif not slot.done:
                     self.ledger.abandon(replica, key)  # the first abandonment is the error
             # The run's own scope cancelled it: a consequence. (With no root cause recorded
             # the scope was cancelled for a task that ended cancelled before it ran, which
@@ -293,6 +303,8 @@ class Parking:
                     self._left.append((replica, key))
                 else:
                     self._left.append((-1, key))  # told as it is
+                    if combining:  # unless others are cancelled there in the same turn
+                        self._after_left.append((replica, key, during, error))
                 self._cancel_run()
 
     def _dispatch_ended(
@@ -309,17 +321,27 @@ class Parking:
         run's root cause: a ``CollectiveError`` naming the replica whose combine was
         cancelled, or for a ``merge_fn`` the ``ReplicaCancelledError`` of its replica (its
         ``where`` is the merge_fn's line); otherwise the waiters learn that the run
-        ended. ``KeyboardInterrupt``, ``SystemExit`` and ``GeneratorExit`` fail the run
-        when they leave the replica's task, which cancels the waiters.
+        ended. ``GeneratorExit`` closes the combine as a cancellation does (the error
+        says "closed" for a ``merge_fn``; a copy of it thrown into a waiter's task on
+        asyncio would close its coroutine, not reach its step). ``KeyboardInterrupt``,
+        ``SystemExit`` and any other ``BaseException`` fail the run when they leave the
+        replica's task, which cancels the waiters; each waiter is woken with a copy at
+        once all the same (``fail_waiters``, as for an ``Exception``): a replica that
+        catches it (save and stop on Ctrl-C) must not leave its peers parked for ever.
         """
-        if slot.done or not _ending.cancellation(error):
+        if slot.done:
+            return
+        closed = isinstance(error, GeneratorExit)
+        if not closed and not _ending.cancellation(error):
+            fail_waiters(slot, error)
             return
         key = slot.key
         if not self._errors and slot.error is None and self._by_run(error) is not True:
             cause: CollectiveError
             if merge:
                 self.ledger.cancel(replica)
-                cause = self._replica_cancelled(replica, "cancelled", error, called=True)
+                how = "closed" if closed else "cancelled"
+                cause = self._replica_cancelled(replica, how, error, called=True)
             else:
                 waiting = [r for r in range(self.num_replicas) if r != replica]
                 cause = self.ledger.cancelled_combining(replica, key, waiting)
@@ -399,7 +421,9 @@ class Parking:
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
             return True
-        if state is State.CANCELLED_OUTSIDE and replica in self._left_replicas:
+        if (
+            state is State.CANCELLED_OUTSIDE or state is State.CLOSED
+        ) and replica in self._left_replicas:
             # Its leaving a collective is already told by an error of its own (the run's
             # root cause, or its consequence): not a second root cause.
             self.ledger.cancel(replica)
@@ -503,6 +527,14 @@ class Parking:
             new = self.ledger.abandoned_error(replica, key, old.report)
             new.__cause__ = old.__cause__
             self._abandonments[i] = new
+            self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
+        for replica, key, during, old in self._after_left:
+            also = [r for r in self._also_left.get(key, ()) if r != replica]
+            if not also:
+                continue
+            new = self.ledger.cancelled_after(replica, key, during=during, also=also)
+            new.__cause__ = old.__cause__
+            self._abandonments[:] = [new if e is old else e for e in self._abandonments]
             self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
 
     def _close_leftovers(self) -> list[asyncio.Task[Any]]:

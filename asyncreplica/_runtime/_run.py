@@ -51,7 +51,8 @@ from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, re
 from ._deadlock import Watching
 from ._ending import stop_iteration_error
 from ._mode import MODE, Mode
-from ._park import _cancelled, _describe, _leaves
+from ._park import _cancelled, _describe, _leaves, _retrieve
+from ._waiter import Waiter
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -290,6 +291,15 @@ class Run(Watching):
         self._consequences: set[int] = set()
         # Each replica's coroutine (see execute).
         self._mains: list[Coroutine[Any, Any, None]] = []
+        # Set when the run fails (see _cancel_run): _wake_shielded wakes the waiters that
+        # a shielded scope kept from the run's cancellation; _mains_done once every
+        # replica's task ended (then cancelling _wake_shielded is the run's own end).
+        self._stopping: anyio.Event | None = None
+        # Replicas cancelled in the same turn at a collective every replica had arrived
+        # at (by key), and the errors that name the first of them (see _abandoned).
+        self._also_left: dict[Key, list[int]] = {}
+        self._after_left: list[tuple[int, Key, str, CollectiveError]] = []
+        self._mains_done = False
 
     # -- collectives ----------------------------------------------------------------
 
@@ -320,12 +330,15 @@ class Run(Watching):
 
     async def _collective(self, call: Collective) -> Any:
         """:meth:`collective` as a coroutine: every loop, timeouts, tracing, shuffling."""
-        if self._errors or (self.closed and self._ended != "ended"):
+        if self._errors or self._rv.stopped or (self.closed and self._ended != "ended"):
             # The run is being torn down; this raises the cancellation in a replica's
             # task. A task outside the run's scope (a helper the replica did not await)
             # learns that the run is over instead.
             await anyio.lowlevel.checkpoint()
-            raise self._helper_ended(None, call._signature)
+            # (Or a replica under a shielded scope: the run's consequence, not a cause.)
+            ended = self._helper_ended(None, call._signature)
+            self._consequences.add(id(ended))
+            raise ended
         replica = call.replica
         signature = call._signature
         try:
@@ -686,6 +699,11 @@ class Run(Watching):
             async with anyio.create_task_group() as outer:
                 if stall and self.num_replicas > 1:
                     outer.start_soon(self._watch_stalls, stall, name="asyncreplica stall watch")
+                if self.num_replicas > 1:
+                    self._stopping = anyio.Event()
+                    outer.start_soon(
+                        self._wake_shielded, self._stopping, name="asyncreplica shield watch"
+                    )
                 async with anyio.create_task_group() as tg:
                     self._cancel_scope = tg.cancel_scope
                     order = list(range(self.num_replicas))
@@ -697,6 +715,7 @@ class Run(Watching):
                         main = self._replica_main(i, modes[i], fn, args[i], kwargs[i])
                         self._mains.append(main)
                         tg.start_soon(_given, main, name=f"asyncreplica replica {i}")
+                self._mains_done = True
                 outer.cancel_scope.cancel()
             self._account_for_every_replica()
         except BaseException as exc:
@@ -727,6 +746,59 @@ class Run(Watching):
         if self._errors:
             raise self._root_cause()
         return self._results
+
+    async def _wake_shielded(self, stopping: anyio.Event) -> None:
+        """Wake the waiters a shielded scope keeps from the run's cancellation.
+
+        The run fails (``stopping`` is set by :meth:`_cancel_run`) or is cancelled from
+        outside: its scope's cancellation unwinds every replica parked at a collective,
+        except one that awaits it inside ``anyio.CancelScope(shield=True)``, which would
+        wait for ever (and the run with it). Those collectives can never complete: each
+        waiter still parked one loop turn later (the cancellation reached the others
+        at once) is woken with the run's "can never complete" error, a consequence of
+        the root cause, and any later arrival gets it too.
+        """
+        try:
+            await stopping.wait()
+        except anyio.get_cancelled_exc_class():
+            if not self._mains_done:  # cancelled from outside, replicas still running
+                self._ended = self._ended or "was cancelled"
+                self._abort_pending()
+            raise
+        self._abort_pending()
+
+    def _abort_pending(self) -> None:
+        """The collectives a replica's own task still waits at can never complete: wake them.
+
+        Only those: a helper task outside the run's scope (in a nursery the step was
+        given) parked elsewhere is told when the run ends (:meth:`_close_leftovers`), after
+        its own scope had the chance to cancel it.
+        """
+        self._rv.stopped = True
+        stuck: dict[int, Slot] = {}
+        for task in self._rv.mains:
+            if task is None:
+                continue
+            slot = self._parked.get(id(task))
+            if slot is None:
+                waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
+                slot = waiter._ar_slot if type(waiter) is Waiter else None
+            if slot is not None and slot.run is self and not slot.done:
+                stuck[id(slot)] = slot
+        if not stuck:
+            return
+        if self._loop is not None:
+            for task in self.watch.helpers():
+                if (
+                    isinstance(task, asyncio.Task)
+                    and not task.done()
+                    and self._is_parked(None, task)
+                ):
+                    # Its error is the run's consequence, already raised by Strategy.run.
+                    task.add_done_callback(_retrieve)
+        for slot in stuck.values():
+            slot.abort(functools.partial(self._consequence, slot.key))
+        self._rv.gen += 1
 
     async def _tear_down(self, loop: asyncio.AbstractEventLoop | None, cancelled: bool) -> None:
         """The run's end, whatever ended it: every step runs even if one before it raised.
