@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 import asyncreplica as ar
@@ -47,3 +48,45 @@ async def test_a_generator_step_is_refused() -> None:
 
     with pytest.raises(TypeError, match=r"(?s)step is a generator function.*`return`"):
         await strategy().run(step)
+
+
+# -- B9: IndexedSlices indices are row numbers of the dense value -------------------------
+
+
+def _slices(indices: Any) -> ar.IndexedSlices:
+    return ar.IndexedSlices(np.ones((1, 2)), indices, (3, 2))
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "bad"),
+    [
+        (np.array([2**63 + 1], np.uint64), np.array([0], np.int32), "9223372036854775809"),
+        (np.array([7]), np.array([0]), "7"),
+        (np.array([-1]), np.array([0]), "-1"),
+    ],
+    ids=["uint64-above-int64", "out-of-range", "negative"],
+)
+async def test_indexed_slices_indices_outside_the_dense_rows_are_refused(
+    first: Any, second: Any, bad: str
+) -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        mine = first if ctx.replica_id_in_sync_group == 0 else second
+        return await ctx.all_reduce("SUM", _slices(mine))
+
+    with pytest.raises(ValueError, match=rf"0 <= i < 3 \(dense_shape \(3, 2\)\), got {bad}:"):
+        await strategy().run(step)
+
+
+async def test_indexed_slices_with_the_last_row_and_no_rows_still_reduce() -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            mine = _slices(np.array([2], np.uint64))
+        else:
+            mine = ar.IndexedSlices(np.ones((0, 2)), np.zeros(0, np.int32), (3, 2))
+        return await ctx.all_reduce("SUM", mine)
+
+    result = (await strategy().run(step)).values[0]
+    assert result.indices.tolist() == [2]
+    assert result.indices.dtype == np.int64
