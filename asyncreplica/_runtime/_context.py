@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._core._dtypes import refusal
+from .._core._dtypes import reduced_dtype, refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
-from .._exceptions import ReplicaContextError
+from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from ._inspect import call_path
@@ -111,15 +111,70 @@ def _same_spec(now: LeafSpec, spec: LeafSpec, axis: int | None, gather: bool) ->
     return now.shape[:axis] + now.shape[axis + 1 :] == spec.shape[:axis] + spec.shape[axis + 1 :]
 
 
+def _check_results(
+    run: Run, call: Collective, count: int, results: object, specs: Sequence[LeafSpec]
+) -> None:
+    """Refuse a backend's results that are not what the collective's signature says.
+
+    ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
+    per spec, each of the spec's shape and dtype. A backend that answers otherwise (a
+    third-party one, or a bug) would pass a silently wrong value to every replica; the
+    error blames the backend, not a replica. For arrays it costs one shape and one dtype
+    comparison per leaf; a leaf that fails them (another array library's dtype names, a
+    number, ``IndexedSlices``) is described by the backend and compared again.
+    """
+    backend = run.backend
+    signature = call._signature
+
+    def wrong(what: str) -> BackendError:
+        return BackendError(
+            f"The backend {backend.name or type(backend).__name__!r} "
+            f"({type(backend).__module__}.{type(backend).__qualname__}) returned {what} for "
+            f"the collective {signature.describe()}. Every replica's value matched that "
+            "signature, so this is a bug in the backend, not in the replicas' code: "
+            "report it to the backend's authors (asyncreplica checks each backend's "
+            "results against the signature rather than return a wrong value)."
+        )
+
+    if not isinstance(results, Sequence):
+        raise wrong(f"{type(results).__qualname__}, not a list of {count} results")
+    if len(results) != count:
+        raise wrong(f"{len(results)} results, not one per replica ({count})")
+    describe = run.describe
+    for r, leaves in enumerate(results):
+        if not isinstance(leaves, Sequence) or len(leaves) != len(specs):
+            got = len(leaves) if isinstance(leaves, Sequence) else type(leaves).__qualname__
+            raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
+        for j, leaf in enumerate(leaves):
+            spec = specs[j]
+            if (
+                getattr(leaf, "shape", None) == spec.shape
+                and str(getattr(leaf, "dtype", "")) == spec.dtype
+            ):
+                continue
+            try:
+                now: LeafSpec | None = describe(leaf)
+            except TypeError:
+                now = None
+            if now is not None and now[:3] == spec[:3]:
+                continue
+            got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
+            raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {spec} was due")
+
+
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     if not payloads[0]:
         return [[] for _ in payloads]
     _check_unchanged(run, call, payloads)
-    op = call._signature.op
+    signature = call._signature
+    op = signature.op
     bytes_per_pack = call.bytes_per_pack
     assert op is not None
     assert bytes_per_pack is not None
     results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
+    specs = signature.leaves
+    expected = tuple(spec._replace(dtype=reduced_dtype(op, spec.dtype)) for spec in specs)
+    _check_results(run, call, len(payloads), results, expected)
     return results
 
 
@@ -139,9 +194,11 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     # passes its own replica's leaves (of the agreed shapes) to receive into.
     local = source - run.strategy._replica_offset
     _check_unchanged(run, call, payloads)
-    return await run.backend.broadcast(
+    results: Sequence[Any] = await run.backend.broadcast(
         payloads[local if 0 <= local < len(payloads) else 0], len(payloads)
     )
+    _check_results(run, call, len(payloads), results, call._signature.leaves)
+    return results
 
 
 async def _dispatch_reduce_scatter(

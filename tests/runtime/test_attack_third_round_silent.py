@@ -9,10 +9,12 @@ B7: a collective driven by hand and abandoned after it was issued.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 import pytest
+from asyncreplica_numpy import NumpyBackend
 
 import asyncreplica as ar
 
@@ -90,3 +92,76 @@ async def test_indexed_slices_with_the_last_row_and_no_rows_still_reduce() -> No
     result = (await strategy().run(step)).values[0]
     assert result.indices.tolist() == [2]
     assert result.indices.dtype == np.int64
+
+
+# -- B1: a backend's results are held to the collective's signature ------------------------
+
+
+class _WrongBackend(NumpyBackend):
+    """A third-party backend whose all_reduce and broadcast answer wrongly."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(DEVICES[:2])
+        self.kind = kind
+
+    def _wrong(self, results: Any) -> Any:
+        if self.kind == "shape":
+            return [[np.zeros(3) for _ in leaves] for leaves in results]
+        if self.kind == "dtype":
+            return [[np.asarray(x, dtype=np.float32) for x in leaves] for leaves in results]
+        if self.kind == "count":
+            return results[:-1]
+        if self.kind == "leaves":
+            return [[*leaves, np.zeros(2)] for leaves in results]
+        return None
+
+    async def all_reduce(self, op: Any, values: Any, *, bytes_per_pack: int = 0) -> Any:
+        return self._wrong(await super().all_reduce(op, values, bytes_per_pack=bytes_per_pack))
+
+    async def broadcast(self, values: Any, count: int) -> Any:
+        return self._wrong(await super().broadcast(values, count))
+
+
+WRONG = {
+    "shape": r"returned float64\[3\] as leaf 0 of replica 0's result, where float64\[2\] was due",
+    "dtype": r"returned float32\[2\] as leaf 0 of replica 0's result, where float64\[2\] was due",
+    "count": r"returned 1 results, not one per replica \(2\)",
+    "leaves": r"returned 2 leaves as replica 0's result, not 1",
+    "none": r"returned NoneType, not a list of 2 results",
+}
+
+
+@pytest.mark.parametrize("kind", list(WRONG))
+@pytest.mark.parametrize("collective", ["all_reduce", "broadcast"])
+async def test_a_backend_result_that_breaks_the_signature_is_a_backend_error(
+    kind: str, collective: str
+) -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        if collective == "all_reduce":
+            return await ctx.all_reduce("SUM", np.ones(2))
+        return await ctx.broadcast(np.ones(2))
+
+    s = ar.MirroredStrategy(DEVICES[:2], backend=_WrongBackend(kind))
+    with pytest.raises(ar.BackendError) as info:
+        await s.run(step)
+    message = str(info.value)
+    assert re.search(WRONG[kind], message), message
+    assert "'numpy' (test_attack_third_round_silent._WrongBackend)" in message
+    assert "bug in the backend" in message
+
+
+async def test_an_integer_mean_and_python_numbers_pass_the_result_check() -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        return (
+            await ctx.all_reduce("MEAN", np.arange(3, dtype=np.int32)),
+            await ctx.all_reduce("SUM", [1.0, 2, 3j]),
+            await ctx.broadcast({"a": 1.5, "b": np.int8(2)}),
+        )
+
+    s = strategy()
+    mean, numbers, sent = s.experimental_local_results(await s.run(step))[0]
+    assert mean.dtype == np.float64
+    assert [complex(x) for x in numbers] == [2.0, 4.0, 6j]
+    assert (sent["a"], sent["b"]) == (1.5, 2)
