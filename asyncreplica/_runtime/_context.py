@@ -15,11 +15,12 @@ from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
+from . import _tasks
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
 from ._mode import MODE, Mode, current_mode
-from ._run import Collective
+from ._run import LIVE_RUNS, Collective
 from ._values import component
 
 if TYPE_CHECKING:
@@ -254,7 +255,33 @@ def get_replica_context() -> ReplicaContext | None:
     replica context (one replica, whose collectives are the identity).
     """
     context: ReplicaContext | None = current_mode().replica
+    if LIVE_RUNS and isinstance(context, DefaultReplicaContext):
+        _refuse_default_in_replica()
     return context
+
+
+def _refuse_default_in_replica() -> None:
+    """Raise when a live run's replica task finds no replica context in its context.
+
+    A task a replica started with a fresh ``contextvars.Context()`` (or code it runs in
+    one) belongs to that replica, but its context holds no replica: the default context
+    there would make every collective the identity, a silently wrong number.
+    """
+    task = _tasks.current_task()
+    if task is None:
+        return
+    for run in LIVE_RUNS:
+        replica = run.watch.replica_of(task)
+        if replica >= 0 and not run.closed:
+            raise ReplicaContextError(
+                f"get_replica_context() was called in a task of replica "
+                f"{replica + run.strategy._replica_offset} that runs in a context with no "
+                "replica context: the task was started with a fresh contextvars.Context() "
+                "(context=...), or the call runs in one (contextvars.Context().run(...)). "
+                "There it would be the default replica context, whose collectives reduce "
+                "nothing across replicas. Start the task without context= (it then copies "
+                "the replica's context), or pass contextvars.copy_context()."
+            )
 
 
 def in_cross_replica_context() -> bool:

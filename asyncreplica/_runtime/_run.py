@@ -75,6 +75,11 @@ def _result(call: Collective, result: Any) -> Any:
 # Loop turns a run's end gives the helper tasks it woke or cancelled to finish.
 _LEFTOVER_TURNS = 8
 
+# The runs whose replicas are running now (any thread, any loop): a task of one of their
+# replicas that finds no replica context in its context (a fresh contextvars.Context())
+# is told so (see _context.get_replica_context), never given the default context.
+LIVE_RUNS: list[Run] = []
+
 
 # Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
 _ACCEPTS_PACK: dict[type, bool] = {}
@@ -167,6 +172,36 @@ def _trio_system_task(task: object) -> bool:
     return nursery is not None and nursery.parent_task is trio.lowlevel.current_root_task()
 
 
+def _refuse_fresh_system_task(context: Any) -> None:
+    """A replica's task started a trio system task in a context with no replica in it.
+
+    In a fresh ``contextvars.Context()`` the task would see the default replica context,
+    whose collectives are the identity: its "all_reduce" would silently reduce nothing.
+    """
+    spawner = MODE.get()
+    if spawner is None or spawner.replica is None:
+        return  # not started from a replica's code
+    run = spawner.replica._run
+    if run is None or run.closed:
+        return
+    replica = run.watch.replica_of(run._current_task())
+    if replica < 0:
+        return
+    where = _tasks.where_called()
+    run._fail(
+        replica,
+        ReplicaContextError(
+            f"Replica {replica + run.strategy._replica_offset} started a trio system task "
+            f"(trio.lowlevel.spawn_system_task) in a context with no replica context (a fresh "
+            f"contextvars.Context())" + (f", at {where}" if where else "") + ". There "
+            "get_replica_context() would be the default replica context, whose collectives "
+            "reduce nothing across replicas. Start the task in a nursery the step function "
+            "opens (async with trio.open_nursery()), without context=.\n"
+            + see_also("ReplicaContextError")
+        ),
+    )
+
+
 def _refuse_system_task(task: Any) -> None:
     """A trio system task was started in a copy of a replica's context: refuse it.
 
@@ -181,6 +216,7 @@ def _refuse_system_task(task: Any) -> None:
         return
     mode = context.get(MODE, None)
     if mode is None or mode.replica is None:
+        _refuse_fresh_system_task(context)
         return  # the default: a copy of the context trio.run was called in
     run = mode.replica._run
     context.run(MODE.set, None)
@@ -672,6 +708,7 @@ class Run(Watching):
             # (and catches) a RuntimeError at every waiting replica's arrival.
             self._current_task = self._rv.current_task = trio.lowlevel.current_task
             _tasks.install_trio_watch(self.task_done, _on_trio_task_spawned)
+        LIVE_RUNS.append(self)
         stall = self.stall_warning_seconds
         if self.tracer is not None:
             self.tracer.run_begin(self.num_replicas, self.strategy.extended.worker_devices)
@@ -754,6 +791,8 @@ class Run(Watching):
                         self.tracer.failed(error, error.report)
                     self.tracer.run_end(cancelled=cancelled)
             finally:
+                if self in LIVE_RUNS:
+                    LIVE_RUNS.remove(self)
                 if loop is not None:
                     _tasks.uninstall_factory(loop)
                 else:

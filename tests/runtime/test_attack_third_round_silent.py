@@ -9,6 +9,8 @@ B7: a collective driven by hand and abandoned after it was issued.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import re
 from typing import Any
 
@@ -165,3 +167,69 @@ async def test_an_integer_mean_and_python_numbers_pass_the_result_check() -> Non
     assert mean.dtype == np.float64
     assert [complex(x) for x in numbers] == [2.0, 4.0, 6j]
     assert (sent["a"], sent["b"]) == (1.5, 2)
+
+
+# -- B0c: a replica's task in a fresh context is told, never given the default context ----
+
+
+FRESH = r"replica context: the task was started with a fresh contextvars.Context\(\)"
+
+
+def _asyncio_only(anyio_backend: object) -> None:
+    if anyio_backend == "trio" or (isinstance(anyio_backend, tuple) and anyio_backend[0] == "trio"):
+        pytest.skip("asyncio.create_task(context=...): asyncio only (trio: the tests below)")
+
+
+async def test_a_helper_task_in_a_fresh_context_is_refused_not_the_identity(
+    anyio_backend: object,
+) -> None:
+    _asyncio_only(anyio_backend)
+
+    async def grads(v: float) -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("SUM", v)
+
+    async def step() -> Any:
+        rid = _ctx().replica_id_in_sync_group
+        task = asyncio.create_task(grads(float(rid + 1)), context=contextvars.Context())
+        return await task
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (checked below)
+        await strategy().run(step)
+    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]
+    assert errors
+    for error in errors:
+        assert isinstance(error, ar.ReplicaContextError)
+        assert re.search(FRESH, str(error)), error
+
+
+async def test_get_replica_context_run_in_a_fresh_context_is_refused() -> None:
+    async def step() -> Any:
+        return contextvars.Context().run(ar.get_replica_context)
+
+    with pytest.raises(ar.ReplicaContextError, match=r"the call runs in one"):
+        await strategy(1).run(step)
+
+
+async def test_a_trio_system_task_in_a_fresh_context_fails_the_run(anyio_backend: object) -> None:
+    if anyio_backend != "trio":
+        pytest.skip("trio only")
+    import trio
+
+    async def system_task() -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def step() -> Any:
+        trio.lowlevel.spawn_system_task(system_task, context=contextvars.Context())
+        await trio.lowlevel.checkpoint()
+        return 1.0
+
+    with pytest.raises(ar.ReplicaContextError, match=r"fresh contextvars.Context\(\)"):
+        await strategy(1).run(step)
+
+
+async def test_outside_a_run_get_replica_context_is_the_default_in_a_fresh_context() -> None:
+    ctx = contextvars.Context().run(ar.get_replica_context)
+    assert ctx is not None
+    assert ctx.num_replicas_in_sync == 1
