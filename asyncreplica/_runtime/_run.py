@@ -50,7 +50,7 @@ from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._deadlock import Watching
 from ._mode import MODE, Mode
-from ._park import _cancelled, _describe, _leaves
+from ._park import _add_note, _cancelled, _describe, _leaves
 
 if TYPE_CHECKING:
     from ..abc import Backend, ProcessGroup
@@ -399,6 +399,13 @@ class Run(Watching):
                 # turn may have failed the run meanwhile; this one left all the same.
                 self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
+            except (GeneratorExit, Exception):
+                # Thrown in by hand (close() or throw() on the collective's iterator after
+                # a send() issued it): the replica leaves a collective its peers count on.
+                # (An error the slot woke it with, slot.error, is the collective's own.)
+                if slot.error is None:
+                    self._left_by_hand(replica, key, slot, task)
+                raise
             finally:
                 del parked[id(task)]
             if slot.error is not None:
@@ -408,6 +415,56 @@ class Run(Watching):
         if self.shuffle is not None:
             await self._jitter_after(replica, key, slot)
         return _result(call, slot.results[replica])
+
+    def _left_by_hand(self, replica: int, key: Key, slot: Slot, task: object) -> None:
+        """``replica`` left the collective at ``key`` without a cancellation: it fails the run.
+
+        Its peers' results are (or would be) computed with its value while it goes on
+        without its own: values that disagree, as for a cancellation there. On trio its
+        task is taken out of the event it was parked on, which would otherwise reschedule
+        a task that no longer waits (``TrioInternalError``).
+        """
+        if self._loop is None and slot.waiters:
+            # trio.Event keeps its waiting tasks in a set (``_tasks``, trio 0.25+) or a
+            # parking lot (``_lot._parked``, older): no public call forgets one.
+            event = slot.waiters[0]
+            tasks = getattr(event, "_tasks", None)
+            if isinstance(tasks, set):
+                tasks.discard(task)
+            parked = getattr(getattr(event, "_lot", None), "_parked", None)
+            if isinstance(parked, dict):
+                parked.pop(task, None)
+        self._abandoned_by_hand(replica, key, slot)
+
+    def _abandoned_by_hand(self, replica: int, key: Key, slot: Slot) -> None:
+        told = len(self._errors)
+        self._abandoned(replica, key, slot, outside=True)
+        if len(self._errors) > told:
+            _add_note(
+                self._errors[told][1],
+                f"(replica {replica + self.strategy._replica_offset} left it by hand, not "
+                "by a cancellation: close() or throw() on the collective's __await__() "
+                "iterator after send() issued it; only the event loop drives a collective)",
+            )
+
+    def _check_left_waiting(self, replica: int) -> None:
+        """``replica`` returned while a waiter of its own is pending with no task on it.
+
+        A collective driven by hand on the fast path (``__await__().send(None)``, then
+        ``close()`` or ``throw()``) leaves its waiter behind: no task waits on it, and its
+        replica ended without the result. That fails the run (see :meth:`_left_by_hand`).
+        """
+        for slot in list(self._rv.slots.values()):
+            replicas = slot.fast_replicas
+            if replica not in replicas:
+                continue
+            waiter = slot.fast_waiters[replicas.index(replica)]
+            if waiter.done() or getattr(waiter, "_callbacks", None):
+                continue  # set, or a task (a helper) still waits on it
+            replicas.remove(replica)
+            slot.fast_waiters.remove(waiter)
+            asyncio.Future.cancel(waiter)  # not Waiter.cancel: told here, once
+            self._abandoned_by_hand(replica, slot.key, slot)
 
     async def _jitter_after(self, replica: int, key: Key, slot: Slot) -> None:
         """:meth:`_jitter` after a collective completed, before its result is returned.
@@ -636,6 +693,8 @@ class Run(Watching):
             if inspect.isawaitable(result):
                 result = await result
             self._check_awaited(replica)
+            if self._rv.slots:
+                self._check_left_waiting(replica)
         except BaseException as exc:
             if self._ended_with(replica, exc, called):
                 raise

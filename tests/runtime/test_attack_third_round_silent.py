@@ -14,6 +14,7 @@ import contextvars
 import re
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 from asyncreplica_numpy import NumpyBackend
@@ -233,3 +234,32 @@ async def test_outside_a_run_get_replica_context_is_the_default_in_a_fresh_conte
     ctx = contextvars.Context().run(ar.get_replica_context)
     assert ctx is not None
     assert ctx.num_replicas_in_sync == 1
+
+
+# -- B7: a collective driven by hand, then closed or thrown into ---------------------------
+
+
+@pytest.mark.parametrize("how", ["close", "throw"])
+async def test_a_collective_left_by_hand_after_it_was_issued_fails_the_run(how: str) -> None:
+    left = anyio.Event()
+
+    async def step() -> Any:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        collective = ctx.all_reduce("SUM", float(rid + 1))
+        if rid == 0:
+            it = collective.__await__()
+            it.send(None)  # issued: replica 0 is the first (and only) arrival
+            if how == "close":
+                it.close()
+            else:
+                with pytest.raises(ValueError, match="thrown"):
+                    it.throw(ValueError("thrown"))
+            left.set()
+            return 0.0
+        await left.wait()
+        return await collective
+
+    with pytest.raises(ar.CollectiveError, match=r"Replica 0 .* 1st collective") as info:
+        await strategy().run(step)
+    assert any("replica 0 left it by hand" in note for note in info.value.__notes__)
