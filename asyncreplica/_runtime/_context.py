@@ -113,12 +113,17 @@ def _same_spec(now: LeafSpec, spec: LeafSpec, axis: int | None, gather: bool) ->
 
 
 def _check_results(
-    run: Run, call: Collective, count: int, results: object, specs: Sequence[LeafSpec]
+    run: Run,
+    call: Collective,
+    count: int,
+    results: object,
+    specs: Sequence[LeafSpec],
+    op: ReduceOp | None = None,
 ) -> None:
     """Refuse a backend's results that are not what the collective's signature says.
 
     ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
-    per spec, each of the spec's shape and dtype. A backend that answers otherwise (a
+    per spec, each of the spec's shape and dtype (reduced by ``op``, if given). A backend that answers otherwise (a
     third-party one, or a bug) would pass a silently wrong value to every replica; the
     error blames the backend, not a replica. For arrays it costs one shape and one dtype
     comparison per leaf; a leaf that fails them (another array library's dtype names, a
@@ -148,19 +153,26 @@ def _check_results(
             raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
         for j, leaf in enumerate(leaves):
             spec = specs[j]
+            dtype = spec.dtype if op is None else reduced_dtype(op, spec.dtype)
             if (
                 getattr(leaf, "shape", None) == spec.shape
-                and str(getattr(leaf, "dtype", "")) == spec.dtype
+                and str(getattr(leaf, "dtype", "")) == dtype
             ):
                 continue
             try:
                 now: LeafSpec | None = describe(leaf)
             except TypeError:
                 now = None
-            if now is not None and now[:3] == spec[:3]:
+            if (
+                now is not None
+                and now.shape == spec.shape
+                and now.dtype == dtype
+                and now.sparse == spec.sparse
+            ):
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
-            raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {spec} was due")
+            due = spec._replace(dtype=dtype)
+            raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
 
 
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -173,9 +185,7 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
     assert op is not None
     assert bytes_per_pack is not None
     results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
-    specs = signature.leaves
-    expected = tuple(spec._replace(dtype=reduced_dtype(op, spec.dtype)) for spec in specs)
-    _check_results(run, call, len(payloads), results, expected)
+    _check_results(run, call, len(payloads), results, signature.leaves, op)
     return results
 
 
