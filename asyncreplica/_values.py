@@ -110,8 +110,9 @@ class IndexedSlices:
 
     A collective checks the parts fit together before any data moves, in the replica
     that passed them: integer ``indices`` (``TypeError`` otherwise), one per row, and
-    rows of shape ``dense_shape[1:]`` (``ValueError`` otherwise). Replicas whose indices
-    have different integer dtypes get int64 indices.
+    rows of shape ``dense_shape[1:]``, and row numbers ``0 <= i < dense_shape[0]``
+    (``ValueError`` otherwise: a negative index is not read from the end). Replicas whose
+    indices have different integer dtypes get int64 indices.
 
     Args:
         values: The rows, shape ``(n, *dense_shape[1:])``.

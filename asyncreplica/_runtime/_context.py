@@ -9,19 +9,20 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._core._dtypes import refusal
+from .._core._dtypes import reduced_dtype, refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._report import key_text, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
+from . import _tasks
 from ._ending import stop_iteration_error
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
 from ._mode import MODE, Mode, current_mode
-from ._run import Collective
+from ._run import LIVE_RUNS, Collective
 from ._values import component
 
 if TYPE_CHECKING:
@@ -113,11 +114,77 @@ def _same_spec(now: LeafSpec, spec: LeafSpec, axis: int | None, gather: bool) ->
     return now.shape[:axis] + now.shape[axis + 1 :] == spec.shape[:axis] + spec.shape[axis + 1 :]
 
 
+def _check_results(
+    run: Run,
+    call: Collective,
+    count: int,
+    results: object,
+    specs: Sequence[LeafSpec],
+    op: ReduceOp | None = None,
+) -> None:
+    """Refuse a backend's results that are not what the collective's signature says.
+
+    ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
+    per spec, each of the spec's shape and dtype (reduced by ``op``, if given). A
+    backend that answers otherwise (a third-party one, or a bug) would pass a silently
+    wrong value to every replica; the error blames the backend, not a replica. For arrays it costs one shape and one dtype
+    comparison per leaf; a leaf that fails them (another array library's dtype names, a
+    number, ``IndexedSlices``) is described by the backend and compared again.
+    """
+    backend = run.backend
+    method = call._signature.kind.value
+
+    def wrong(what: str) -> BackendError:
+        error = BackendError(
+            f"The backend broke its contract in {_backend_text(run, method, call)}: it "
+            f"returned {what} ({type(backend).__module__}.{type(backend).__qualname__}). "
+            "Every replica's value matched the collective's signature, so this is a bug "
+            "in the backend, not in asyncreplica or in your program: report it to the "
+            "backend's authors (asyncreplica holds each backend's results to the "
+            "signature rather than return a wrong value)."
+        )
+        run._noted.add(id(error))  # the message names the backend: no replica note
+        return error
+
+    if not isinstance(results, Sequence):
+        raise wrong(f"{type(results).__qualname__}, not a list of {count} results")
+    if len(results) != count:
+        raise wrong(f"{len(results)} results, not one per replica ({count})")
+    describe = run.describe
+    for r, leaves in enumerate(results):
+        if not isinstance(leaves, Sequence) or len(leaves) != len(specs):
+            got = len(leaves) if isinstance(leaves, Sequence) else type(leaves).__qualname__
+            raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
+        for j, leaf in enumerate(leaves):
+            spec = specs[j]
+            dtype = spec.dtype if op is None else reduced_dtype(op, spec.dtype)
+            if (
+                getattr(leaf, "shape", None) == spec.shape
+                and str(getattr(leaf, "dtype", "")) == dtype
+            ):
+                continue
+            try:
+                now: LeafSpec | None = describe(leaf)
+            except TypeError:
+                now = None
+            if (
+                now is not None
+                and now.shape == spec.shape
+                and now.dtype == dtype
+                and now.sparse == spec.sparse
+            ):
+                continue
+            got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
+            due = spec._replace(dtype=dtype)
+            raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
+
+
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
     if not payloads[0]:
         return [[] for _ in payloads]
     _check_unchanged(run, call, payloads)
-    op = call._signature.op
+    signature = call._signature
+    op = signature.op
     bytes_per_pack = call.bytes_per_pack
     assert op is not None
     assert bytes_per_pack is not None
@@ -126,7 +193,9 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
     except Exception as exc:
         _blame(run, call, "all_reduce", exc)
         raise
-    return _checked(run, call, "all_reduce", results, payloads)
+    results = _checked(run, call, "all_reduce", results, payloads)
+    _check_results(run, call, len(payloads), results, signature.leaves, op)
+    return results
 
 
 async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -156,7 +225,9 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     except Exception as exc:
         _blame(run, call, "broadcast", exc)
         raise
-    return _checked(run, call, "broadcast", results, [sent] * len(payloads))
+    results = _checked(run, call, "broadcast", results, [sent] * len(payloads))
+    _check_results(run, call, len(payloads), results, call._signature.leaves)
+    return results
 
 
 async def _dispatch_reduce_scatter(
@@ -282,7 +353,33 @@ def get_replica_context() -> ReplicaContext | None:
     replica context (one replica, whose collectives are the identity).
     """
     context: ReplicaContext | None = current_mode().replica
+    if LIVE_RUNS and isinstance(context, DefaultReplicaContext):
+        _refuse_default_in_replica()
     return context
+
+
+def _refuse_default_in_replica() -> None:
+    """Raise when a live run's replica task finds no replica context in its context.
+
+    A task a replica started with a fresh ``contextvars.Context()`` (or code it runs in
+    one) belongs to that replica, but its context holds no replica: the default context
+    there would make every collective the identity, a silently wrong number.
+    """
+    task = _tasks.current_task()
+    if task is None:
+        return
+    for run in LIVE_RUNS:
+        replica = run.watch.replica_of(task)
+        if replica >= 0 and not run.closed:
+            raise ReplicaContextError(
+                f"get_replica_context() was called in a task of replica "
+                f"{replica + run.strategy._replica_offset} that runs in a context with no "
+                "replica context: the task was started with a fresh contextvars.Context() "
+                "(context=...), or the call runs in one (contextvars.Context().run(...)). "
+                "There it would be the default replica context, whose collectives reduce "
+                "nothing across replicas. Start the task without context= (it then copies "
+                "the replica's context), or pass contextvars.copy_context()."
+            )
 
 
 def in_cross_replica_context() -> bool:

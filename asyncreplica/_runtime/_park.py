@@ -526,6 +526,8 @@ class Parking:
             old = self._abandonments[i]
             new = self.ledger.abandoned_error(replica, key, old.report)
             new.__cause__ = old.__cause__
+            for note in getattr(old, "__notes__", ()):
+                _add_note(new, note)  # how it was left (by hand: see Run._left_by_hand)
             self._abandonments[i] = new
             self._errors[:] = [(r, new if e is old else e) for r, e in self._errors]
         for replica, key, during, old in self._after_left:

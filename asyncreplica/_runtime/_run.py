@@ -51,7 +51,7 @@ from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, re
 from ._deadlock import Watching
 from ._ending import stop_iteration_error
 from ._mode import MODE, Mode
-from ._park import _cancelled, _describe, _leaves, _retrieve
+from ._park import _add_note, _cancelled, _describe, _leaves, _retrieve
 from ._waiter import Waiter
 
 if TYPE_CHECKING:
@@ -76,6 +76,11 @@ def _result(call: Collective, result: Any) -> Any:
 
 # Loop turns a run's end gives the helper tasks it woke or cancelled to finish.
 _LEFTOVER_TURNS = 8
+
+# The runs whose replicas are running now (any thread, any loop): a task of one of their
+# replicas that finds no replica context in its context (a fresh contextvars.Context())
+# is told so (see _context.get_replica_context), never given the default context.
+LIVE_RUNS: list[Run] = []
 
 
 # Whether a backend class's all_reduce takes ``bytes_per_pack``: decided once per class.
@@ -169,6 +174,36 @@ def _trio_system_task(task: object) -> bool:
     return nursery is not None and nursery.parent_task is trio.lowlevel.current_root_task()
 
 
+def _refuse_fresh_system_task(context: Any) -> None:
+    """A replica's task started a trio system task in a context with no replica in it.
+
+    In a fresh ``contextvars.Context()`` the task would see the default replica context,
+    whose collectives are the identity: its "all_reduce" would silently reduce nothing.
+    """
+    spawner = MODE.get()
+    if spawner is None or spawner.replica is None:
+        return  # not started from a replica's code
+    run = spawner.replica._run
+    if run is None or run.closed:
+        return
+    replica = run.watch.replica_of(run._current_task())
+    if replica < 0:
+        return
+    where = _tasks.where_called()
+    run._fail(
+        replica,
+        ReplicaContextError(
+            f"Replica {replica + run.strategy._replica_offset} started a trio system task "
+            f"(trio.lowlevel.spawn_system_task) in a context with no replica context (a fresh "
+            f"contextvars.Context())" + (f", at {where}" if where else "") + ". There "
+            "get_replica_context() would be the default replica context, whose collectives "
+            "reduce nothing across replicas. Start the task in a nursery the step function "
+            "opens (async with trio.open_nursery()), without context=.\n"
+            + see_also("ReplicaContextError")
+        ),
+    )
+
+
 def _refuse_system_task(task: Any) -> None:
     """A trio system task was started in a copy of a replica's context: refuse it.
 
@@ -183,6 +218,7 @@ def _refuse_system_task(task: Any) -> None:
         return
     mode = context.get(MODE, None)
     if mode is None or mode.replica is None:
+        _refuse_fresh_system_task(context)
         return  # the default: a copy of the context trio.run was called in
     run = mode.replica._run
     context.run(MODE.set, None)
@@ -377,6 +413,13 @@ class Run(Watching):
                 # turn may have failed the run meanwhile; this one left all the same.
                 self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
+            except (GeneratorExit, Exception):
+                # Thrown in by hand (close() or throw() on the collective's iterator after
+                # a send() issued it): the replica leaves a collective its peers count on.
+                # (An error the slot woke it with, slot.error, is the collective's own.)
+                if slot.error is None:
+                    self._left_by_hand(replica, key, slot, task)
+                raise
             finally:
                 del parked[id(task)]
             if slot.error is not None:
@@ -386,6 +429,56 @@ class Run(Watching):
         if self.shuffle is not None:
             await self._jitter_after(replica, key, slot)
         return _result(call, slot.results[replica])
+
+    def _left_by_hand(self, replica: int, key: Key, slot: Slot, task: object) -> None:
+        """``replica`` left the collective at ``key`` without a cancellation: it fails the run.
+
+        Its peers' results are (or would be) computed with its value while it goes on
+        without its own: values that disagree, as for a cancellation there. On trio its
+        task is taken out of the event it was parked on, which would otherwise reschedule
+        a task that no longer waits (``TrioInternalError``).
+        """
+        if self._loop is None and slot.waiters:
+            # trio.Event keeps its waiting tasks in a set (``_tasks``, trio 0.25+) or a
+            # parking lot (``_lot._parked``, older): no public call forgets one.
+            event = slot.waiters[0]
+            tasks = getattr(event, "_tasks", None)
+            if isinstance(tasks, set):
+                tasks.discard(task)
+            parked = getattr(getattr(event, "_lot", None), "_parked", None)
+            if isinstance(parked, dict):
+                parked.pop(task, None)
+        self._abandoned_by_hand(replica, key, slot)
+
+    def _abandoned_by_hand(self, replica: int, key: Key, slot: Slot) -> None:
+        told = len(self._errors)
+        self._abandoned(replica, key, slot, outside=True)
+        if len(self._errors) > told:
+            _add_note(
+                self._errors[told][1],
+                f"(replica {replica + self.strategy._replica_offset} left it by hand, not "
+                "by a cancellation: close() or throw() on the collective's __await__() "
+                "iterator after send() issued it; only the event loop drives a collective)",
+            )
+
+    def _check_left_waiting(self, replica: int) -> None:
+        """``replica`` returned while a waiter of its own is pending with no task on it.
+
+        A collective driven by hand on the fast path (``__await__().send(None)``, then
+        ``close()`` or ``throw()``) leaves its waiter behind: no task waits on it, and its
+        replica ended without the result. That fails the run (see :meth:`_left_by_hand`).
+        """
+        for slot in list(self._rv.slots.values()):
+            replicas = slot.fast_replicas
+            if replica not in replicas:
+                continue
+            waiter = slot.fast_waiters[replicas.index(replica)]
+            if waiter.done() or getattr(waiter, "_callbacks", None):
+                continue  # set, or a task (a helper) still waits on it
+            replicas.remove(replica)
+            slot.fast_waiters.remove(waiter)
+            asyncio.Future.cancel(waiter)  # not Waiter.cancel: told here, once
+            self._abandoned_by_hand(replica, slot.key, slot)
 
     async def _jitter_after(self, replica: int, key: Key, slot: Slot) -> None:
         """:meth:`_jitter` after a collective completed, before its result is returned.
@@ -614,6 +707,8 @@ class Run(Watching):
             if inspect.isawaitable(result):
                 result = await result
             self._check_awaited(replica)
+            if self._rv.slots:
+                self._check_left_waiting(replica)
         except BaseException as exc:
             if isinstance(exc, StopIteration):
                 # A plain step's StopIteration: Python would turn it into a RuntimeError
@@ -691,6 +786,7 @@ class Run(Watching):
             # (and catches) a RuntimeError at every waiting replica's arrival.
             self._current_task = self._rv.current_task = trio.lowlevel.current_task
             _tasks.install_trio_watch(self.task_done, _on_trio_task_spawned)
+        LIVE_RUNS.append(self)
         stall = self.stall_warning_seconds
         if self.tracer is not None:
             self.tracer.run_begin(self.num_replicas, self.strategy.extended.worker_devices)
@@ -832,6 +928,8 @@ class Run(Watching):
                         self.tracer.failed(error, error.report)
                     self.tracer.run_end(cancelled=cancelled)
             finally:
+                if self in LIVE_RUNS:
+                    LIVE_RUNS.remove(self)
                 if loop is not None:
                     _tasks.uninstall_factory(loop)
                 else:

@@ -82,6 +82,21 @@ def _coroutine_error(fn: object) -> TypeError:
     )
 
 
+def _generator_error(fn: object) -> TypeError:
+    # A stray ``yield`` makes the step a generator function: calling it runs nothing (no
+    # collective), so every replica would "return" an unstarted generator object.
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "step")
+    kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+    return TypeError(
+        f"Strategy.run expects a step function, but {name} is {kind} function (it "
+        "contains `yield`): calling it runs none of its code, so no replica would run its "
+        "collectives.\n\n"
+        "Write the step as `async def` with `return` instead of `yield` (return a tuple "
+        "or a list for several values); to run several steps, call strategy.run once "
+        "per step from your own loop."
+    )
+
+
 class Strategy:
     """The base of every strategy: run a function on replicas and combine their values.
 
@@ -252,7 +267,8 @@ class Strategy:
             The regrouped results.
 
         Raises:
-            TypeError: ``fn`` is a coroutine object or not callable.
+            TypeError: ``fn`` is a coroutine object, a generator or async generator
+                function, or not callable.
             ValueError: ``args`` is not a list or tuple, or a ``PerReplica`` argument
                 has the wrong number of components.
             ReplicaContextError: Called inside a replica (nested run) or inside another
@@ -267,6 +283,8 @@ class Strategy:
             raise _coroutine_error(fn)
         if not callable(fn):
             raise TypeError(f"Strategy.run expects a function, got {fn!r}")
+        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+            raise _generator_error(fn)
         args, kwargs = _check_args(args, kwargs, "Strategy.run")
         mode = current_mode()
         if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):

@@ -1291,6 +1291,18 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
             f"IndexedSlices has {values.shape[0]} rows of values but {indices.shape[0]} "
             "indices: give one row number per row"
         )
+    if indices.shape[0]:
+        # Row numbers of the dense value: a negative one would be read from the end by a
+        # later densify, one past dense_shape[0] fails there, and one above int64 would
+        # wrap when replicas' index dtypes differ (they are combined as int64).
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= dense_shape[0]:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"IndexedSlices.indices must be row numbers of the dense value, 0 <= i < "
+                f"{dense_shape[0]} (dense_shape {dense_shape}), got {bad}: every index must "
+                "name a row of the dense value (a negative index is not read from the end)"
+            )
 
 
 def _masked(value: object, what: str) -> str:
