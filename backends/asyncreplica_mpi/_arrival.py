@@ -28,6 +28,7 @@ __all__ = [
     "created_any",
     "drain_exit_notes",
     "interrupt_count",
+    "interrupt_pending",
 ]
 
 # -- creating a group: every process announces itself ----------------------------------
@@ -61,17 +62,44 @@ def _note_to_all(
     return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
 
 
-def interrupt_count() -> int:
-    """How many SIGINTs asyncio's runner got (it counts them; it installs its own handler).
+_interrupts_seen: list[int] = [0]  # the largest count seen (see interrupt_count)
 
-    ``asyncio.run`` (and ``anyio.run``) turn the first Ctrl-C into a cancellation of the
-    main task, which a wait that does not yield to the loop never sees: such a wait
-    compares this count with the one it started with. 0 without a runner. Read, never
-    changed: asyncreplica installs no signal handler.
+
+def _runner_sigint() -> tuple[int, Any]:
+    """The SIGINT count of asyncio's runner, and its main task (None without a runner).
+
+    Read, never changed: asyncreplica installs no signal handler.
     """
     handler = signal.getsignal(signal.SIGINT)
     runner = getattr(getattr(handler, "func", None), "__self__", None)
-    return int(getattr(runner, "_interrupt_count", 0) or 0)
+    count = int(getattr(runner, "_interrupt_count", 0) or 0)
+    if count:
+        _interrupts_seen[:] = [max(count, *_interrupts_seen)]
+    keywords = getattr(handler, "keywords", None)
+    return count, keywords.get("main_task") if count and isinstance(keywords, dict) else None
+
+
+def interrupt_count() -> int:
+    """How many SIGINTs asyncio's runner got (it counts them; 0 without a runner).
+
+    Once seen, a count outlives its runner: a second Ctrl-C makes the runner restore
+    the default handler before it cancels the remaining tasks (whose errors name it).
+    """
+    return max(_runner_sigint()[0], *_interrupts_seen)
+
+
+def interrupt_pending() -> bool:
+    """Whether asyncio's runner got Ctrl-C and its main task is still being cancelled.
+
+    ``asyncio.run`` (and ``anyio.run``) turn the first Ctrl-C into a cancellation of the
+    main task, which a wait that does not yield to the loop (the constructor's), or a
+    shielded one (a collective's), does not take: such a wait looks here.
+    """
+    count, task = _runner_sigint()
+    if not count or task is None or task.done():
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is None or cancelling() > 0
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -134,7 +162,6 @@ def _wait_arrivals(
 ) -> list[int]:
     """:func:`_arrive`'s wait for every peer's arrival note (``recvs`` empties)."""
     rank, size = base.Get_rank(), base.Get_size()
-    interrupts = interrupt_count()
     started = time.monotonic()
     warned = False
     delay = 1e-5
@@ -190,7 +217,7 @@ def _wait_arrivals(
             )
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
-        if interrupt_count() > interrupts:
+        if interrupt_pending():
             # asyncio's runner got Ctrl-C and cancelled the main task, which waits here
             # without yielding: take the interruption now, not at the peers' arrival.
             raise KeyboardInterrupt

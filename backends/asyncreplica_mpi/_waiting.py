@@ -25,7 +25,7 @@ import anyio.lowlevel
 import numpy as np
 
 from . import _exit
-from ._arrival import _logger, interrupt_count
+from ._arrival import _logger, interrupt_pending
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
 
@@ -220,14 +220,14 @@ class Waiting(Failures):
         parked = thread_multiple()
         delay = _MIN_SLEEP
         # Under asyncio's runner, a Ctrl-C that the shield defers is said at once.
-        interrupts = interrupt_count() if on_asyncio else -1
+        interrupts = on_asyncio  # whether to look for one
         try:
             while True:
                 self._read_notes()
                 if test():
                     break
-                if interrupts >= 0 and interrupt_count() > interrupts:
-                    interrupts = -1  # said once
+                if interrupts and interrupt_pending():
+                    interrupts = False  # said once
                     _logger.warning(self._interrupt_message(key, data=data))
                 waited = time.perf_counter() - start
                 while due and waited >= due[0][0]:
@@ -241,7 +241,7 @@ class Waiting(Failures):
                         warned = True
                         _logger.warning(self._stall_message(key, waited, data=data))
                 until = due[0][0] - waited if due else None
-                if interrupts >= 0:
+                if interrupts:
                     poll = _INTERRUPT_POLL_SECONDS
                     until = poll if until is None else min(until, poll)
                 if parked:
