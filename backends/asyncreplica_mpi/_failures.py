@@ -169,6 +169,7 @@ class Failures:
     _broken: str | None
     _departed: list[int]
     _failed_here: bool
+    _peer_failure: dict[str, Any] | None
     _run_ended: bool
     _running: bool
     _owed_refusals: int
