@@ -325,6 +325,8 @@ class Failures:
         self._break(
             f"process {rank} timed out waiting for the others"
             if timeout is not None
+            else f"process {rank} left an exchange it had posted"
+            if failure.get("stage") == "exchange"
             else f"process {rank} failed after the processes agreed on a collective"
         )
         self._run_ended = True
