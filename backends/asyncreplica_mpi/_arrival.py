@@ -29,6 +29,7 @@ __all__ = [
     "drain_exit_notes",
     "interrupt_count",
     "interrupt_pending",
+    "take_interrupt",
 ]
 
 # -- creating a group: every process announces itself ----------------------------------
@@ -63,6 +64,7 @@ def _note_to_all(
 
 
 _interrupts_seen: list[int] = [0]  # the largest count seen (see interrupt_count)
+_interrupts_taken: list[int] = [0]  # the count when one was last acted on
 
 
 def _runner_sigint() -> tuple[int, Any]:
@@ -89,17 +91,23 @@ def interrupt_count() -> int:
 
 
 def interrupt_pending() -> bool:
-    """Whether asyncio's runner got Ctrl-C and its main task is still being cancelled.
+    """Whether asyncio's runner got a Ctrl-C not taken yet, its main task still cancelled.
 
     ``asyncio.run`` (and ``anyio.run``) turn the first Ctrl-C into a cancellation of the
     main task, which a wait that does not yield to the loop (the constructor's), or a
-    shielded one (a collective's), does not take: such a wait looks here.
+    shielded one (a collective's), does not take: such a wait looks here, and takes it
+    (see :func:`take_interrupt`). A Ctrl-C once taken is not pending again.
     """
     count, task = _runner_sigint()
-    if not count or task is None or task.done():
+    if count <= _interrupts_taken[0] or task is None or task.done():
         return False
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+
     return cancelling is None or cancelling() > 0
+
+
+def take_interrupt() -> None:
+    """The pending Ctrl-C was acted on (raised, or said): it is not pending any more."""
+    _interrupts_taken[0] = _runner_sigint()[0]
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -220,6 +228,7 @@ def _wait_arrivals(
         if interrupt_pending():
             # asyncio's runner got Ctrl-C and cancelled the main task, which waits here
             # without yielding: take the interruption now, not at the peers' arrival.
+            take_interrupt()
             raise KeyboardInterrupt
     return counts
 

@@ -25,7 +25,7 @@ import anyio.lowlevel
 import numpy as np
 
 from . import _exit
-from ._arrival import _logger, interrupt_pending
+from ._arrival import _logger, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
 
@@ -228,6 +228,7 @@ class Waiting(Failures):
                     break
                 if interrupts and interrupt_pending():
                     interrupts = False  # said once
+                    take_interrupt()
                     _logger.warning(self._interrupt_message(key, data=data))
                 waited = time.perf_counter() - start
                 while due and waited >= due[0][0]:
