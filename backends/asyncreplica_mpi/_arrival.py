@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -20,7 +21,16 @@ from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedErro
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive", "_note_exit", "agree_options", "created_any", "drain_exit_notes"]
+__all__ = [
+    "_arrive",
+    "_note_exit",
+    "agree_options",
+    "created_any",
+    "drain_exit_notes",
+    "interrupt_count",
+    "interrupt_pending",
+    "take_interrupt",
+]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -38,6 +48,7 @@ _ARRIVED = 1
 _GAVE_UP = 2
 _EXITED = 3  # on _ARRIVAL_TAG: the process exits and creates no more groups
 _COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
+_INTERRUPTED = 1  # the value of a _GAVE_UP note: the process was interrupted (Ctrl-C)
 _logger = logging.getLogger("asyncreplica")
 # Per user communicator (by handle): the communicator, and how many groups this
 # process created on it.
@@ -50,6 +61,53 @@ def _note_to_all(
     note = np.array([MAGIC, kind, serial, value], np.int64)
     rank = comm.Get_rank()
     return [comm.Isend(note, dest=r, tag=tag) for r in range(comm.Get_size()) if r != rank]
+
+
+_interrupts_seen: list[int] = [0]  # the largest count seen (see interrupt_count)
+_interrupts_taken: list[int] = [0]  # the count when one was last acted on
+
+
+def _runner_sigint() -> tuple[int, Any]:
+    """The SIGINT count of asyncio's runner, and its main task (None without a runner).
+
+    Read, never changed: asyncreplica installs no signal handler.
+    """
+    handler = signal.getsignal(signal.SIGINT)
+    runner = getattr(getattr(handler, "func", None), "__self__", None)
+    count = int(getattr(runner, "_interrupt_count", 0) or 0)
+    if count:
+        _interrupts_seen[:] = [max(count, *_interrupts_seen)]
+    keywords = getattr(handler, "keywords", None)
+    return count, keywords.get("main_task") if count and isinstance(keywords, dict) else None
+
+
+def interrupt_count() -> int:
+    """How many SIGINTs asyncio's runner got (it counts them; 0 without a runner).
+
+    Once seen, a count outlives its runner: a second Ctrl-C makes the runner restore
+    the default handler before it cancels the remaining tasks (whose errors name it).
+    """
+    return max(_runner_sigint()[0], *_interrupts_seen)
+
+
+def interrupt_pending() -> bool:
+    """Whether asyncio's runner got a Ctrl-C not taken yet, its main task still cancelled.
+
+    ``asyncio.run`` (and ``anyio.run``) turn the first Ctrl-C into a cancellation of the
+    main task, which a wait that does not yield to the loop (the constructor's), or a
+    shielded one (a collective's), does not take: such a wait looks here, and takes it
+    (see :func:`take_interrupt`). A Ctrl-C once taken is not pending again.
+    """
+    count, task = _runner_sigint()
+    if count <= _interrupts_taken[0] or task is None or task.done():
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    return cancelling is None or cancelling() > 0
+
+
+def take_interrupt() -> None:
+    """The pending Ctrl-C was acted on (raised, or said): it is not pending any more."""
+    _interrupts_taken[0] = _runner_sigint()[0]
 
 
 def _ranks_text(ranks: Sequence[int]) -> str:
@@ -65,11 +123,16 @@ def _arrive(
     two processes on one communicator and tag), so each process's ``k``-th note is
     the one of its ``k``-th group on this communicator.
 
+    An interruption (Ctrl-C) while it waits gives up like a timeout, telling the
+    others, and raises ``KeyboardInterrupt`` at once; under ``asyncio.run``, whose
+    handler only cancels the main task (blocked here), at the next poll.
+
     Raises:
         CollectiveTimeoutError: Some processes did not create their group within
             ``timeout`` seconds (the message names them).
         BackendError: A process gave up waiting (its timeout passed) before this one
             arrived, or a malformed note arrived.
+        KeyboardInterrupt: This process was interrupted while it waited.
     """
     from mpi4py import MPI
 
@@ -84,6 +147,29 @@ def _arrive(
     sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
     notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
     recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    try:
+        counts = _wait_arrivals(base, serial, counts, sends, recvs, notes, timeout, stall)
+    except KeyboardInterrupt:
+        if recvs:  # the others must not wait for this process's commit
+            _give_up(base, serial, sends, recvs, interrupted=True)
+        raise
+    MPI.Request.Waitall(sends)
+    _commit(base, serial, timeout, stall)
+    return counts
+
+
+def _wait_arrivals(
+    base: Any,
+    serial: int,
+    counts: list[int],
+    sends: list[Any],
+    recvs: dict[int, Any],
+    notes: dict[int, np.ndarray[Any, Any]],
+    timeout: float | None,
+    stall: float | None,
+) -> list[int]:
+    """:func:`_arrive`'s wait for every peer's arrival note (``recvs`` empties)."""
+    rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
     delay = 1e-5
@@ -139,8 +225,11 @@ def _arrive(
             )
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
-    MPI.Request.Waitall(sends)
-    _commit(base, serial, timeout, stall)
+        if interrupt_pending():
+            # asyncio's runner got Ctrl-C and cancelled the main task, which waits here
+            # without yielding: take the interruption now, not at the peers' arrival.
+            take_interrupt()
+            raise KeyboardInterrupt
     return counts
 
 
@@ -165,12 +254,15 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
     delay = 1e-5
     warned = False
     gave_up: list[int] = []
+    interrupted: list[int] = []
     while recvs:
         for r in list(recvs):
             if recvs[r].Test():
                 del recvs[r]
                 if int(notes[r][1]) != _COMMIT:
                     gave_up.append(r)
+                    if int(notes[r][3]) == _INTERRUPTED:
+                        interrupted.append(r)
         if not recvs:
             break
         waited = time.monotonic() - started
@@ -192,6 +284,21 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
     MPI.Request.Waitall(sends)
+    if interrupted:
+        r = interrupted[0]
+        raise ReplicaExitedError(
+            0,
+            0,
+            {},
+            exited_count=0,
+            exited_last=None,
+            message=(
+                f"Process {r} was interrupted (KeyboardInterrupt: SIGINT, Ctrl-C) while it "
+                "waited for the other processes to create MultiWorkerMirroredStrategy, "
+                f"before this process (process {rank}) created it: it gave up creating "
+                "it.\n\nLook at that process's own output; the job cannot go on with it."
+            ),
+        )
     if gave_up:
         r = gave_up[0]
         raise BackendError(
@@ -353,11 +460,17 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
             )
 
 
-def _give_up(base: Any, serial: int, sends: list[Any], recvs: dict[int, Any]) -> None:
-    """Stop waiting for arrivals: tell the others, so that a late one does not wait."""
+def _give_up(
+    base: Any, serial: int, sends: list[Any], recvs: dict[int, Any], *, interrupted: bool = False
+) -> None:
+    """Stop waiting for arrivals: tell the others, so that a late one does not wait.
+
+    ``interrupted``: because of an interruption (Ctrl-C), not a timeout (the note says so).
+    """
     _cancel(recvs.values())
     _pending_notes.extend(sends)
-    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, 0, _GAVE_UP_TAG))
+    value = _INTERRUPTED if interrupted else 0
+    _pending_notes.extend(_note_to_all(base, _GAVE_UP, serial, value, _GAVE_UP_TAG))
 
 
 def _cancel(requests: Iterable[Any]) -> None:

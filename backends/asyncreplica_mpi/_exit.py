@@ -348,8 +348,16 @@ def farewell(
     group._to(Event.FINALIZE if finalized else Event.EXIT)
     if state is State.FAILED and group._departed:
         return  # a peer has gone: nobody is left to say goodbye to
-    if group._in_flight and group._broken is None:
-        group._broken = "an exchange was interrupted"
+    if (group._in_flight or group._agreed) and group._broken is None:
+        # An exchange posted and never waited for, or a data transfer agreed on and
+        # never made: an exception (Ctrl-C outside asyncio's runner) stopped the loop
+        # in between. The peers are told before the job is aborted below (see
+        # settle_failure).
+        group.abandoned_by(
+            error or "it exited while a collective of a run was in progress",
+            "an exchange was interrupted" if group._in_flight else "a data transfer was abandoned",
+            stage="exchange" if group._in_flight else "data",
+        )
     if group._failed_here or group._peer_failure is not None:
         yield from settle_failure(group)
     if group._broken is not None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import signal
 from collections.abc import Generator, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -31,6 +30,7 @@ from asyncreplica import (
 )
 from asyncreplica.abc import CollectiveKind, Signature
 
+from ._arrival import interrupt_count
 from ._lifecycle import Event, Refusal, State, advance
 from ._protocol import (
     HEADER_WORDS,
@@ -86,13 +86,8 @@ def _cancellation(error: BaseException) -> bool:
 
 
 def _interrupted() -> bool:
-    """Whether asyncio's runner got SIGINT (it counts them; it installs its own handler).
-
-    Read, never changed: asyncreplica installs no signal handler.
-    """
-    handler = signal.getsignal(signal.SIGINT)
-    runner = getattr(getattr(handler, "func", None), "__self__", None)
-    return bool(getattr(runner, "_interrupt_count", 0))
+    """Whether asyncio's runner got SIGINT (see :func:`._arrival.interrupt_count`)."""
+    return interrupt_count() > 0
 
 
 def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
@@ -188,6 +183,7 @@ class Failures:
     _broken: str | None
     _departed: list[int]
     _failed_here: bool
+    _peer_failure: dict[str, Any] | None
     _run_ended: bool
     _running: bool
     _owed_refusals: int
@@ -343,6 +339,8 @@ class Failures:
         self._break(
             f"process {rank} timed out waiting for the others"
             if timeout is not None
+            else f"process {rank} left an exchange it had posted"
+            if failure.get("stage") == "exchange"
             else f"process {rank} failed after the processes agreed on a collective"
         )
         self._run_ended = True
@@ -351,6 +349,12 @@ class Failures:
             f"Process {rank} failed while moving the data of {what}, after every process "
             "had agreed on it, so this collective cannot complete on any process."
         )
+        if failure.get("stage") == "exchange":
+            first = (
+                f"Process {rank} stopped waiting for the other processes at {what} (it "
+                "had posted its part of that exchange), so no collective can complete on "
+                "any process any more."
+            )
         if timeout is not None:
             first = (
                 f"Process {rank} timed out after {timeout:g} s waiting for the other "
@@ -361,19 +365,31 @@ class Failures:
             "",
             f"  * {self._process(rank)} failed: {failure.get('error') or 'an exception'}",
         ]
+        exchange = failure.get("stage") == "exchange"
         for r in range(self.size):
             if r != rank and timeout is None:
-                lines.append(f"  * {self._process(r)} waited for its data")
-        lines += [
-            "",
-            (
+                lines.append(
+                    f"  * {self._process(r)} waited for {'it' if exchange else 'its data'}"
+                )
+        if timeout is not None:
+            why = (
                 "A process that times out leaves the processes out of step: the job cannot "
                 "continue (the exit hook ends the MPI job)."
-                if timeout is not None
-                else "A process that fails after an agreement leaves the others inside the "
-                "data transfer: the processes are now out of step and the job cannot "
-                "continue (the exit hook ends the MPI job)."
-            ),
+            )
+        elif exchange:
+            why = (
+                "A process that leaves an exchange it has posted leaves the processes out of "
+                "step: the job cannot continue (the exit hook ends the MPI job)."
+            )
+        else:
+            why = (
+                "A process that fails after an agreement leaves the others inside the data "
+                "transfer: the processes are now out of step and the job cannot continue "
+                "(the exit hook ends the MPI job)."
+            )
+        lines += [
+            "",
+            why,
             "Look at the failing process's own error (it is raised there, with its traceback).",
         ]
         current = self.current
@@ -400,19 +416,39 @@ class Failures:
         run's end is not told with one), and the exit hook ends the job once every
         peer has reported the failure.
         """
-        if self._broken is not None or self.size == 1 or in_step(error):
+        if in_step(error):  # raised alike everywhere: the processes stay in step
             return
-        self._break("this process failed after the processes agreed on a collective")
+        self.abandoned_by(error, "this process failed after the processes agreed on a collective")
+
+    def abandoned_by(self, error: BaseException | str, reason: str, *, stage: str = "data") -> None:
+        """This process left an exchange or data transfer it had posted: out of step.
+
+        ``reason`` is why (see :meth:`_break`); ``stage`` what it left: ``"data"``, the
+        data transfer after an agreement, or ``"exchange"``, the agreement itself (an
+        interruption, Ctrl-C, while it waited there or just after it posted its part).
+        Unless the peers know already (this process told them, or a peer's failure is
+        the cause), they are told ``error``, so that they raise ReplicaExitedError
+        naming it at once instead of being ended by this process's exit hook without a
+        word.
+        """
+        self._break(reason)
+        if self.size == 1 or self._failed_here or self._peer_failure is not None:
+            return
         self._failed_here = True
         self._run_ended = True
-        self._tell_peers(self._failure_note(error))
+        self._tell_peers({**self._failure_note(error), "stage": stage})
 
-    def _failure_note(self, error: BaseException) -> dict[str, Any]:
-        """The note that tells the peers this process failed at its pending exchange."""
+    def _failure_note(self, error: BaseException | str) -> dict[str, Any]:
+        """The note that tells the peers this process failed at its pending exchange.
+
+        ``error``: the exception, or its description (an uncaught one, at exit).
+        """
         position = None if self._pending is None else self._pending[0]
+        if error == "KeyboardInterrupt":  # an uncaught Ctrl-C, described at exit
+            error = KeyboardInterrupt()
         return {
             "kind": "failed",
-            "error": describe_failure(error),
+            "error": error if isinstance(error, str) else describe_failure(error),
             "what": _exchange_text(self._pending),
             "position": position
             if isinstance(position, int)

@@ -298,6 +298,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             start = end
         if self.size == 1:
             return None  # nobody to disagree with
+        # Recorded before it starts: a signal's exception (Ctrl-C outside asyncio's
+        # runner) may land anywhere, and the next exchange must not start this
+        # persistent request again (see _start and end_run).
         self._in_flight = True
         gather = self._gather
         if gather is None:
@@ -330,6 +333,10 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             # MPI.Finalize() ran (its hook moved every group here): an MPI call now
             # would make MPICH abort the process instead of raising.
             self._refuse(Refusal.FINALIZED)
+        if self._in_flight:
+            # The last exchange was posted and never waited for (an exception landed
+            # in between): its request may still be active.
+            self._break("an exchange was interrupted")
         if self._departed or self._broken is not None:
             self._check_usable()
         if self._ended is not None and self._running and status is Status.COLLECTIVE:
@@ -737,6 +744,16 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             return  # not this group's run (begin_run refused it)
         details = None
         refused = issued_refusal(error)
+        if self._in_flight and self._broken is None:
+            # An exchange this process posted was left before it completed: an
+            # exception (Ctrl-C outside asyncio's runner) landed between posting and
+            # waiting. The peers are told, instead of waiting for an exchange that
+            # never comes until this process's exit ends the job.
+            self.abandoned_by(
+                KeyboardInterrupt() if error is None else error,
+                "an exchange was interrupted",
+                stage="exchange",
+            )
         try:
             if (
                 self._run_ended

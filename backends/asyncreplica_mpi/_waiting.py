@@ -25,7 +25,7 @@ import anyio.lowlevel
 import numpy as np
 
 from . import _exit
-from ._arrival import _logger
+from ._arrival import _logger, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
 
@@ -53,6 +53,9 @@ _MAX_SLEEP = 0.001
 # have not arrived).
 _NOTES_SECONDS = 0.002
 _ANNOUNCE_SECONDS = 0.05
+# Under asyncio's runner, the first Ctrl-C only cancels the main task, which a shielded
+# wait defers: a long wait looks at the runner's count this often, to say so at once.
+_INTERRUPT_POLL_SECONDS = 0.2
 _NOTE_TAG = 1
 _BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 
@@ -148,10 +151,14 @@ class Waiting(Failures):
                     await self._watch(test, number, request)
                     return
             raise _Expired
-        except BaseException:
-            # Abandoned while posted (a timeout, or an interruption no shield stops):
-            # the processes are out of step.
-            self._break("a cross-process exchange was abandoned")
+        except _Expired:
+            self._break("a cross-process exchange was abandoned")  # _timed_out tells
+            raise
+        except BaseException as exc:
+            # Abandoned while posted (an interruption no shield stops: Ctrl-C outside
+            # asyncio's runner, a second one under it): the processes are out of step,
+            # and the peers are told why.
+            self.abandoned_by(exc, "a cross-process exchange was abandoned", stage="exchange")
             raise
 
     async def _watch(
@@ -212,11 +219,17 @@ class Waiting(Failures):
             due.sort()
         parked = thread_multiple()
         delay = _MIN_SLEEP
+        # Under asyncio's runner, a Ctrl-C that the shield defers is said at once.
+        interrupts = on_asyncio  # whether to look for one
         try:
             while True:
                 self._read_notes()
                 if test():
                     break
+                if interrupts and interrupt_pending():
+                    interrupts = False  # said once
+                    take_interrupt()
+                    _logger.warning(self._interrupt_message(key, data=data))
                 waited = time.perf_counter() - start
                 while due and waited >= due[0][0]:
                     _, what = due.pop(0)
@@ -229,6 +242,9 @@ class Waiting(Failures):
                         warned = True
                         _logger.warning(self._stall_message(key, waited, data=data))
                 until = due[0][0] - waited if due else None
+                if interrupts:
+                    poll = _INTERRUPT_POLL_SECONDS
+                    until = poll if until is None else min(until, poll)
                 if parked:
                     await self._park(request, until)
                 else:
@@ -293,14 +309,34 @@ class Waiting(Failures):
                 with contextlib.suppress(Exception):  # best effort: it only names a place
                     group._tell_peers(note)
 
+    def _missing(self, exchange: int | None) -> list[int]:
+        """The peers not seen waiting at ``exchange`` (the key of a wait)."""
+        seen = self._seen_waiting.get(exchange, set()) if exchange is not None else set()
+        return [r for r in range(self.size) if r != self.rank and r not in seen]
+
+    def _interrupt_message(self, exchange: int | None, *, data: bool = False) -> str:
+        """Ctrl-C came (asyncio's runner cancelled the main task) while this wait is shielded."""
+        what = self._waiting_what()
+        if data:
+            what = f"the data transfer of {what}"
+        missing = self._missing(exchange)
+        return (
+            f"asyncreplica: {self._process(self.rank)} was interrupted (SIGINT, Ctrl-C) "
+            f"while it waits at {what} for "
+            + (", ".join(self._process(r) for r in missing) or "the other processes")
+            + ". The interruption takes effect once the processes complete it, so that "
+            "they stay in step (this process has posted its part of it). Press Ctrl-C "
+            "again to stop now: the other processes are told, and the MPI job is aborted "
+            "at exit."
+        )
+
     def _stall_message(self, exchange: int, waited: float, *, data: bool = False) -> str:
         """The warning for an exchange that has waited ``stall_warning_seconds``.
 
         ``exchange`` is the key of the wait (``-1 - number`` for a data transfer).
         """
-        seen = self._seen_waiting.get(exchange, set())
-        missing = [r for r in range(self.size) if r != self.rank and r not in seen]
-        waiting = [r for r in range(self.size) if r == self.rank or r in seen]
+        missing = self._missing(exchange)
+        waiting = [r for r in range(self.size) if r not in missing]
         what = self._waiting_what()
         if data:
             what = f"the data transfer of {what} (every process agreed on it)"

@@ -25,6 +25,13 @@ closed                     exit, a peer never ends       goodbye_timeout
                            (timeout_seconds)
 running                    interrupted (SIGINT) in a     interrupt
                            collective
+running                    interrupted just after        interrupts.py start_then_interrupt
+                           posting an exchange
+running                    interrupted in a wait (no     interrupts.py in_wait
+                           asyncio runner)
+running                    interrupted twice (runner)    interrupts.py twice
+created                    interrupted in the            interrupts.py in_constructor
+                           constructor's wait
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
@@ -108,7 +115,9 @@ def test_the_table_module_is_pure() -> None:
 # -- the cells under mpiexec ---------------------------------------------------------------
 
 
-def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, str], str]:
+def launch(
+    scenario: str, *args: str, tmp_path: Path, program: Path = PROGRAM
+) -> tuple[int, dict[int, str], str]:
     """Run a scenario on 2 processes; its exit status, each rank's log, and its output."""
     pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
     mpiexec = find_mpiexec()
@@ -122,7 +131,7 @@ def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, st
     }
     env.pop("ASYNCREPLICA_TRACE", None)
     proc = subprocess.Popen(
-        [mpiexec, "-n", "2", sys.executable, str(PROGRAM), scenario, *args],
+        [mpiexec, "-n", "2", sys.executable, str(program), scenario, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -410,3 +419,68 @@ def test_os_exit_ends_the_job_without_a_hang(tmp_path: Path) -> None:
     assert "os._exit" in logs[0]
     assert "waits" in logs[1]
     assert "not reached" not in logs[1]
+
+
+# -- Ctrl-C (SIGINT) on process 0: programs/interrupts.py ------------------------------------
+
+INTERRUPTS = PROGRAM.parent / "interrupts.py"
+_TOLD = (
+    "process 0 (replica 0) failed: KeyboardInterrupt: the process was interrupted (SIGINT, Ctrl-C)"
+)
+
+
+def test_an_interruption_just_after_posting_an_exchange_is_told_not_a_raw_mpi_error(
+    tmp_path: Path,
+) -> None:
+    # KeyboardInterrupt lands between the persistent exchange's Start() and its wait:
+    # the run's end must not start the same request again ("Invalid MPI_Request"), and
+    # process 1 is told before the job ends, instead of being killed without a word.
+    rc, logs, output = launch("start_then_interrupt", tmp_path=tmp_path, program=INTERRUPTS)
+    assert rc != 0, output
+    assert "raised KeyboardInterrupt after 1 runs" in logs[0], output
+    assert "Invalid MPI_Request" not in output
+    assert "got ReplicaExitedError after 1 runs: Process 0 stopped waiting" in logs[1], output
+    assert _TOLD in logs[1], output
+
+
+def test_an_interruption_in_a_wait_outside_asyncio_run_is_told(tmp_path: Path) -> None:
+    # loop.run_until_complete: SIGINT raises KeyboardInterrupt wherever the loop is
+    # (select, with the exchange posted); process 1, still busy, then reaches its
+    # collective and raises ReplicaExitedError naming it before the job is aborted.
+    rc, logs, output = launch("in_wait", tmp_path=tmp_path, program=INTERRUPTS)
+    assert rc != 0, output
+    assert "raised KeyboardInterrupt" in logs[0], output
+    assert "got ReplicaExitedError after 0 runs: Process 0 stopped waiting" in logs[1], output
+    assert _TOLD in logs[1], output
+    assert "process 1 (replica 1) waited for it" in logs[1], output
+
+
+def test_a_deferred_interruption_is_said_at_once_and_a_second_one_is_told(tmp_path: Path) -> None:
+    # Under asyncio.run the first Ctrl-C waits (shielded) for the busy peer: it is said
+    # at once, naming the collective and the peer; the second stops the process, and
+    # the peer is told before the job is aborted.
+    rc, logs, output = launch("twice", tmp_path=tmp_path, program=INTERRUPTS)
+    assert rc != 0, output
+    assert "the pending interruption was not said" not in logs[0], output
+    assert (
+        "said: asyncreplica: process 0 (replica 0) was interrupted (SIGINT, Ctrl-C) while it "
+        "waits at the 1st collective (position 0): all_reduce(SUM)"
+    ) in logs[0], output
+    assert "for process 1 (replica 1). The interruption takes effect once" in logs[0]
+    assert "Press Ctrl-C again to stop now" in logs[0]
+    assert "got ReplicaExitedError after 0 runs: Process 0 stopped waiting" in logs[1], output
+    assert _TOLD in logs[1], output
+
+
+def test_an_interruption_in_the_constructor_is_taken_at_once_and_told(tmp_path: Path) -> None:
+    # Process 0 waits in the constructor for process 1, which creates its strategy only
+    # once process 0 exits: the Ctrl-C (a cancellation of asyncio's main task, blocked
+    # in the constructor) must raise there at once, and process 1 hears why.
+    _, logs, output = launch("in_constructor", tmp_path=tmp_path, program=INTERRUPTS)
+    assert "raised KeyboardInterrupt in the constructor" in logs[0], output
+    assert "created" not in logs[0]
+    assert (
+        "got ReplicaExitedError: Process 0 was interrupted (KeyboardInterrupt: SIGINT, "
+        "Ctrl-C) while it waited for the other processes to create "
+        "MultiWorkerMirroredStrategy, before this process (process 1) created it"
+    ) in logs[1], output
