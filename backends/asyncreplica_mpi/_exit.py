@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import sys
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -183,7 +184,8 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for group in groups:
         acknowledge(group)
     steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
-    _drive_all(steps)
+    with _interrupts_counted() as interrupts:
+        _drive_all(steps, interrupts)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
     # Per communicator, from every peer that any of its groups saw send them.
@@ -199,14 +201,70 @@ def goodbye_all(*, finalized: bool = False) -> None:
         free(group, finalized=finalized)
 
 
-def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
+@contextlib.contextmanager
+def _interrupts_counted() -> Iterator[list[int]]:
+    """Count SIGINT (Ctrl-C) during the goodbye instead of raising KeyboardInterrupt.
+
+    A KeyboardInterrupt raised inside the goodbye would abandon its exchange half done
+    (a peer that meets it then waits for ever for the rest): the poll loop reads the
+    count instead (see :func:`_interrupted`). Only in the main thread (where Python
+    runs signal handlers); the program's own handler is restored after.
+    """
+    count: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: count.append(signum))
+    except (ValueError, OSError, TypeError):  # not the main thread: nothing to count
+        yield count
+        return
+    try:
+        yield count
+    finally:
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(
+                signal.SIGINT, previous if previous is not None else signal.default_int_handler
+            )
+
+
+def _interrupted(groups: list[MPIProcessGroup], interrupts: list[int], told: list[int]) -> None:
+    """Ctrl-C during the goodbye: say the first, abort the MPI job at the second.
+
+    After the first the goodbye goes on, so that the peers are still told.
+    """
+    if len(interrupts) == len(told):
+        return
+    told.extend(interrupts[len(told) :])
+    group = groups[0]
+    which = ", ".join(g.label() for g in groups)
+    if len(told) == 1:
+        _say(
+            f"asyncreplica: process {group.rank} was interrupted (SIGINT, Ctrl-C) while "
+            f"exiting: it still waits for the other processes to reach the end of {which}, "
+            "so that each is told that this process exited instead of waiting for it for "
+            "ever. Interrupt again to abort the MPI job (every process ends at once)."
+        )
+        return
+    _say(
+        f"asyncreplica: process {group.rank} was interrupted again (SIGINT, Ctrl-C) while "
+        f"exiting, waiting for the other processes to reach the end of {which}; aborting "
+        "the MPI job."
+    )
+    group._MPI.COMM_WORLD.Abort(1)
+
+
+def _drive_all(
+    steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]],
+    interrupts: list[int] | None = None,
+) -> None:
     """Drive every group's goodbye steps together, polling their requests.
 
     The wait has the stall warning, and each group's goodbye exchange its strategy's
     ``timeout_seconds`` (none: a peer that ends later, a last checkpoint, is not an
     error), past which the MPI job is aborted (see :func:`_exit_timed_out`). A
-    failure's acknowledgements are bounded by _ACK_SECONDS.
+    failure's acknowledgements are bounded by _ACK_SECONDS. ``interrupts``: the
+    SIGINTs counted meanwhile (see :func:`_interrupted`).
     """
+    interrupts = [] if interrupts is None else interrupts
+    told: list[int] = []
     active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
     for group, gen in steps:
         with contextlib.suppress(StopIteration):
@@ -244,6 +302,7 @@ def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) 
         if not warned and waited >= stall:
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
+        _interrupted([g for g, _, _ in active], interrupts, told)
         time.sleep(_POLL_SECONDS)
     if warned:
         _logger.warning(

@@ -60,8 +60,12 @@ def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
     if describe is None:
         return "the end of their run"
     where = f" at {detail['site']}" if detail.get("site") else ""
-    if position is None:
-        return f"a cross-replica {describe}"
+    if position is None:  # outside a run: the detail names itself ("the end of ...")
+        return (
+            describe
+            if describe.startswith(("a ", "an ", "the "))
+            else f"a cross-replica {describe}"
+        )
     return f"the {key_text(position)}: {describe}{where}"
 
 

@@ -223,6 +223,31 @@ def test_a_process_interrupted_in_a_collective_is_named_as_interrupted(tmp_path:
     assert "CancelledError" not in logs[1]
 
 
+def test_an_interruption_during_the_goodbye_still_tells_the_peer(tmp_path: Path) -> None:
+    # Ctrl-C while the goodbye at exit waits for a busy peer: a KeyboardInterrupt there
+    # abandoned the exchange half done and both processes hung. The first is said and
+    # the goodbye goes on (the peer's next run raises, naming the exit); the job ends.
+    rc, logs, output = launch("interrupt_goodbye", "once", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "process 0 was interrupted (SIGINT, Ctrl-C) while exiting" in output, output
+    assert "got ReplicaExitedError" in logs[1], output
+    assert "process 0 (replica 0) exited" in logs[1], output
+    assert "KeyboardInterrupt" not in output, output
+
+
+def test_a_second_interruption_during_the_goodbye_aborts_the_job_saying_so(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch("interrupt_goodbye", "twice", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "busy" in logs[1], output
+    assert "not reached" not in logs[1], output
+    assert (
+        "process 0 was interrupted again (SIGINT, Ctrl-C) while exiting, waiting for the "
+        "other processes to reach the end of MultiWorkerMirroredStrategy #1; aborting"
+    ) in output, output
+
+
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:
     rc, logs, output = launch("merge_in_run", str(tmp_path / "t.json"), tmp_path=tmp_path)
     assert rc == 0, output
@@ -410,3 +435,19 @@ def test_os_exit_ends_the_job_without_a_hang(tmp_path: Path) -> None:
     assert "os._exit" in logs[0]
     assert "waits" in logs[1]
     assert "not reached" not in logs[1]
+
+
+def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:
+    # The stall warning, the timeout message and the trace's "not merged" line name a
+    # peer's last exchange outside a run: "the end of strategy.trace(...)", not "a
+    # cross-replica the end of strategy.trace(...)".
+    from asyncreplica_mpi._failures import _exchange_text
+    from asyncreplica_mpi._trace import _DETAIL
+
+    assert _exchange_text((None, _DETAIL)) == "the end of strategy.trace(...)"
+    assert (
+        _exchange_text((None, {"describe": "reduce(SUM) on float64[3]"}))
+        == "a cross-replica reduce(SUM) on float64[3]"
+    )
+    refused = {"describe": "a refused cross-replica operation (TypeError: no)"}
+    assert _exchange_text((None, refused)) == refused["describe"]

@@ -158,6 +158,57 @@ async def interrupt() -> None:
         tg.start_soon(run)
 
 
+async def interrupt_goodbye(times: str) -> None:
+    """Process 0 ends and is interrupted (SIGINT) while its goodbye waits for process 1.
+
+    The goodbye's stall warning (0.2 s) is process 0's cue: it interrupts itself there
+    (``times`` = ``once``) and then lets process 1 make its next run, which must raise
+    naming process 0's exit; with ``twice`` a second SIGINT follows the message that
+    says the first was seen (process 1 never comes back: the job is aborted).
+    """
+    import logging
+    import signal
+
+    strategy = ar.MultiWorkerMirroredStrategy(stall_warning_seconds=0.2)
+    await strategy.run(one_reduce)
+    if RANK == 1:
+        if times == "once":
+            await wait_for_go()
+            try:
+                await strategy.run(one_reduce)
+                report("not reached")
+            except ar.ReplicaExitedError as exc:
+                logged(exc)
+        else:
+            report("busy")
+            WORLD.recv(source=0, tag=_GO_TAG + 1)  # never sent: busy until the abort
+            report("not reached")
+        return
+
+    class Cue(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Exit stalled"):
+                os.kill(os.getpid(), signal.SIGINT)
+                if times == "once":
+                    go(1)
+
+    class Again:  # the message that says the first interruption was seen
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        def write(self, text: str) -> int:
+            if "Interrupt again to abort" in text and times == "twice":
+                os.kill(os.getpid(), signal.SIGINT)
+            return int(self.stream.write(text))
+
+        def flush(self) -> None:
+            self.stream.flush()
+
+    logging.getLogger("asyncreplica").addHandler(Cue())
+    sys.stderr = Again(sys.stderr)  # type: ignore[assignment]
+    report("exits")
+
+
 async def merge_in_run(path: str) -> None:
     """A trace block that ends inside a run is refused on every process, in step."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -522,6 +573,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         exit_normal,
         goodbye_timeout,
         interrupt,
+        interrupt_goodbye,
         merge_in_run,
         opposite,
         finalize_run,
