@@ -532,7 +532,9 @@ def comparable_signature(fields: Mapping[str, Any]) -> Signature:
     return Signature(
         kind,
         op=fields.get("op"),
-        axis=_tupled(fields.get("axis")),
+        # A Signature's axis is one int (all_gather's); a reduce's axes (a list) are
+        # compared by differing_fields itself.
+        axis=fields.get("axis") if isinstance(fields.get("axis"), int) else None,
         source=fields.get("source"),
         merge_fn=fields.get("merge_fn"),
         name=fields.get("name"),
@@ -561,6 +563,8 @@ def differing_fields(details: Sequence[Mapping[str, Any]]) -> list[str]:
     names: set[str] = set()
     for other in signatures[1:]:
         names.update(signature_differences(signatures[0], other, check_call_sites=True))
+    if any(d["fields"].get("axis") != details[0]["fields"].get("axis") for d in details):
+        names.add("axis")  # a reduce's axes, which a Signature cannot hold
     ordered = sorted(names, key=_FIELD_ORDER.index)
     if not ordered and any(
         d["fields"].get("position") != details[0]["fields"].get("position") for d in details
