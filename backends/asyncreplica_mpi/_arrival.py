@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,15 @@ from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedErro
 
 from ._protocol import MAGIC
 
-__all__ = ["_arrive", "_note_exit", "agree_options", "created_any", "drain_exit_notes"]
+__all__ = [
+    "_arrive",
+    "_note_exit",
+    "agree_options",
+    "created_any",
+    "complete_pending_notes",
+    "drain_exit_notes",
+    "notes_comm",
+]
 
 # -- creating a group: every process announces itself ----------------------------------
 #
@@ -37,11 +45,27 @@ _EXIT_TEXT_TAG = 0x6174  # after an exit note: why the process exits (UTF-8)
 _ARRIVED = 1
 _GAVE_UP = 2
 _EXITED = 3  # on _ARRIVAL_TAG: the process exits and creates no more groups
+_ANNOUNCE_SECONDS = 0.05  # a creation that waits this long is named to the peers
 _COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
 _logger = logging.getLogger("asyncreplica")
 # Per user communicator (by handle): the communicator, and how many groups this
 # process created on it.
 _created: dict[int, tuple[Any, int]] = {}
+# Per user communicator (by handle): the library's own duplicate of it, made when the
+# first group on it is created (every process arrived). The notes of every later
+# creation, and the exit notes, travel there, never on the user's communicator: a note
+# left there would be received by the program's own ``comm.recv()`` (ANY_SOURCE,
+# ANY_TAG).
+_channels: dict[int, Any] = {}
+
+
+def notes_comm(base: Any) -> Any:
+    """Where this process's notes about ``base`` travel.
+
+    The library's duplicate of it once a group was created on it, else ``base``
+    itself (its first creation).
+    """
+    return _channels.get(base.py2f(), base)
 
 
 def _note_to_all(
@@ -57,13 +81,21 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def _arrive(
-    base: Any, local_replicas: int, timeout: float | None, stall: float | None
+    base: Any,
+    local_replicas: int,
+    timeout: float | None,
+    stall: float | None,
+    announce: Callable[[bool], None] | None = None,
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
 
     Notes arrive in the order they were sent (MPI does not overtake messages between
     two processes on one communicator and tag), so each process's ``k``-th note is
     the one of its ``k``-th group on this communicator.
+
+    ``announce(True)`` is called once the wait lasts (so that a peer waiting in a
+    collective of another strategy names this one in its stall warning), and
+    ``announce(False)`` when it ends.
 
     Raises:
         CollectiveTimeoutError: Some processes did not create their group within
@@ -81,9 +113,50 @@ def _arrive(
     counts[rank] = local_replicas
     if size == 1:
         return counts
-    sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
+    comm = notes_comm(base)
+    sends = _note_to_all(comm, _ARRIVED, serial, local_replicas)
     notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
-    recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    recvs = {r: comm.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    announced: list[bool] = []
+
+    def lasts() -> None:
+        if announce is not None and not announced:
+            announced.append(True)
+            with contextlib.suppress(Exception):  # best effort: it only names a place
+                announce(True)
+
+    try:
+        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts)
+    except BaseException:
+        # A receive left posted keeps its communicator referenced (MPICH reports it at
+        # finalize, "pending 1 references"); the notes sent are completed at exit.
+        _cancel(recvs.values())
+        _pending_notes.extend(sends)
+        raise
+    finally:
+        if announced and announce is not None:
+            with contextlib.suppress(Exception):
+                announce(False)
+    MPI.Request.Waitall(sends)
+    _commit(comm, serial, timeout, stall)
+    if handle not in _channels:  # every process committed: every one duplicates
+        _channels[handle] = base.Dup()
+    return counts
+
+
+def _await_arrivals(
+    base: Any,
+    serial: int,
+    timeout: float | None,
+    stall: float | None,
+    sends: list[Any],
+    notes: dict[int, Any],
+    recvs: dict[int, Any],
+    counts: list[int],
+    lasts: Callable[[], None],
+) -> None:
+    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed)."""
+    rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
     delay = 1e-5
@@ -113,6 +186,8 @@ def _arrive(
             break
         waited = time.monotonic() - started
         missing = sorted(recvs)
+        if waited >= _ANNOUNCE_SECONDS:
+            lasts()
         if stall and not warned and waited >= stall:
             warned = True
             _logger.warning(
@@ -123,6 +198,7 @@ def _arrive(
             )
         if timeout is not None and waited >= timeout:
             _give_up(base, serial, sends, recvs)
+            sends.clear()  # kept by _give_up
             raise CollectiveTimeoutError(
                 0,
                 float(timeout),
@@ -139,9 +215,6 @@ def _arrive(
             )
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
-    MPI.Request.Waitall(sends)
-    _commit(base, serial, timeout, stall)
-    return counts
 
 
 def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) -> None:
@@ -291,6 +364,7 @@ def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) ->
     """
     from mpi4py import MPI
 
+    base = notes_comm(base)
     handle = base.py2f()
     status = MPI.Status()
     for source in sources:
@@ -319,9 +393,10 @@ def created_any() -> bool:
 def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = None) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
-    Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
-    exists), or on those of ``only`` (their handles): a peer still creating a strategy
-    there (or creating one later) raises at once.
+    Sent for every communicator a strategy was created on (``COMM_WORLD`` before any
+    exists), or for those of ``only`` (their handles): a peer still creating a strategy
+    there (or creating one later) raises at once. Once a group was created on a
+    communicator they travel on the library's duplicate of it (:func:`notes_comm`).
     """
     from mpi4py import MPI
 
@@ -340,8 +415,9 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         else "exited"
     )
     text = np.frombuffer(why.encode(), np.uint8)
-    for base, serial in bases.values():
+    for user_base, serial in bases.values():
         with contextlib.suppress(Exception):  # a freed communicator: nobody to tell
+            base = notes_comm(user_base)
             if base.Get_size() == 1:
                 continue
             _pending_notes.extend(_note_to_all(base, _EXITED, serial, text.size))
@@ -373,5 +449,21 @@ def _cancel(requests: Iterable[Any]) -> None:
 
 
 _pending_notes: list[Any] = []
+
+
+def complete_pending_notes(seconds: float = 2.0) -> None:
+    """At exit: complete the notes sent and never waited for.
+
+    A request left holding a communicator makes MPICH report "pending references" at
+    finalize.
+    """
+    until = time.monotonic() + seconds
+    while _pending_notes and time.monotonic() < until:
+        with contextlib.suppress(Exception):
+            _pending_notes[:] = [r for r in _pending_notes if not r.Test()]
+        if _pending_notes:
+            time.sleep(1e-3)
+
+
 # (communicator handle, rank): the exit notes this process received.
 _consumed: set[tuple[int, int]] = set()

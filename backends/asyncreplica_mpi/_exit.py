@@ -42,7 +42,13 @@ import numpy as np
 
 from asyncreplica import BackendError, ReplicaExitedError
 
-from ._arrival import _logger, _note_exit, created_any, drain_exit_notes
+from ._arrival import (
+    _logger,
+    _note_exit,
+    complete_pending_notes,
+    created_any,
+    drain_exit_notes,
+)
 from ._lifecycle import Event, State
 from ._protocol import Status, outcome_message
 
@@ -197,6 +203,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
             drain_exit_notes(base, sorted(ranks))
+    complete_pending_notes()
     for group in groups:
         free(group, finalized=finalized)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
@@ -59,7 +60,7 @@ from ._protocol import (
     signature_fields,
 )
 from ._trace import TraceMerger
-from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, thread_multiple
+from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, tell_creating, thread_multiple
 
 __all__ = [
     "INLINE_BYTES",
@@ -144,7 +145,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # process that never creates its strategy is named (and bounded by timeout)
         # instead of leaving the others inside MPI_Comm_dup for ever.
         try:
-            counts = _arrive(base, local_replicas, timeout, stall_warning_seconds)
+            counts = _arrive(
+                base,
+                local_replicas,
+                timeout,
+                stall_warning_seconds,
+                functools.partial(
+                    tell_creating, f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
+                ),
+            )
         except BaseException:
             self._to(Event.ARRIVAL_FAILED)
             raise

@@ -108,8 +108,11 @@ def test_the_table_module_is_pure() -> None:
 # -- the cells under mpiexec ---------------------------------------------------------------
 
 
-def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, str], str]:
-    """Run a scenario on 2 processes; its exit status, each rank's log, and its output."""
+def launch(
+    scenario: str, *args: str, tmp_path: Path, processes: int = 2
+) -> tuple[int, dict[int, str], str]:
+    """Run a scenario on 2 processes (or ``processes``); its exit status, each rank's log,
+    and its output."""
     pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -122,7 +125,7 @@ def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, st
     }
     env.pop("ASYNCREPLICA_TRACE", None)
     proc = subprocess.Popen(
-        [mpiexec, "-n", "2", sys.executable, str(PROGRAM), scenario, *args],
+        [mpiexec, "-n", str(processes), sys.executable, str(PROGRAM), scenario, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -136,7 +139,7 @@ def launch(scenario: str, *args: str, tmp_path: Path) -> tuple[int, dict[int, st
         output, _ = proc.communicate()
         pytest.fail(f"{scenario}: the launch hung past {KILL_S} s:\n{output}")
     logs = {}
-    for rank in range(2):
+    for rank in range(processes):
         log = tmp_path / f"rank{rank}.log"
         logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
     assert UCX_WARNING not in output, output
@@ -189,6 +192,47 @@ def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
     else:
         assert "got ReplicaExitedError: " in logs[1], output
         assert "process 0 (replica 0) exited" in logs[1], output
+
+
+def test_three_processes_exit_cleanly_when_one_ends_while_the_others_create(
+    tmp_path: Path,
+) -> None:
+    # Process 0 ends normally while processes 1 and 2 create a second strategy: each
+    # raises at process 0's exit note, and its receive of the other's arrival note was
+    # left posted on COMM_WORLD ("Builtin communicator ... has pending 1 references" at
+    # finalize, and the job was often killed, rc 9). launch() refuses that line.
+    rc, logs, output = launch("end_while_create", tmp_path=tmp_path, processes=3)
+    assert rc == 0, output
+    for rank in (1, 2):
+        assert (
+            "got ReplicaExitedError: Process 0 exited, without creating its "
+            "MultiWorkerMirroredStrategy number 2 on this communicator"
+        ) in logs[rank], output
+        assert "then ReplicaExitedError: " in logs[rank], output
+
+
+def test_an_exit_note_is_never_received_by_the_programs_own_recv(tmp_path: Path) -> None:
+    # Process 0 ends normally; its exit notes (for a peer that would create another
+    # strategy) were sent on COMM_WORLD, where process 2's comm.recv() (ANY_SOURCE,
+    # ANY_TAG) received one instead of process 1's object (UnpicklingError). They travel
+    # on the library's own duplicate now.
+    rc, logs, output = launch("user_recv", tmp_path=tmp_path, processes=3)
+    assert rc == 0, output
+    assert "received {'hello': 1} from 1 tag 5" in logs[2], output
+
+
+def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path) -> None:
+    # Process 0 creates a second strategy while process 1 waits for it in a collective
+    # of the first: process 1's stall warning said process 0 was "busy outside
+    # collectives"; it is creating #2 (and waits there for process 1).
+    _, logs, output = launch("ctor_vs_run", tmp_path=tmp_path)
+    assert "got CollectiveTimeoutError" in logs[1], output
+    assert (
+        "process 0 (replica 0) did not arrive: it is creating MultiWorkerMirroredStrategy #2 "
+        "(it waits there for this process), while this process waits on "
+        "MultiWorkerMirroredStrategy #1"
+    ) in output, output
+    assert "busy outside collectives" not in output, output
 
 
 def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:

@@ -98,6 +98,67 @@ async def exit_normal(then: str) -> None:
             report(f"then {type(exc).__name__}: {exc}")
 
 
+async def end_while_create() -> None:
+    """3 processes: process 0 ends normally while processes 1 and 2 create a second."""
+    first = ar.MultiWorkerMirroredStrategy()
+    await first.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    try:
+        ar.MultiWorkerMirroredStrategy()
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    try:
+        await first.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        report(f"then {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+async def user_recv() -> None:
+    """3 processes: process 0 ends normally; process 1 then sends process 2 an object,
+    which process 2 receives with ``comm.recv()`` (any source, any tag)."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    try:  # meets process 0's goodbye: its exit notes were sent before it
+        await strategy.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    if RANK == 1:
+        WORLD.send({"hello": 1}, dest=2, tag=5)
+        return
+    status = MPI.Status()
+    try:
+        got = WORLD.recv(status=status)
+        report(f"received {got!r} from {status.Get_source()} tag {status.Get_tag()}")
+    except Exception as exc:
+        report(
+            f"recv raised {type(exc).__name__}: {exc} (from {status.Get_source()} tag "
+            f"{status.Get_tag()})"
+        )
+        WORLD.recv(source=1, tag=5)  # process 1's object: no message is left behind
+
+
+async def ctor_vs_run() -> None:
+    """Process 0 creates a second strategy while process 1 makes a collective on the first."""
+    options = ar.CommunicationOptions(timeout_seconds=3)
+    first = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+    try:
+        if RANK == 0:
+            ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+        else:
+            await first.run(one_reduce)
+        report("not reached")
+    except ar.CollectiveError as exc:
+        report(f"got {type(exc).__name__}")
+
+
 async def goodbye_timeout() -> None:
     """Process 0 ends; process 1 stays busy: process 0's goodbye times out (2 s)."""
     options = ar.CommunicationOptions(timeout_seconds=2)
@@ -571,6 +632,9 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     for f in (
         exit_two,
         exit_normal,
+        end_while_create,
+        user_recv,
+        ctor_vs_run,
         goodbye_timeout,
         interrupt,
         interrupt_goodbye,
