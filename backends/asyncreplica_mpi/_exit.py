@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ from ._arrival import (
     created_any,
     drain_exit_notes,
 )
+from ._failures import _exchange_text
 from ._lifecycle import Event, State
 from ._protocol import Status, outcome_message
 
@@ -415,7 +417,11 @@ def farewell(
     if state is State.FAILED and group._departed:
         return  # a peer has gone: nobody is left to say goodbye to
     if group._in_flight and group._broken is None:
-        group._broken = "an exchange was interrupted"
+        thread = group._run_thread if group._running else None
+        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+            _cut_in_thread(group, thread)
+        else:
+            group._broken = "an exchange was interrupted"
     if group._failed_here or group._peer_failure is not None:
         yield from settle_failure(group)
     if group._broken is not None:
@@ -456,6 +462,32 @@ def farewell(
         _say(
             f"asyncreplica: process {group.rank} exited while other processes still "
             f"wait for it:\n{message}",
+        )
+
+
+def _cut_in_thread(group: MPIProcessGroup, thread: threading.Thread) -> None:
+    """The interpreter exits while a run of ``group`` goes on in another (daemon) thread.
+
+    Its exchange cannot be finished from here: the processes are out of step, and the
+    job is aborted once the peers were told (as a failure after an agreement, so that
+    their run raises naming this exit, and each acknowledges from its own exit hook).
+    """
+    cut = (
+        f"a run of {group.label()} was in progress in another thread ({thread.name!r}) "
+        "when the interpreter exited"
+    )
+    group._broken = cut
+    group._failed_here = True
+    with contextlib.suppress(Exception):  # best effort: that thread still uses the group
+        group._tell_peers(
+            {
+                "kind": "failed",
+                "error": f"exited while {cut}",
+                "what": _exchange_text(group._pending),
+                "position": 0,
+                "name": None,
+                "exited": True,
+            }
         )
 
 

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import json
 import signal
+import threading
 from collections.abc import Generator, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -180,6 +181,7 @@ class Failures:
     _failed_here: bool
     _run_ended: bool
     _running: bool
+    _run_thread: threading.Thread | None  # where the run in progress began
     _owed_refusals: int
     _ended: list[dict[str, Any]] | None
     _ended_error: BaseException | None
@@ -341,7 +343,12 @@ class Failures:
             f"Process {rank} failed while moving the data of {what}, after every process "
             "had agreed on it, so this collective cannot complete on any process."
         )
-        if timeout is not None:
+        if failure.get("exited"):  # it exited with a run in progress in another thread
+            first = (
+                f"Process {rank} {failure.get('error')}, so no collective can complete "
+                "on any process any more."
+            )
+        elif timeout is not None:
             first = (
                 f"Process {rank} timed out after {timeout:g} s waiting for the other "
                 f"processes at {what}, so no collective can complete on any process any more."

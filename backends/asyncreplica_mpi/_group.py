@@ -25,6 +25,7 @@ import collections
 import contextlib
 import contextvars
 import functools
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
@@ -216,6 +217,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # queued behind that exchange: the run's one failure, not a second one.
         self._ended_error: BaseException | None = None
         self._running = False  # between begin_run and end_run
+        self._run_thread: threading.Thread | None = None
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._freed = False
@@ -530,6 +532,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._check_usable()
         self._to(Event.BEGIN_RUN)
         self._running = True
+        self._run_thread = threading.current_thread()
         self._run_ended = False
         self._ended = None
         self._ended_error = None

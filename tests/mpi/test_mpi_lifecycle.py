@@ -235,6 +235,22 @@ def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path
     assert "busy outside collectives" not in output, output
 
 
+def test_an_exit_with_a_run_in_a_daemon_thread_tells_the_peer(tmp_path: Path) -> None:
+    # The interpreter exits while a daemon thread is inside a run: the exchange cannot be
+    # finished, so the job is aborted, but the peer's run raises first, naming the exit
+    # (it was killed by the abort without a word), and the abort message says what was cut.
+    rc, logs, output = launch("daemon_run", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert (
+        "worker got ReplicaExitedError: Process 0 exited while a run of "
+        "MultiWorkerMirroredStrategy #1 was in progress in another thread"
+    ) in logs[1], output
+    assert (
+        "asyncreplica: process 0: the processes are out of step (a run of "
+        "MultiWorkerMirroredStrategy #1 was in progress in another thread"
+    ) in output, output
+
+
 def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
     # Process 0 ends; process 1 stays busy (it waits for a message nobody sends): process
     # 0's goodbye warns at 1 s, then aborts the job at the strategy's timeout (2 s).

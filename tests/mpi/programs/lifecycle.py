@@ -159,6 +159,34 @@ async def ctor_vs_run() -> None:
         report(f"got {type(exc).__name__}")
 
 
+async def daemon_run() -> None:
+    """Runs go on in a daemon thread; process 0's main thread ends after its first one."""
+    import asyncio
+    import threading
+
+    strategy = ar.MultiWorkerMirroredStrategy()
+    first = threading.Event()
+
+    def worker() -> None:
+        async def loop() -> None:
+            while True:
+                await strategy.run(one_reduce)
+                first.set()
+
+        try:
+            asyncio.run(loop())
+        except BaseException as exc:
+            report(f"worker got {type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    if RANK == 0:
+        first.wait()
+        report("exits")
+        return
+    thread.join()  # until the worker's run fails
+
+
 async def goodbye_timeout() -> None:
     """Process 0 ends; process 1 stays busy: process 0's goodbye times out (2 s)."""
     options = ar.CommunicationOptions(timeout_seconds=2)
@@ -635,6 +663,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         end_while_create,
         user_recv,
         ctor_vs_run,
+        daemon_run,
         goodbye_timeout,
         interrupt,
         interrupt_goodbye,
