@@ -416,12 +416,16 @@ def farewell(
     group._to(Event.FINALIZE if finalized else Event.EXIT)
     if state is State.FAILED and group._departed:
         return  # a peer has gone: nobody is left to say goodbye to
-    if group._in_flight and group._broken is None:
-        thread = group._run_thread if group._running else None
-        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
-            _cut_in_thread(group, thread)
-        else:
-            group._broken = "an exchange was interrupted"
+    thread = group._run_thread if group._running else None
+    if (
+        group._broken is None
+        and thread is not None
+        and thread is not threading.current_thread()
+        and thread.is_alive()
+    ):  # a run goes on in another thread: no goodbye exchange may be posted beside it
+        _cut_in_thread(group, thread)
+    elif group._in_flight and group._broken is None:
+        group._broken = "an exchange was interrupted"
     if group._failed_here or group._peer_failure is not None:
         yield from settle_failure(group)
     if group._broken is not None:
