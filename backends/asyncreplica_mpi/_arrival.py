@@ -406,7 +406,7 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         keep = set(only)
         bases = {handle: entry for handle, entry in bases.items() if handle in keep}
     why = (
-        f"exited after an uncaught {error}"
+        f"exited after an uncaught {error.rstrip(':')}"  # its first line may end in ":"
         if error
         else "finalized MPI (MPI.Finalize()) before creating its strategy"
         if finalized and not _created
