@@ -50,7 +50,7 @@ from ._core._dtypes import (
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import treedef_key
-from ._core._report import key_text
+from ._core._report import key_text, value_text
 from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
 
@@ -76,6 +76,7 @@ __all__ = [
     "signature_differences",
     "sparse_op_message",
     "treedef_key",
+    "value_text",
 ]
 
 _T = TypeVar("_T")

@@ -16,7 +16,13 @@ from .._exceptions import CollectiveMismatchError
 from ._match import differing_fields
 from ._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 
-__all__ = ["by_shape", "check_components", "check_reduced", "normalize_axes"]
+__all__ = [
+    "by_shape",
+    "check_components",
+    "check_reduced",
+    "empty_extremum_error",
+    "normalize_axes",
+]
 
 
 def normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -162,4 +168,42 @@ def check_reduced(
             f"axes, then across replicas element-wise, so the other dimensions must "
             f"agree, but {by_shape(shapes, first)}."
         )
+    error = empty_extremum_error(op, shapes, norm, first)
+    if error is not None:
+        raise error
     return norm
+
+
+def empty_extremum_error(
+    op: ReduceOp,
+    shapes: Sequence[tuple[int, ...]],
+    axes: tuple[int, ...],
+    first: int = 0,
+    plain: bool = False,
+) -> ValueError | None:
+    """The error of a MAX or MIN along ``axes`` (normalized) of a component with no elements.
+
+    Each replica's value is reduced along ``axes`` first: MAX or MIN of no elements has
+    no identity (SUM's is 0, PROD's 1, MEAN's NaN), so there is no value to give. The one
+    rule, for ``Strategy.reduce``, ``reduce_to`` and the reference semantics alike.
+    ``plain``: ``shapes`` is one value that is not distributed (held by every replica).
+    """
+    if op is not ReduceOp.MAX and op is not ReduceOp.MIN:
+        return None
+    empty = [i for i, shape in enumerate(shapes, first) if any(shape[k] == 0 for k in axes)]
+    if not empty:
+        return None
+    name = op.value
+    return ValueError(
+        f"Strategy.reduce({name}, axis={axes}): "
+        f"{'the value (not distributed)' if plain else _replicas(empty)} "
+        f"{'hold values with' if len(empty) > 1 else 'has' if plain else 'holds a value with'} "
+        "no elements along "
+        f"axis {axes} (shape{'s' if len(empty) > 1 else ''} "
+        f"{', '.join(str(shapes[i - first]) for i in empty)}), "
+        f"and {name} of no elements has no identity (SUM's is 0, PROD's 1), so there is no "
+        f"value to give. An uneven last batch gives some replicas empty batches: reduce each "
+        f"replica's value first with an initial value, e.g. "
+        f"np.{name.lower()}(x, axis=0, initial={'-np.inf' if name == 'MAX' else 'np.inf'}), "
+        f"then Strategy.reduce({name}, ..., axis=None)."
+    )

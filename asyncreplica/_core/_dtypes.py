@@ -53,6 +53,8 @@ FLOATING_DTYPES = frozenset(
 )
 #: Every dtype a reduction accepts.
 REDUCIBLE_DTYPES = INTEGER_DTYPES | FLOATING_DTYPES
+#: Floats of extended precision (numpy's longdouble, clongdouble), by name: refused.
+EXTENDED_DTYPES = frozenset(("float96", "float128", "complex192", "complex256", "longdouble"))
 
 
 def is_integer(dtype: str) -> bool:
@@ -67,6 +69,15 @@ def is_reducible(dtype: str) -> bool:
 
 def not_reducible_message(dtype: str) -> str:
     """Why values of ``dtype`` (a name, not reducible) are refused by a reduction."""
+    if dtype in EXTENDED_DTYPES:
+        # A float all the same: "reductions need float values" would say the opposite.
+        return (
+            f"cannot reduce values of dtype {dtype}: extended precision (numpy's "
+            "longdouble) is not supported, because its size and bits differ between "
+            "platforms and processes could not be held to one result bit for bit; "
+            "reductions take float16, bfloat16, float32, float64, complex64, complex128 "
+            "and the integer dtypes: cast first, e.g. x.astype(np.float64)"
+        )
     return (
         f"cannot reduce values of dtype {dtype}: reductions need integer, float or "
         "complex values (cast booleans first: x.astype(np.int32) in numpy, "

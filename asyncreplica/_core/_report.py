@@ -31,6 +31,7 @@ __all__ = [
     "mark_alike",
     "told_once",
     "resumed_message",
+    "value_text",
     "stall_message",
     "exited_message",
     "format_replicas",
@@ -43,6 +44,21 @@ __all__ = [
 ]
 
 DOCS = "docs/errors.md"  # the page that explains each error, on the documentation site
+
+
+def value_text(value: object, limit: int | None = None) -> str:
+    """``repr(value)`` (at most ``limit`` characters), for an error message about ``value``.
+
+    A user's object whose ``__repr__`` raises (or returns no ``str``) is named by its type
+    instead: the message about the user's mistake must not become that ``__repr__``'s error.
+    """
+    try:
+        text = repr(value)
+    except Exception:
+        text = None
+    if type(text) is not str:
+        return f"<{type(value).__qualname__} object whose __repr__ failed>"
+    return text if limit is None else text[:limit]
 
 
 def key_text(key: int | tuple[str, int]) -> str:

@@ -11,10 +11,12 @@ import anyio
 
 from .._core._dtypes import refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
+from .._core._report import key_text, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
-from .._exceptions import ReplicaContextError
+from .._exceptions import BackendError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
+from ._ending import stop_iteration_error
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
@@ -119,8 +121,12 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
     bytes_per_pack = call.bytes_per_pack
     assert op is not None
     assert bytes_per_pack is not None
-    results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
-    return results
+    try:
+        results: Sequence[Any] = await run.all_reduce(op, payloads, bytes_per_pack)
+    except Exception as exc:
+        _blame(run, call, "all_reduce", exc)
+        raise
+    return _checked(run, call, "all_reduce", results, payloads)
 
 
 async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -129,7 +135,12 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     _check_unchanged(run, call, payloads)
     axis = call._signature.axis
     assert axis is not None
-    return await run.backend.all_gather(payloads, axis)
+    try:
+        results: Sequence[Any] = await run.backend.all_gather(payloads, axis)
+    except Exception as exc:
+        _blame(run, call, "all_gather", exc)
+        raise
+    return _checked(run, call, "all_gather", results, payloads)
 
 
 async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -139,9 +150,13 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     # passes its own replica's leaves (of the agreed shapes) to receive into.
     local = source - run.strategy._replica_offset
     _check_unchanged(run, call, payloads)
-    return await run.backend.broadcast(
-        payloads[local if 0 <= local < len(payloads) else 0], len(payloads)
-    )
+    sent = payloads[local if 0 <= local < len(payloads) else 0]
+    try:
+        results: Sequence[Any] = await run.backend.broadcast(sent, len(payloads))
+    except Exception as exc:
+        _blame(run, call, "broadcast", exc)
+        raise
+    return _checked(run, call, "broadcast", results, [sent] * len(payloads))
 
 
 async def _dispatch_reduce_scatter(
@@ -153,7 +168,69 @@ async def _dispatch_reduce_scatter(
     op, axis = call._signature.op, call._signature.axis
     assert op is not None
     assert axis is not None
-    return await run.backend.reduce_scatter(op, payloads, axis)
+    try:
+        results: Sequence[Any] = await run.backend.reduce_scatter(op, payloads, axis)
+    except Exception as exc:
+        _blame(run, call, "reduce_scatter", exc)
+        raise
+    return _checked(run, call, "reduce_scatter", results, payloads)
+
+
+def _backend_text(run: Run, method: str, call: Collective) -> str:
+    """``the numpy backend's all_reduce (NumpyBackend), combining the 1st collective ...``."""
+    backend = run.backend
+    name = getattr(backend, "name", "") or type(backend).__name__
+    slot = call._slot
+    where = "" if slot is None else f" the {key_text(slot.key)},"
+    return (
+        f"the {name!r} backend's {method} ({type(backend).__name__}.{method}), "
+        f"combining{where} {call._signature.describe()}, for all "
+        f"{run.strategy.num_replicas_in_sync} replicas of "
+        f"{type(run.strategy).__name__}.run"
+    )
+
+
+def _blame(run: Run, call: Collective, method: str, exc: Exception) -> None:
+    """``exc``, raised by the backend's combine: noted as the backend's, never a replica's.
+
+    Every replica's values had been checked to agree when the backend was called: what
+    it raises is the backend's (a leaf it cannot hold, a native failure), and it is
+    told as raised there, not "in replica k", whichever replica's task ran the combine.
+    """
+    run.note(exc, f"(raised in {_backend_text(run, method, call)})")
+
+
+def _checked(
+    run: Run, call: Collective, method: str, results: Sequence[Any], payloads: list[Any]
+) -> Sequence[Any]:
+    """The backend's ``results``, refused unless one list of leaves per replica.
+
+    A backend that returns too few results (or ``None``) would otherwise fail deep in
+    the runtime as if asyncreplica were broken: it is the backend that broke its contract.
+    """
+    if isinstance(results, (list, tuple)) and len(results) == len(payloads):
+        for r, leaves in enumerate(results):
+            if not isinstance(leaves, (list, tuple)) or len(leaves) != len(payloads[r]):
+                break
+        else:
+            return results
+        got = (
+            f"replica {r}'s results are {type(leaves).__name__} "
+            f"{'of ' + str(len(leaves)) + ' leaves ' if isinstance(leaves, (list, tuple)) else ''}"
+            f"where it gave {len(payloads[r])} leaves"
+        )
+    elif isinstance(results, (list, tuple)):
+        got = f"it returned {len(results)} results for {len(payloads)} replicas"
+    else:
+        got = f"it returned {type(results).__name__}, not one list of leaves per replica"
+    error = BackendError(
+        f"The backend broke its contract in {_backend_text(run, method, call)}: {got}. "
+        "A backend returns values[r][j] for leaf j of replica r, in the layout it was "
+        "given (see asyncreplica.abc.Backend). This is a bug in the backend, not in "
+        "asyncreplica or in your program: report it to the backend's authors."
+    )
+    run._noted.add(id(error))  # the message names the backend: no replica note
+    raise error
 
 
 async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -173,13 +250,21 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
         # Any error of the merge_fn's own (an Exception, KeyboardInterrupt, SystemExit,
         # the user's BaseException) is told as the merge_fn's; a cancellation of the run
         # is no error of it.
-        if not isinstance(exc, anyio.get_cancelled_exc_class()):
-            run.note(
-                exc,
-                f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all "
-                f"{num} replicas of {type(strategy).__name__}.run)",
-            )
-        raise
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            raise
+        error = exc
+        if isinstance(exc, StopIteration):
+            # Python would turn it into a RuntimeError at this coroutine's frame, past the
+            # note (PEP 479), then told as the error of whichever replica ran merge_fn.
+            error = stop_iteration_error(exc, f"merge_fn {call._signature.merge_fn_name}")
+        run.note(
+            error,
+            f"(raised in merge_fn {call._signature.merge_fn_name}, called once for all "
+            f"{num} replicas of {type(strategy).__name__}.run)",
+        )
+        if error is exc:
+            raise
+        raise error from exc
     finally:
         MODE.reset(token)
     return [select_replica(i, result, _component(num)) for i in range(num)]
@@ -325,7 +410,9 @@ class ReplicaContext:
 
     def _merged(self, options: CommunicationOptions) -> CommunicationOptions:
         if not isinstance(options, CommunicationOptions):
-            raise TypeError(f"options must be CommunicationOptions or None, got {options!r}")
+            raise TypeError(
+                f"options must be CommunicationOptions or None, got {value_text(options)}"
+            )
         return self._strategy.communication_options.merge(options)
 
     def _describe(self, leaves: Sequence[object], treedef: TreeDef = None) -> tuple[LeafSpec, ...]:
@@ -365,9 +452,17 @@ class ReplicaContext:
 
     @staticmethod
     def _check_name(name: object) -> str | None:
-        if name is not None and not isinstance(name, str):
-            raise TypeError(f"name must be a string or None, got {name!r}")
-        return name
+        """``name`` as a plain ``str`` (or None); anything else is refused.
+
+        A ``str`` subclass is read as its characters: replicas pair by them, whatever the
+        subclass's ``__hash__`` or ``__eq__`` say (one that hashes by identity would
+        make every replica's name a different one: a false deadlock).
+        """
+        if name is None or type(name) is str:
+            return name
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a string or None, got {value_text(name)}")
+        return str.__str__(name)
 
     # -- collectives ------------------------------------------------------------------
 
@@ -485,7 +580,7 @@ class ReplicaContext:
         run = self._require_current("broadcast")
         n = self.num_replicas_in_sync
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
-            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {source!r}")
+            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
         signature = Signature(
@@ -611,7 +706,7 @@ class ReplicaContext:
         run = self._require_current("merge_call")
         if not callable(merge_fn):
             raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
         timeout = self._options(None)
@@ -636,7 +731,7 @@ def _component(num_replicas: int) -> Callable[[int, object], object]:
 
 def _check_axis(axis: object, specs: Sequence[LeafSpec], api: str, *, sparse_ok: bool) -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
-        raise TypeError(f"{api}: axis must be an int, got {axis!r}")
+        raise TypeError(f"{api}: axis must be an int, got {value_text(axis)}")
     for spec in specs:
         if spec.sparse and not sparse_ok:
             raise NotImplementedError(f"{api} does not support IndexedSlices")
@@ -710,13 +805,13 @@ class DefaultReplicaContext(ReplicaContext):
             if spec.sparse:
                 raise NotImplementedError("all_gather does not support IndexedSlices")
         if isinstance(axis, bool) or not isinstance(axis, int):
-            raise TypeError(f"all_gather: axis must be an int, got {axis!r}")
+            raise TypeError(f"all_gather: axis must be an int, got {value_text(axis)}")
         return value
 
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
         if source != 0:
-            raise ValueError(f"source must be a replica id in 0..0, got {source!r}")
+            raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
         self._validate(value)
         return value
 
@@ -740,7 +835,7 @@ class DefaultReplicaContext(ReplicaContext):
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
         if not callable(merge_fn):
             raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {merge_fn!r}"
+                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         if current_mode().replica is not self:
             raise ReplicaContextError(

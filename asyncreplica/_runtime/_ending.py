@@ -202,3 +202,20 @@ def where_ended(error: BaseException) -> str | None:
         return None
     code = found.tb_frame.f_code
     return f"{_short(code.co_filename)}:{found.tb_lineno} in {code.co_name}()"
+
+
+def stop_iteration_error(error: StopIteration, what: str) -> RuntimeError:
+    """The ``RuntimeError`` a ``StopIteration`` from ``what`` becomes, made where it is caught.
+
+    A ``StopIteration`` cannot leave a coroutine (PEP 479): Python replaces it with
+    ``RuntimeError("coroutine raised StopIteration")`` at the frame it leaves, which is
+    asyncreplica's, after the run noted where it came from. Made here, the note goes on
+    the error the user sees.
+    """
+    runtime = RuntimeError(
+        f"{what} raised StopIteration, which cannot leave a coroutine (PEP 479): it is "
+        "raised as this RuntimeError (a next() on an exhausted iterator? use "
+        "next(it, default) or catch StopIteration)"
+    )
+    runtime.__cause__ = error
+    return runtime

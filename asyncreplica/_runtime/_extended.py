@@ -6,7 +6,13 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
-from .._core._components import by_shape, check_components, check_reduced, normalize_axes
+from .._core._components import (
+    by_shape,
+    check_components,
+    check_reduced,
+    empty_extremum_error,
+    normalize_axes,
+)
 from .._core._devices import parse_device
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
 from .._core._signature import CollectiveKind, ReduceOp
@@ -166,6 +172,9 @@ async def reduce_leaf(
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
         return await local.reduce(ReduceOp.SUM, [leaf], None)
     norm = normalize_axes(axes, spec.shape)
+    empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
+    if empty is not None:
+        raise empty
     if op is ReduceOp.SUM:
         # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
         # (N of every process: the same number as in one process).

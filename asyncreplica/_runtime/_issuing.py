@@ -122,7 +122,7 @@ def all_reduce(
         except TypeError as exc:
             raise ctx._leaf_error(exc, leaves, None) from exc
         if name is not None:
-            ctx._check_name(name)
+            name = ctx._check_name(name)
         path = call_path()
         cache_key = id(spec) ^ id(path)
         signature = _SIGNATURES.get(cache_key)
@@ -150,7 +150,7 @@ def all_reduce(
         if refusal is not None:
             raise refusal
         if name is not None:
-            ctx._check_name(name)
+            name = ctx._check_name(name)
         # A plain tuple build: the named tuple's keyword constructor costs more
         # than everything else the checks do on this path.
         signature = _new_signature(

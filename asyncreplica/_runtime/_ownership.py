@@ -123,20 +123,31 @@ def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
         adopt(rv, replica, task)
         return None
     replaced = _factory_replaced(run)
-    error = CollectiveError(
-        f"Replica {replica + offset} issued {described} in a task that the run did not see "
+    get_coro = getattr(task, "get_coro", None)
+    closing = get_coro is not None and type(get_coro()).__name__ == "async_generator_athrow"
+    rest = (
+        f" issued {described} in a task that the run did not see "
         "created, so the line that started the task is unknown: two such tasks started in "
         "swapped order would pair silently.\n\n"
-        "The run sees tasks created with asyncio.create_task, loop.create_task, "
+        + (
+            "This task is the event loop closing an async generator that was left unfinished "
+            "(a break out of its `async for`): its finally block issued the collective. "
+            "Close the generator in the replica's own code: `async with "
+            "contextlib.aclosing(gen()) as it: async for x in it: ...`.\n\n"
+            if closing
+            else ""
+        )
+        + "The run sees tasks created with asyncio.create_task, loop.create_task, "
         "asyncio.ensure_future, asyncio.gather, task groups and nurseries, from the "
         "replica's own code. It does not see asyncio.Task(coro) called directly, a task "
         "created in a loop.call_soon callback, or one created under a task factory set "
         "during the run"
         + (" (loop.set_task_factory was called during this run)" if replaced else "")
         + ". Start the task with asyncio.create_task(...) or a task group, or pass "
-        "check_call_sites=False to the strategy.\n" + see_also("CollectiveError"),
-        report=run.ledger.report(),
+        "check_call_sites=False to the strategy.\n" + see_also("CollectiveError")
     )
+    error = CollectiveError(f"Replica {replica + offset}{rest}", report=run.ledger.report())
+    mark_alike(error, rest)  # every replica running this code refuses it alike
     run._fail(replica, error)
     _reported(task)
     return error
@@ -262,17 +273,22 @@ def reused(
     offset = run.strategy._replica_offset
     described = call.describe()
     if closed:
-        return CollectiveError(
-            f"Replica {replica + offset} {use} {described}, which it closed: a closed "
-            "collective never runs. Issue a new collective instead."
+        rest = (
+            f" {use} {described}, which it closed: a closed collective never runs. Issue a "
+            "new collective instead."
         )
+        error = CollectiveError(f"Replica {replica + offset}{rest}")
+        mark_alike(error, rest)  # every replica running this code refuses it alike
+        return error
     how = "is being awaited" if call._driver is None else "runs as a task"
     if finished:
-        return CollectiveError(
-            f"Replica {replica + offset} {use} {described} again, after it completed: a "
-            "collective runs once. Keep its result (`result = await collective`) and use "
-            "that."
+        rest = (
+            f" {use} {described} again, after it completed: a collective runs once. Keep its "
+            "result (`result = await collective`) and use that."
         )
+        error = CollectiveError(f"Replica {replica + offset}{rest}")
+        mark_alike(error, rest)  # every replica running this code refuses it alike
+        return error
     error = CollectiveError(
         f"Replica {replica + offset} {use} {described} while it {how} elsewhere in the "
         "replica: a collective has one awaiter. Await it in one place, and share its "

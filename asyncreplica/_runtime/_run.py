@@ -49,6 +49,7 @@ from . import _inspect, _tasks
 from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._deadlock import Watching
+from ._ending import stop_iteration_error
 from ._mode import MODE, Mode
 from ._park import _cancelled, _describe, _leaves
 
@@ -601,6 +602,11 @@ class Run(Watching):
                 result = await result
             self._check_awaited(replica)
         except BaseException as exc:
+            if isinstance(exc, StopIteration):
+                # A plain step's StopIteration: Python would turn it into a RuntimeError
+                # at the run's own coroutine, after the replica's note went on the
+                # StopIteration (PEP 479). Turned here, it is the replica's error.
+                exc = stop_iteration_error(exc, "the step function")
             if self._ended_with(replica, exc, called):
                 raise
             return

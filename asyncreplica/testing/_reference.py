@@ -48,6 +48,7 @@ import numpy.typing as npt
 with contextlib.suppress(ImportError):  # registers "bfloat16" with numpy, when installed
     import ml_dtypes  # noqa: F401
 
+from .._core._components import empty_extremum_error
 from .._core._dtypes import is_integer, is_reducible, reduced_dtype
 from .._core._signature import ReduceOp
 
@@ -232,6 +233,9 @@ def reduce(op: ReduceOp, components: Sequence[Array], axis: tuple[int, ...] | No
         return combine(op, components)
     first = components[0]
     _check_reducible(first.dtype)
+    error = empty_extremum_error(op, [tuple(c.shape) for c in components], axis)
+    if error is not None:
+        raise error  # numpy's bare "zero-size array" otherwise
     if op is not ReduceOp.MEAN:
         return combine(op, [_local(op, c, axis) for c in components])
     count = sum(math.prod(c.shape[k] for k in axis) for c in components)

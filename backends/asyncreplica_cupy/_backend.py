@@ -28,7 +28,7 @@ import numpy as np
 from asyncreplica_numpy.interop import mean_of_integers
 
 from asyncreplica import BackendError, IndexedSlices
-from asyncreplica.abc import Backend, LeafSpec, ReduceOp
+from asyncreplica.abc import Backend, LeafSpec, ReduceOp, value_text
 
 from ._plan import (
     EXACT_SUM_DIVISION,
@@ -178,7 +178,7 @@ def _not_holdable(value: object, what: str) -> str:
         f"{what} must be a number, a CuPy or numpy array, an array on a GPU exposing DLPack or "
         "__cuda_array_interface__ (PyTorch, JAX, ...), a CPU array of a library that implements "
         "the array API standard or DLPack, or a nest (list, tuple, dict) of them, "
-        f"got {type(value).__name__} {value!r:.60}"
+        f"got {type(value).__name__} {value_text(value, 60)}"
     )
 
 

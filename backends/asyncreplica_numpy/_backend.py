@@ -26,6 +26,7 @@ from asyncreplica.abc import (
     ReduceOp,
     not_reducible_message,
     number_dtype,
+    value_text,
 )
 
 from ._combine import (
@@ -827,7 +828,7 @@ class NumpyBackend(Backend):
         try:
             array = _as_array(value)
         except Exception as exc:
-            raise TypeError(_not_numeric(value, what)) from exc
+            raise TypeError(_not_numeric(value, what, exc)) from exc
         if not _holdable(array.dtype):
             raise TypeError(_not_numeric(value, what))
         return array
@@ -1271,7 +1272,7 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
     if indices.dtype.kind not in "iu":
         raise TypeError(
             f"IndexedSlices.indices must be integers (row numbers of the dense value), got "
-            f"{indices.dtype} {indices!r:.60}: pass np.asarray(indices, dtype=np.int64)"
+            f"{indices.dtype} {value_text(indices, 60)}: pass np.asarray(indices, dtype=np.int64)"
         )
     if indices.ndim != 1:
         raise ValueError(
@@ -1300,9 +1301,17 @@ def _masked(value: object, what: str) -> str:
     )
 
 
-def _not_numeric(value: object, what: str) -> str:
+def _not_numeric(value: object, what: str, error: Exception | None = None) -> str:
+    """``error``: what converting ``value`` to an array raised (the user's own error, told)."""
+    why = ""
+    if error is not None:
+        try:
+            told = f"{type(error).__name__}: {error}"
+        except Exception:
+            told = type(error).__name__
+        why = f" (converting it to an array raised {told})"
     return (
         f"{what} must be a number, a numpy array, a CPU array of a library that implements "
         "the array API standard or DLPack (JAX, PyTorch, array_api_strict, ...) or a nest "
-        f"(list, tuple, dict) of them, got {type(value).__name__} {value!r:.60}"
+        f"(list, tuple, dict) of them, got {type(value).__name__} {value_text(value, 60)}{why}"
     )
