@@ -226,7 +226,8 @@ def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path
     # of the first: process 1's stall warning said process 0 was "busy outside
     # collectives"; it is creating #2 (and waits there for process 1).
     _, logs, output = launch("ctor_vs_run", tmp_path=tmp_path)
-    assert "got CollectiveTimeoutError" in logs[1], output
+    assert "got CollectiveTimeoutError" in logs[0], output
+    assert "got ReplicaExitedError" in logs[1], output  # process 0's goodbye released it
     assert (
         "process 0 (replica 0) did not arrive: it is creating MultiWorkerMirroredStrategy #2 "
         "(it waits there for this process), while this process waits on "

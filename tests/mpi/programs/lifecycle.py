@@ -146,8 +146,12 @@ async def user_recv() -> None:
 
 
 async def ctor_vs_run() -> None:
-    """Process 0 creates a second strategy while process 1 makes a collective on the first."""
-    options = ar.CommunicationOptions(timeout_seconds=3)
+    """Process 0 creates a second strategy while process 1 makes a collective on the first.
+
+    Process 0 times out first (3 s; process 1's timeout is 20 s): its exit then says
+    goodbye on the first strategy, which releases process 1.
+    """
+    options = ar.CommunicationOptions(timeout_seconds=3 if RANK == 0 else 20)
     first = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
     try:
         if RANK == 0:
