@@ -12,7 +12,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,9 +26,11 @@ __all__ = [
     "_note_exit",
     "agree_options",
     "created_any",
+    "complete_pending_notes",
     "drain_exit_notes",
     "interrupt_count",
     "interrupt_pending",
+    "notes_comm",
     "take_interrupt",
 ]
 
@@ -47,12 +49,28 @@ _EXIT_TEXT_TAG = 0x6174  # after an exit note: why the process exits (UTF-8)
 _ARRIVED = 1
 _GAVE_UP = 2
 _EXITED = 3  # on _ARRIVAL_TAG: the process exits and creates no more groups
+_ANNOUNCE_SECONDS = 0.05  # a creation that waits this long is named to the peers
 _COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
 _INTERRUPTED = 1  # the value of a _GAVE_UP note: the process was interrupted (Ctrl-C)
 _logger = logging.getLogger("asyncreplica")
 # Per user communicator (by handle): the communicator, and how many groups this
 # process created on it.
 _created: dict[int, tuple[Any, int]] = {}
+# Per user communicator (by handle): the library's own duplicate of it, made when the
+# first group on it is created (every process arrived). The notes of every later
+# creation, and the exit notes, travel there, never on the user's communicator: a note
+# left there would be received by the program's own ``comm.recv()`` (ANY_SOURCE,
+# ANY_TAG).
+_channels: dict[int, Any] = {}
+
+
+def notes_comm(base: Any) -> Any:
+    """Where this process's notes about ``base`` travel.
+
+    The library's duplicate of it once a group was created on it, else ``base``
+    itself (its first creation).
+    """
+    return _channels.get(base.py2f(), base)
 
 
 def _note_to_all(
@@ -115,7 +133,11 @@ def _ranks_text(ranks: Sequence[int]) -> str:
 
 
 def _arrive(
-    base: Any, local_replicas: int, timeout: float | None, stall: float | None
+    base: Any,
+    local_replicas: int,
+    timeout: float | None,
+    stall: float | None,
+    announce: Callable[[bool], None] | None = None,
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
 
@@ -126,6 +148,10 @@ def _arrive(
     An interruption (Ctrl-C) while it waits gives up like a timeout, telling the
     others, and raises ``KeyboardInterrupt`` at once; under ``asyncio.run``, whose
     handler only cancels the main task (blocked here), at the next poll.
+
+    ``announce(True)`` is called once the wait lasts (so that a peer waiting in a
+    collective of another strategy names this one in its stall warning), and
+    ``announce(False)`` when it ends.
 
     Raises:
         CollectiveTimeoutError: Some processes did not create their group within
@@ -144,31 +170,55 @@ def _arrive(
     counts[rank] = local_replicas
     if size == 1:
         return counts
-    sends = _note_to_all(base, _ARRIVED, serial, local_replicas)
+    comm = notes_comm(base)
+    sends = _note_to_all(comm, _ARRIVED, serial, local_replicas)
     notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
-    recvs = {r: base.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    recvs = {r: comm.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
+    announced: list[bool] = []
+
+    def lasts() -> None:
+        if announce is not None and not announced:
+            announced.append(True)
+            with contextlib.suppress(Exception):  # best effort: it only names a place
+                announce(True)
+
     try:
-        counts = _wait_arrivals(base, serial, counts, sends, recvs, notes, timeout, stall)
+        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts)
     except KeyboardInterrupt:
         if recvs:  # the others must not wait for this process's commit
-            _give_up(base, serial, sends, recvs, interrupted=True)
+            _give_up(comm, serial, sends, recvs, interrupted=True)
+        else:
+            _pending_notes.extend(sends)
         raise
+    except BaseException:
+        # A receive left posted keeps its communicator referenced (MPICH reports it at
+        # finalize, "pending 1 references"); the notes sent are completed at exit.
+        _cancel(recvs.values())
+        _pending_notes.extend(sends)
+        raise
+    finally:
+        if announced and announce is not None:
+            with contextlib.suppress(Exception):
+                announce(False)
     MPI.Request.Waitall(sends)
-    _commit(base, serial, timeout, stall)
+    _commit(comm, serial, timeout, stall)
+    if handle not in _channels:  # every process committed: every one duplicates
+        _channels[handle] = base.Dup()
     return counts
 
 
-def _wait_arrivals(
+def _await_arrivals(
     base: Any,
     serial: int,
-    counts: list[int],
-    sends: list[Any],
-    recvs: dict[int, Any],
-    notes: dict[int, np.ndarray[Any, Any]],
     timeout: float | None,
     stall: float | None,
-) -> list[int]:
-    """:func:`_arrive`'s wait for every peer's arrival note (``recvs`` empties)."""
+    sends: list[Any],
+    notes: dict[int, Any],
+    recvs: dict[int, Any],
+    counts: list[int],
+    lasts: Callable[[], None],
+) -> None:
+    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed)."""
     rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
@@ -199,6 +249,8 @@ def _wait_arrivals(
             break
         waited = time.monotonic() - started
         missing = sorted(recvs)
+        if waited >= _ANNOUNCE_SECONDS:
+            lasts()
         if stall and not warned and waited >= stall:
             warned = True
             _logger.warning(
@@ -209,6 +261,7 @@ def _wait_arrivals(
             )
         if timeout is not None and waited >= timeout:
             _give_up(base, serial, sends, recvs)
+            sends.clear()  # kept by _give_up
             raise CollectiveTimeoutError(
                 0,
                 float(timeout),
@@ -230,7 +283,6 @@ def _wait_arrivals(
             # without yielding: take the interruption now, not at the peers' arrival.
             take_interrupt()
             raise KeyboardInterrupt
-    return counts
 
 
 def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) -> None:
@@ -398,6 +450,7 @@ def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) ->
     """
     from mpi4py import MPI
 
+    base = notes_comm(base)
     handle = base.py2f()
     status = MPI.Status()
     for source in sources:
@@ -426,9 +479,10 @@ def created_any() -> bool:
 def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = None) -> None:
     """At exit (or MPI.Finalize): end this process's arrival notes with an exit note.
 
-    Sent on every communicator a strategy was created on (``COMM_WORLD`` before any
-    exists), or on those of ``only`` (their handles): a peer still creating a strategy
-    there (or creating one later) raises at once.
+    Sent for every communicator a strategy was created on (``COMM_WORLD`` before any
+    exists), or for those of ``only`` (their handles): a peer still creating a strategy
+    there (or creating one later) raises at once. Once a group was created on a
+    communicator they travel on the library's duplicate of it (:func:`notes_comm`).
     """
     from mpi4py import MPI
 
@@ -438,7 +492,7 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         keep = set(only)
         bases = {handle: entry for handle, entry in bases.items() if handle in keep}
     why = (
-        f"exited after an uncaught {error}"
+        f"exited after an uncaught {error.rstrip(':')}"  # its first line may end in ":"
         if error
         else "finalized MPI (MPI.Finalize()) before creating its strategy"
         if finalized and not _created
@@ -447,8 +501,9 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         else "exited"
     )
     text = np.frombuffer(why.encode(), np.uint8)
-    for base, serial in bases.values():
+    for user_base, serial in bases.values():
         with contextlib.suppress(Exception):  # a freed communicator: nobody to tell
+            base = notes_comm(user_base)
             if base.Get_size() == 1:
                 continue
             _pending_notes.extend(_note_to_all(base, _EXITED, serial, text.size))
@@ -486,5 +541,21 @@ def _cancel(requests: Iterable[Any]) -> None:
 
 
 _pending_notes: list[Any] = []
+
+
+def complete_pending_notes(seconds: float = 2.0) -> None:
+    """At exit: complete the notes sent and never waited for.
+
+    A request left holding a communicator makes MPICH report "pending references" at
+    finalize.
+    """
+    until = time.monotonic() + seconds
+    while _pending_notes and time.monotonic() < until:
+        with contextlib.suppress(Exception):
+            _pending_notes[:] = [r for r in _pending_notes if not r.Test()]
+        if _pending_notes:
+            time.sleep(1e-3)
+
+
 # (communicator handle, rank): the exit notes this process received.
 _consumed: set[tuple[int, int]] = set()

@@ -32,16 +32,25 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from asyncreplica import BackendError, ReplicaExitedError
 
-from ._arrival import _logger, _note_exit, created_any, drain_exit_notes
+from ._arrival import (
+    _logger,
+    _note_exit,
+    complete_pending_notes,
+    created_any,
+    drain_exit_notes,
+)
+from ._failures import _exchange_text
 from ._lifecycle import Event, State
 from ._protocol import Status, outcome_message
 
@@ -183,7 +192,8 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for group in groups:
         acknowledge(group)
     steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
-    _drive_all(steps)
+    with _interrupts_counted() as interrupts:
+        _drive_all(steps, interrupts)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
     # stalls on a message nobody received.
     # Per communicator, from every peer that any of its groups saw send them.
@@ -195,18 +205,75 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
             drain_exit_notes(base, sorted(ranks))
+    complete_pending_notes()
     for group in groups:
         free(group, finalized=finalized)
 
 
-def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) -> None:
+@contextlib.contextmanager
+def _interrupts_counted() -> Iterator[list[int]]:
+    """Count SIGINT (Ctrl-C) during the goodbye instead of raising KeyboardInterrupt.
+
+    A KeyboardInterrupt raised inside the goodbye would abandon its exchange half done
+    (a peer that meets it then waits for ever for the rest): the poll loop reads the
+    count instead (see :func:`_interrupted`). Only in the main thread (where Python
+    runs signal handlers); the program's own handler is restored after.
+    """
+    count: list[int] = []
+    try:
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: count.append(signum))
+    except (ValueError, OSError, TypeError):  # not the main thread: nothing to count
+        yield count
+        return
+    try:
+        yield count
+    finally:
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(
+                signal.SIGINT, previous if previous is not None else signal.default_int_handler
+            )
+
+
+def _interrupted(groups: list[MPIProcessGroup], interrupts: list[int], told: list[int]) -> None:
+    """Ctrl-C during the goodbye: say the first, abort the MPI job at the second.
+
+    After the first the goodbye goes on, so that the peers are still told.
+    """
+    if len(interrupts) == len(told):
+        return
+    told.extend(interrupts[len(told) :])
+    group = groups[0]
+    which = ", ".join(g.label() for g in groups)
+    if len(told) == 1:
+        _say(
+            f"asyncreplica: process {group.rank} was interrupted (SIGINT, Ctrl-C) while "
+            f"exiting: it still waits for the other processes to reach the end of {which}, "
+            "so that each is told that this process exited instead of waiting for it for "
+            "ever. Interrupt again to abort the MPI job (every process ends at once)."
+        )
+        return
+    _say(
+        f"asyncreplica: process {group.rank} was interrupted again (SIGINT, Ctrl-C) while "
+        f"exiting, waiting for the other processes to reach the end of {which}; aborting "
+        "the MPI job."
+    )
+    group._MPI.COMM_WORLD.Abort(1)
+
+
+def _drive_all(
+    steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]],
+    interrupts: list[int] | None = None,
+) -> None:
     """Drive every group's goodbye steps together, polling their requests.
 
     The wait has the stall warning, and each group's goodbye exchange its strategy's
     ``timeout_seconds`` (none: a peer that ends later, a last checkpoint, is not an
     error), past which the MPI job is aborted (see :func:`_exit_timed_out`). A
-    failure's acknowledgements are bounded by _ACK_SECONDS.
+    failure's acknowledgements are bounded by _ACK_SECONDS. ``interrupts``: the
+    SIGINTs counted meanwhile (see :func:`_interrupted`).
     """
+    interrupts = [] if interrupts is None else interrupts
+    told: list[int] = []
     active: list[tuple[MPIProcessGroup, Generator[Any, None, None], Any]] = []
     for group, gen in steps:
         with contextlib.suppress(StopIteration):
@@ -244,6 +311,7 @@ def _drive_all(steps: list[tuple[MPIProcessGroup, Generator[Any, None, None]]]) 
         if not warned and waited >= stall:
             warned = True
             _logger.warning(_exit_stall_message([g for g, _, _ in active], waited))
+        _interrupted([g for g, _, _ in active], interrupts, told)
         time.sleep(_POLL_SECONDS)
     if warned:
         _logger.warning(
@@ -348,7 +416,15 @@ def farewell(
     group._to(Event.FINALIZE if finalized else Event.EXIT)
     if state is State.FAILED and group._departed:
         return  # a peer has gone: nobody is left to say goodbye to
-    if (group._in_flight or group._agreed) and group._broken is None:
+    thread = group._run_thread if group._running else None
+    if (
+        group._broken is None
+        and thread is not None
+        and thread is not threading.current_thread()
+        and thread.is_alive()
+    ):  # a run goes on in another thread: no goodbye exchange may be posted beside it
+        _cut_in_thread(group, thread)
+    elif (group._in_flight or group._agreed) and group._broken is None:
         # An exchange posted and never waited for, or a data transfer agreed on and
         # never made: an exception (Ctrl-C outside asyncio's runner) stopped the loop
         # in between. The peers are told before the job is aborted below (see
@@ -398,6 +474,32 @@ def farewell(
         _say(
             f"asyncreplica: process {group.rank} exited while other processes still "
             f"wait for it:\n{message}",
+        )
+
+
+def _cut_in_thread(group: MPIProcessGroup, thread: threading.Thread) -> None:
+    """The interpreter exits while a run of ``group`` goes on in another (daemon) thread.
+
+    Its exchange cannot be finished from here: the processes are out of step, and the
+    job is aborted once the peers were told (as a failure after an agreement, so that
+    their run raises naming this exit, and each acknowledges from its own exit hook).
+    """
+    cut = (
+        f"a run of {group.label()} was in progress in another thread ({thread.name!r}) "
+        "when the interpreter exited"
+    )
+    group._broken = cut
+    group._failed_here = True
+    with contextlib.suppress(Exception):  # best effort: that thread still uses the group
+        group._tell_peers(
+            {
+                "kind": "failed",
+                "error": f"exited while {cut}",
+                "what": _exchange_text(group._pending),
+                "position": 0,
+                "name": None,
+                "exited": True,
+            }
         )
 
 

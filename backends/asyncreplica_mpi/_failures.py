@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import threading
 from collections.abc import Generator, Hashable
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -61,8 +62,12 @@ def _exchange_text(pending: tuple[Hashable, dict[str, Any]] | None) -> str:
     if describe is None:
         return "the end of their run"
     where = f" at {detail['site']}" if detail.get("site") else ""
-    if position is None:
-        return f"a cross-replica {describe}"
+    if position is None:  # outside a run: the detail names itself ("the end of ...")
+        return (
+            describe
+            if describe.startswith(("a ", "an ", "the "))
+            else f"a cross-replica {describe}"
+        )
     return f"the {key_text(position)}: {describe}{where}"
 
 
@@ -186,6 +191,7 @@ class Failures:
     _peer_failure: dict[str, Any] | None
     _run_ended: bool
     _running: bool
+    _run_thread: threading.Thread | None  # where the run in progress began
     _owed_refusals: int
     _ended: list[dict[str, Any]] | None
     _ended_error: BaseException | None
@@ -355,7 +361,12 @@ class Failures:
                 "had posted its part of that exchange), so no collective can complete on "
                 "any process any more."
             )
-        if timeout is not None:
+        if failure.get("exited"):  # it exited with a run in progress in another thread
+            first = (
+                f"Process {rank} {failure.get('error')}, so no collective can complete "
+                "on any process any more."
+            )
+        elif timeout is not None:
             first = (
                 f"Process {rank} timed out after {timeout:g} s waiting for the other "
                 f"processes at {what}, so no collective can complete on any process any more."

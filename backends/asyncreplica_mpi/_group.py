@@ -24,6 +24,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import functools
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
@@ -59,7 +61,7 @@ from ._protocol import (
     signature_fields,
 )
 from ._trace import TraceMerger
-from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, thread_multiple
+from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, tell_creating, thread_multiple
 
 __all__ = [
     "INLINE_BYTES",
@@ -144,7 +146,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # process that never creates its strategy is named (and bounded by timeout)
         # instead of leaving the others inside MPI_Comm_dup for ever.
         try:
-            counts = _arrive(base, local_replicas, timeout, stall_warning_seconds)
+            counts = _arrive(
+                base,
+                local_replicas,
+                timeout,
+                stall_warning_seconds,
+                functools.partial(
+                    tell_creating, f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
+                ),
+            )
         except BaseException:
             self._to(Event.ARRIVAL_FAILED)
             raise
@@ -207,6 +217,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # queued behind that exchange: the run's one failure, not a second one.
         self._ended_error: BaseException | None = None
         self._running = False  # between begin_run and end_run
+        self._run_thread: threading.Thread | None = None
         self._broken: str | None = None
         self._departed: list[int] = []  # ranks seen exiting: no exchange can complete
         self._freed = False
@@ -528,6 +539,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._check_usable()
         self._to(Event.BEGIN_RUN)
         self._running = True
+        self._run_thread = threading.current_thread()
         self._run_ended = False
         self._ended = None
         self._ended_error = None

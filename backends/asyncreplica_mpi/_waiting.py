@@ -29,7 +29,7 @@ from ._arrival import _logger, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
 
-__all__ = ["Waiting", "thread_multiple"]
+__all__ = ["Waiting", "tell_creating", "thread_multiple"]
 
 _T = TypeVar("_T")
 
@@ -62,6 +62,24 @@ _BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 _sched_yield = getattr(os, "sched_yield", lambda: None)  # POSIX only
 _thread_level: list[bool] = []
 _LIVE = (State.JOINED, State.RUNNING)
+_CREATING = "creating"  # an "elsewhere" note's place: the process creates a strategy
+
+
+def tell_creating(label: str, waiting: bool) -> None:
+    """Tell the peers of this process's groups that it waits creating ``label`` (or no more).
+
+    Their stall warnings then say so (see :meth:`Waiting._stall_message`), instead of
+    calling this process busy outside collectives.
+    """
+    note = {"kind": "elsewhere", "label": label, "what": _CREATING}
+    if not waiting:
+        note = {"kind": "elsewhere done"}
+    for group in _exit._groups:
+        if group.size > 1 and group._state in _LIVE:
+            with contextlib.suppress(Exception):  # best effort: it only names a place
+                group._tell_peers(note)
+
+
 _BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
@@ -353,6 +371,15 @@ class Waiting(Failures):
             lines.append(f"  * {self._process(r)} reached it and waits")
         for r in missing:
             elsewhere = self._elsewhere.get(r)
+            if elsewhere is not None and elsewhere[1] == _CREATING:
+                lines.append(
+                    f"  * {self._process(r)} did not arrive: it is creating {elsewhere[0]} "
+                    f"(it waits there for this process), while this process waits on "
+                    f"{self.label()}. Every process must create its strategies at the same "
+                    "point of the program, between the same collectives: each waits for the "
+                    "other (a deadlock, unless another task of this process creates it)"
+                )
+                continue
             if elsewhere is not None:
                 label, there = elsewhere
                 lines.append(

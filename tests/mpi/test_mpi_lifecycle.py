@@ -116,9 +116,14 @@ def test_the_table_module_is_pure() -> None:
 
 
 def launch(
-    scenario: str, *args: str, tmp_path: Path, program: Path = PROGRAM
+    scenario: str,
+    *args: str,
+    tmp_path: Path,
+    program: Path = PROGRAM,
+    processes: int = 2,
 ) -> tuple[int, dict[int, str], str]:
-    """Run a scenario on 2 processes; its exit status, each rank's log, and its output."""
+    """Run a scenario on 2 processes (or ``processes``); its exit status, each rank's log,
+    and its output."""
     pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not installed")
     mpiexec = find_mpiexec()
     if mpiexec is None:
@@ -131,7 +136,7 @@ def launch(
     }
     env.pop("ASYNCREPLICA_TRACE", None)
     proc = subprocess.Popen(
-        [mpiexec, "-n", "2", sys.executable, str(program), scenario, *args],
+        [mpiexec, "-n", str(processes), sys.executable, str(program), scenario, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -145,7 +150,7 @@ def launch(
         output, _ = proc.communicate()
         pytest.fail(f"{scenario}: the launch hung past {KILL_S} s:\n{output}")
     logs = {}
-    for rank in range(2):
+    for rank in range(processes):
         log = tmp_path / f"rank{rank}.log"
         logs[rank] = log.read_text(encoding="utf-8") if log.exists() else ""
     assert UCX_WARNING not in output, output
@@ -200,6 +205,64 @@ def test_a_peer_that_ends_normally_releases_a_process_that_goes_on(
         assert "process 0 (replica 0) exited" in logs[1], output
 
 
+def test_three_processes_exit_cleanly_when_one_ends_while_the_others_create(
+    tmp_path: Path,
+) -> None:
+    # Process 0 ends normally while processes 1 and 2 create a second strategy: each
+    # raises at process 0's exit note, and its receive of the other's arrival note was
+    # left posted on COMM_WORLD ("Builtin communicator ... has pending 1 references" at
+    # finalize, and the job was often killed, rc 9). launch() refuses that line.
+    rc, logs, output = launch("end_while_create", tmp_path=tmp_path, processes=3)
+    assert rc == 0, output
+    for rank in (1, 2):
+        assert (
+            "got ReplicaExitedError: Process 0 exited, without creating its "
+            "MultiWorkerMirroredStrategy number 2 on this communicator"
+        ) in logs[rank], output
+        assert "then ReplicaExitedError: " in logs[rank], output
+
+
+def test_an_exit_note_is_never_received_by_the_programs_own_recv(tmp_path: Path) -> None:
+    # Process 0 ends normally; its exit notes (for a peer that would create another
+    # strategy) were sent on COMM_WORLD, where process 2's comm.recv() (ANY_SOURCE,
+    # ANY_TAG) received one instead of process 1's object (UnpicklingError). They travel
+    # on the library's own duplicate now.
+    rc, logs, output = launch("user_recv", tmp_path=tmp_path, processes=3)
+    assert rc == 0, output
+    assert "received {'hello': 1} from 1 tag 5" in logs[2], output
+
+
+def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path) -> None:
+    # Process 0 creates a second strategy while process 1 waits for it in a collective
+    # of the first: process 1's stall warning said process 0 was "busy outside
+    # collectives"; it is creating #2 (and waits there for process 1).
+    _, logs, output = launch("ctor_vs_run", tmp_path=tmp_path)
+    assert "got CollectiveTimeoutError" in logs[0], output
+    assert "got ReplicaExitedError" in logs[1], output  # process 0's goodbye released it
+    assert (
+        "process 0 (replica 0) did not arrive: it is creating MultiWorkerMirroredStrategy #2 "
+        "(it waits there for this process), while this process waits on "
+        "MultiWorkerMirroredStrategy #1"
+    ) in output, output
+    assert "busy outside collectives" not in output, output
+
+
+def test_an_exit_with_a_run_in_a_daemon_thread_tells_the_peer(tmp_path: Path) -> None:
+    # The interpreter exits while a daemon thread is inside a run: the exchange cannot be
+    # finished, so the job is aborted, but the peer's run raises first, naming the exit
+    # (it was killed by the abort without a word), and the abort message says what was cut.
+    rc, logs, output = launch("daemon_run", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert (
+        "worker got ReplicaExitedError: Process 0 exited while a run of "
+        "MultiWorkerMirroredStrategy #1 was in progress in another thread"
+    ) in logs[1], output
+    assert (
+        "asyncreplica: process 0: the processes are out of step (a run of "
+        "MultiWorkerMirroredStrategy #1 was in progress in another thread"
+    ) in output, output
+
+
 def test_the_goodbye_at_exit_honours_timeout_seconds(tmp_path: Path) -> None:
     # Process 0 ends; process 1 stays busy (it waits for a message nobody sends): process
     # 0's goodbye warns at 1 s, then aborts the job at the strategy's timeout (2 s).
@@ -230,6 +293,31 @@ def test_a_process_interrupted_in_a_collective_is_named_as_interrupted(tmp_path:
         "(SIGINT, Ctrl-C)"
     ) in logs[1], output
     assert "CancelledError" not in logs[1]
+
+
+def test_an_interruption_during_the_goodbye_still_tells_the_peer(tmp_path: Path) -> None:
+    # Ctrl-C while the goodbye at exit waits for a busy peer: a KeyboardInterrupt there
+    # abandoned the exchange half done and both processes hung. The first is said and
+    # the goodbye goes on (the peer's next run raises, naming the exit); the job ends.
+    rc, logs, output = launch("interrupt_goodbye", "once", tmp_path=tmp_path)
+    assert rc == 0, output
+    assert "process 0 was interrupted (SIGINT, Ctrl-C) while exiting" in output, output
+    assert "got ReplicaExitedError" in logs[1], output
+    assert "process 0 (replica 0) exited" in logs[1], output
+    assert "KeyboardInterrupt" not in output, output
+
+
+def test_a_second_interruption_during_the_goodbye_aborts_the_job_saying_so(
+    tmp_path: Path,
+) -> None:
+    rc, logs, output = launch("interrupt_goodbye", "twice", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "busy" in logs[1], output
+    assert "not reached" not in logs[1], output
+    assert (
+        "process 0 was interrupted again (SIGINT, Ctrl-C) while exiting, waiting for the "
+        "other processes to reach the end of MultiWorkerMirroredStrategy #1; aborting"
+    ) in output, output
 
 
 def test_a_trace_block_that_ends_inside_a_run_is_refused_in_step(tmp_path: Path) -> None:
@@ -484,3 +572,19 @@ def test_an_interruption_in_the_constructor_is_taken_at_once_and_told(tmp_path: 
         "Ctrl-C) while it waited for the other processes to create "
         "MultiWorkerMirroredStrategy, before this process (process 1) created it"
     ) in logs[1], output
+
+
+def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:
+    # The stall warning, the timeout message and the trace's "not merged" line name a
+    # peer's last exchange outside a run: "the end of strategy.trace(...)", not "a
+    # cross-replica the end of strategy.trace(...)".
+    from asyncreplica_mpi._failures import _exchange_text
+    from asyncreplica_mpi._trace import _DETAIL
+
+    assert _exchange_text((None, _DETAIL)) == "the end of strategy.trace(...)"
+    assert (
+        _exchange_text((None, {"describe": "reduce(SUM) on float64[3]"}))
+        == "a cross-replica reduce(SUM) on float64[3]"
+    )
+    refused = {"describe": "a refused cross-replica operation (TypeError: no)"}
+    assert _exchange_text((None, refused)) == refused["describe"]

@@ -98,6 +98,99 @@ async def exit_normal(then: str) -> None:
             report(f"then {type(exc).__name__}: {exc}")
 
 
+async def end_while_create() -> None:
+    """3 processes: process 0 ends normally while processes 1 and 2 create a second."""
+    first = ar.MultiWorkerMirroredStrategy()
+    await first.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    try:
+        ar.MultiWorkerMirroredStrategy()
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    try:
+        await first.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        report(f"then {type(exc).__name__}: {str(exc).splitlines()[0]}")
+
+
+async def user_recv() -> None:
+    """3 processes: process 0 ends normally; process 1 then sends process 2 an object,
+    which process 2 receives with ``comm.recv()`` (any source, any tag)."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    await strategy.run(one_reduce)
+    if RANK == 0:
+        report("exits")
+        return
+    try:  # meets process 0's goodbye: its exit notes were sent before it
+        await strategy.run(one_reduce)
+        report("not reached")
+    except ar.ReplicaExitedError as exc:
+        logged(exc)
+    if RANK == 1:
+        WORLD.send({"hello": 1}, dest=2, tag=5)
+        return
+    status = MPI.Status()
+    try:
+        got = WORLD.recv(status=status)
+        report(f"received {got!r} from {status.Get_source()} tag {status.Get_tag()}")
+    except Exception as exc:
+        report(
+            f"recv raised {type(exc).__name__}: {exc} (from {status.Get_source()} tag "
+            f"{status.Get_tag()})"
+        )
+        WORLD.recv(source=1, tag=5)  # process 1's object: no message is left behind
+
+
+async def ctor_vs_run() -> None:
+    """Process 0 creates a second strategy while process 1 makes a collective on the first.
+
+    Process 0 times out first (3 s; process 1's timeout is 20 s): its exit then says
+    goodbye on the first strategy, which releases process 1.
+    """
+    options = ar.CommunicationOptions(timeout_seconds=3 if RANK == 0 else 20)
+    first = ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+    try:
+        if RANK == 0:
+            ar.MultiWorkerMirroredStrategy(communication_options=options, stall_warning_seconds=1)
+        else:
+            await first.run(one_reduce)
+        report("not reached")
+    except ar.CollectiveError as exc:
+        report(f"got {type(exc).__name__}")
+
+
+async def daemon_run() -> None:
+    """Runs go on in a daemon thread; process 0's main thread ends after its first one."""
+    import asyncio
+    import threading
+
+    strategy = ar.MultiWorkerMirroredStrategy()
+    first = threading.Event()
+
+    def worker() -> None:
+        async def loop() -> None:
+            while True:
+                await strategy.run(one_reduce)
+                first.set()
+
+        try:
+            asyncio.run(loop())
+        except BaseException as exc:
+            report(f"worker got {type(exc).__name__}: {exc}")
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    if RANK == 0:
+        first.wait()
+        report("exits")
+        return
+    thread.join()  # until the worker's run fails
+
+
 async def goodbye_timeout() -> None:
     """Process 0 ends; process 1 stays busy: process 0's goodbye times out (2 s)."""
     options = ar.CommunicationOptions(timeout_seconds=2)
@@ -156,6 +249,57 @@ async def interrupt() -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(watch)
         tg.start_soon(run)
+
+
+async def interrupt_goodbye(times: str) -> None:
+    """Process 0 ends and is interrupted (SIGINT) while its goodbye waits for process 1.
+
+    The goodbye's stall warning (0.2 s) is process 0's cue: it interrupts itself there
+    (``times`` = ``once``) and then lets process 1 make its next run, which must raise
+    naming process 0's exit; with ``twice`` a second SIGINT follows the message that
+    says the first was seen (process 1 never comes back: the job is aborted).
+    """
+    import logging
+    import signal
+
+    strategy = ar.MultiWorkerMirroredStrategy(stall_warning_seconds=0.2)
+    await strategy.run(one_reduce)
+    if RANK == 1:
+        if times == "once":
+            await wait_for_go()
+            try:
+                await strategy.run(one_reduce)
+                report("not reached")
+            except ar.ReplicaExitedError as exc:
+                logged(exc)
+        else:
+            report("busy")
+            WORLD.recv(source=0, tag=_GO_TAG + 1)  # never sent: busy until the abort
+            report("not reached")
+        return
+
+    class Cue(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("Exit stalled"):
+                os.kill(os.getpid(), signal.SIGINT)
+                if times == "once":
+                    go(1)
+
+    class Again:  # the message that says the first interruption was seen
+        def __init__(self, stream: Any) -> None:
+            self.stream = stream
+
+        def write(self, text: str) -> int:
+            if "Interrupt again to abort" in text and times == "twice":
+                os.kill(os.getpid(), signal.SIGINT)
+            return int(self.stream.write(text))
+
+        def flush(self) -> None:
+            self.stream.flush()
+
+    logging.getLogger("asyncreplica").addHandler(Cue())
+    sys.stderr = Again(sys.stderr)  # type: ignore[assignment]
+    report("exits")
 
 
 async def merge_in_run(path: str) -> None:
@@ -520,8 +664,13 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     for f in (
         exit_two,
         exit_normal,
+        end_while_create,
+        user_recv,
+        ctor_vs_run,
+        daemon_run,
         goodbye_timeout,
         interrupt,
+        interrupt_goodbye,
         merge_in_run,
         opposite,
         finalize_run,
