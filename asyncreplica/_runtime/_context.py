@@ -13,7 +13,7 @@ from .._core._dtypes import reduced_dtype, refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._report import key_text, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
-from .._exceptions import BackendError, ReplicaContextError
+from .._exceptions import BackendError, CollectiveError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
 from . import _tasks
@@ -127,9 +127,10 @@ def _check_results(
     ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
     per spec, each of the spec's shape and dtype (reduced by ``op``, if given). A
     backend that answers otherwise (a third-party one, or a bug) would pass a silently
-    wrong value to every replica; the error blames the backend, not a replica. For arrays it costs one shape and one dtype
-    comparison per leaf; a leaf that fails them (another array library's dtype names, a
-    number, ``IndexedSlices``) is described by the backend and compared again.
+    wrong value to every replica; the error blames the backend, not a replica. For
+    arrays it costs one shape and one dtype comparison per leaf (another array
+    library's dtype is its own to narrow); a leaf that fails them (another array
+    library's dtype names, a number, ``IndexedSlices``) is described by the backend and compared again.
     """
     backend = run.backend
     method = call._signature.kind.value
@@ -170,7 +171,9 @@ def _check_results(
             if (
                 now is not None
                 and now.shape == spec.shape
-                and now.dtype == dtype
+                # Another array library's result is converted back by that library, whose
+                # own rules may narrow the dtype (JAX without x64: float32 for float64).
+                and (now.dtype == dtype or spec.array_type is not None)
                 and now.sparse == spec.sparse
             ):
                 continue
@@ -267,7 +270,12 @@ def _blame(run: Run, call: Collective, method: str, exc: Exception) -> None:
     Every replica's values had been checked to agree when the backend was called: what
     it raises is the backend's (a leaf it cannot hold, a native failure), and it is
     told as raised there, not "in replica k", whichever replica's task ran the combine.
+    A :class:`CollectiveError` is not the backend's failure but the collective's (a
+    process group's backend raises it for its peers: a mismatch, an exit, a timeout,
+    each telling its own story), and keeps the note every such error gets.
     """
+    if isinstance(exc, CollectiveError):
+        return
     run.note(exc, f"(raised in {_backend_text(run, method, call)})")
 
 
@@ -604,7 +612,9 @@ class ReplicaContext:
             reduce_op,
             value,
             options,
-            name,
+            # Checked here: the compiled body's typed parameter would refuse a non-str
+            # with mypyc's own message.
+            name if name is None or type(name) is str else self._check_name(name),
             _dispatch_all_reduce,
         )
 

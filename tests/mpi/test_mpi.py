@@ -322,7 +322,10 @@ def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path
     assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
     assert "(found on process 0 of 2, which runs replicas 0, 1)" in logs[0]
     # The same class and attributes (global ids) on every process.
-    assert logs[1].startswith("raised CollectiveMismatchError\nProcess 0 failed"), logs[1]
+    # A peer's copy keeps the finder's first line (one process's message), then says why
+    # its own run cannot complete.
+    assert logs[1].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[1]
+    assert "\nProcess 0 failed, so this run cannot complete on any process." in logs[1]
     assert "failed: CollectiveMismatchError: Replicas disagree" in logs[1]
 
 
@@ -507,7 +510,8 @@ def test_a_local_mismatch_on_process_1_names_global_replicas(tmp_path: Path) -> 
     assert "  * replica 3 called all_reduce(SUM) on float64[4]" in logs[1]
     # The same class and attributes (global ids) on every process.
     assert _attributes(logs[1]) == {"position": 0, "signatures": [0, 1, 2, 3], "report": [2, 3]}
-    assert logs[0].startswith("raised CollectiveMismatchError\nProcess 1 failed"), logs[0]
+    assert logs[0].startswith("raised CollectiveMismatchError\nReplicas disagree"), logs[0]
+    assert "\nProcess 1 failed, so this run cannot complete on any process." in logs[0]
     assert _attributes(logs[0]) == {"position": 0, "signatures": [0, 1, 2, 3], "report": [0, 1]}
 
 

@@ -540,8 +540,12 @@ async def data_stall() -> None:
 
         move = MPIBackend._move
 
+        stalled: list[bool] = []
+
         async def stopped(self: MPIBackend, *args: Any, **kwargs: Any) -> None:
-            await wait_for_go()  # "stopped" until process 0 has given up
+            if not stalled:  # the data's move only (a float SUM moves its flags next)
+                stalled.append(True)
+                await wait_for_go()  # "stopped" until process 0 has given up
             await move(self, *args, **kwargs)
 
         MPIBackend._move = stopped  # type: ignore[method-assign]
