@@ -198,6 +198,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._failed_peers: set[int] = set()  # peers that told us they failed
         # Peers that wait on another group (strategy): (its label, where), by rank.
         self._elsewhere: dict[int, tuple[str, str]] = {}
+        # Those of them whose wait blocks their process (a trace merge): its exchange number.
+        self._blocked_elsewhere: dict[int, int] = {}
         # What the current exchange agrees on, and the last one every process made:
         # (position or None, detail), formatted only for messages.
         self._pending: tuple[Hashable, dict[str, Any]] | None = None

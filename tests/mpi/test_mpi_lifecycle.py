@@ -343,6 +343,52 @@ def test_strategies_in_opposite_orders_are_named_in_the_stall_warning(tmp_path: 
     assert "busy outside collectives" not in output
 
 
+def test_trace_blocks_nested_in_opposite_orders_raise_the_deadlock_on_both(
+    tmp_path: Path,
+) -> None:
+    # Each inner block's end blocks its process on a different strategy than the
+    # peer's: a certain cycle. Without a timeout, both raise CollectiveDeadlockError
+    # at once (not a stall warning and a wait for ever), with the same message, and
+    # the job is then aborted at exit, saying why.
+    rc, logs, output = launch("nested_opposite", str(tmp_path / "t"), tmp_path=tmp_path)
+    assert rc != 0, output
+    first_lines = set()
+    for rank in range(2):
+        assert "result 2.0 2.0" in logs[rank], output
+        assert (
+            "got CollectiveDeadlockError: Processes 0 and 1 wait for each other on two "
+            in (logs[rank])
+        ), output
+        assert "left the inner block" not in logs[rank]
+        message = logs[rank].split("got CollectiveDeadlockError: ")[1].split("\ncycle")[0]
+        first_lines.add(message)
+        assert (
+            "  * process 0 waits at the end of strategy.trace(...) of "
+            "MultiWorkerMirroredStrategy #2 (its exchange 2 on that strategy), which process 1 "
+            "has not reached: process 1 waits on MultiWorkerMirroredStrategy #1"
+        ) in message
+        assert (
+            "  * process 1 waits at the end of strategy.trace(...) of "
+            "MultiWorkerMirroredStrategy #1 (its exchange 2 on that strategy), which process 0 "
+            "has not reached: process 0 waits on MultiWorkerMirroredStrategy #2"
+        ) in message
+        assert "Restart it." in message
+        assert (
+            "cycle ((0, 'the end of strategy.trace(...) of MultiWorkerMirroredStrategy #2'), (1, "
+            in (logs[rank])
+        )
+        assert (
+            "got BackendError: The processes of this MultiWorkerMirroredStrategy are out of step"
+            in (logs[rank])
+        )
+    assert len(first_lines) == 1, first_lines  # the same error on both processes
+    assert "Collective stalled" not in output
+    assert (
+        "the processes are out of step (the processes waited for each other on two "
+        "strategies: a deadlock); aborting the MPI job"
+    ) in output
+
+
 def test_a_peer_that_finalizes_mpi_is_seen_by_the_next_run(tmp_path: Path) -> None:
     rc, logs, output = launch("finalize_run", tmp_path=tmp_path)
     assert rc == 0, output

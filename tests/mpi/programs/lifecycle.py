@@ -334,6 +334,29 @@ async def opposite() -> None:
         logged(exc)
 
 
+async def nested_opposite(path: str) -> None:
+    """Trace blocks of two strategies nested in opposite orders: a certain deadlock.
+
+    Each inner block's end (a merge that blocks its process) waits on a different
+    strategy than the peer's: no timeout is set, so only the cycle's error ends it.
+    """
+    a = ar.MultiWorkerMirroredStrategy()
+    b = ar.MultiWorkerMirroredStrategy()
+    first, second = (a, b) if RANK == 0 else (b, a)
+    try:
+        with first.trace(f"{path}.outer{RANK}.json"):
+            with second.trace(f"{path}.inner{RANK}.json"):
+                report(f"result {await a.run(one_reduce)} {await b.run(one_reduce)}")
+            report("left the inner block")
+    except ar.CollectiveDeadlockError as exc:
+        logged(exc)
+        report(f"cycle {exc.cycle}")
+    try:
+        await a.run(one_reduce)
+    except ar.BackendError as exc:
+        logged(exc)
+
+
 async def finalize_run() -> None:
     """Process 0 finalizes MPI; process 1 then makes another run."""
     strategy = ar.MultiWorkerMirroredStrategy()
@@ -677,6 +700,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         interrupt_goodbye,
         merge_in_run,
         opposite,
+        nested_opposite,
         finalize_run,
         finalize_only,
         finalize_mid,
