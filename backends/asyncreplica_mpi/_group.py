@@ -36,7 +36,16 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica.abc import Backend, CollectiveKind, LeafSpec, ProcessGroup, ReduceOp, Signature
+from asyncreplica.abc import (
+    Backend,
+    CollectiveKind,
+    LeafSpec,
+    ProcessGroup,
+    ReduceOp,
+    ReplicaState,
+    Report,
+    Signature,
+)
 
 from . import _exit
 from ._arrival import _arrive, _created, agree_options
@@ -747,8 +756,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._release()
         return result
 
-    async def end_run(self, error: BaseException | None) -> None:
+    async def end_run(self, error: BaseException | None, *, report: Report | None = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
+
+        ``report``: the ledger of the failed run; with a refusal, the collective that
+        this process's replicas issued before the refusing one travels with it
+        (``"issued"``, see :func:`._protocol.refusal_wins`).
 
         Raises:
             ReplicaExitedError: This process finished, but another failed or issued
@@ -792,6 +805,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     # processes whose refusals differ (their replica ids) compare them.
                     detail["refused"] = refused_detail(refused, "collective")
                     fp = fingerprint({"refused": detail["refused"]})
+                    issued = self._issued_before(report)
+                    if issued is not None:
+                        detail["issued"] = issued
                 await self._acquire()
                 try:
                     details = await self._agree(status, None, detail, fp)
@@ -812,6 +828,46 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _issued_before(self, report: Report | None) -> dict[str, Any] | None:
+        """The collective this process's replicas issued before the one that refused its.
+
+        As a COLLECTIVE detail's parts (``fields``, ``describe``, ``site``, ``replicas``, ``key``):
+        one process finds a difference between it and a lower rank's collective before
+        the refusal (replica order), so the other processes must see it. None when no
+        replica of this process issued a collective at the refused position before the
+        refusing one (or it is a named collective, whose occurrence a report omits).
+        """
+        if report is None:
+            return None
+        rows = sorted(report.rows, key=lambda row: row.replica_id)
+        refuser = next((row for row in rows if row.state is ReplicaState.FAILED), None)
+        if refuser is None:
+            return None
+        before: list[Any] = []  # the replicas from this process's first that issued it, in order
+        for row in rows:
+            if (
+                row.replica_id != self.offset + len(before)
+                or row.replica_id >= refuser.replica_id
+                or row.state not in (ReplicaState.WAITING, ReplicaState.CANCELLED)
+                or row.position != refuser.position
+                or row.signature is None
+            ):
+                break
+            before.append(row)
+        if not before:
+            return None
+        signature = before[0].signature
+        assert signature is not None
+        if signature.name is not None or any(row.signature != signature for row in before):
+            return None  # a named one, or a difference this process's ledger finds
+        fields, _, detail, _, _ = self._fields(signature)
+        return {
+            **detail,  # what it is, and where (describe, site)
+            "fields": {**fields, "position": key_text(refuser.position)},
+            "replicas": [self.offset, len(before)],
+            "key": refuser.position,
+        }
 
     async def _tell_refusals(self) -> None:
         """One exchange per run refused while this one ran (see :meth:`_refuse`).
