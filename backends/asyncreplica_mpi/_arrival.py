@@ -336,6 +336,13 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
     MPI.Request.Waitall(sends)
+    if gave_up:
+        # Their exit notes follow (sent from their exit hook, see _note_exit), and
+        # nothing here waits for them any more: received at this process's exit, since
+        # MPICH's MPI_Finalize stalls on the sender's side (the job then ends with
+        # status 0, although that process died of its exception).
+        _, peers = _gave_up_peers.setdefault(base.py2f(), (base, set()))
+        peers.update(gave_up)
     if interrupted:
         r = interrupted[0]
         raise ReplicaExitedError(
@@ -541,6 +548,21 @@ def _cancel(requests: Iterable[Any]) -> None:
 
 
 _pending_notes: list[Any] = []
+# Per communicator handle (notes_comm's): the peers whose give-up note this process
+# received while it created a strategy, whose exit notes it receives at exit.
+_gave_up_peers: dict[int, tuple[Any, set[int]]] = {}
+
+
+def drain_given_up(seconds: float = 2.0) -> None:
+    """At exit: receive the exit notes of the peers that gave up creating a strategy.
+
+    Such a peer told this process with its give-up note, and its exit hook sends its
+    exit notes as well (for a later creation, which it will never join): nobody else
+    receives them.
+    """
+    for base, peers in _gave_up_peers.values():
+        with contextlib.suppress(Exception):
+            drain_exit_notes(base, sorted(peers), seconds)
 
 
 def complete_pending_notes(seconds: float = 2.0) -> None:

@@ -49,6 +49,7 @@ from ._arrival import (
     complete_pending_notes,
     created_any,
     drain_exit_notes,
+    drain_given_up,
 )
 from ._failures import _exchange_text
 from ._lifecycle import Event, State
@@ -205,6 +206,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
             drain_exit_notes(base, sorted(ranks))
+    drain_given_up()
     complete_pending_notes()
     for group in groups:
         free(group, finalized=finalized)
