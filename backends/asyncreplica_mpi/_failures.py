@@ -542,6 +542,10 @@ class Failures:
                 f"{text}\n\n({self._process(int(refused['rank']))} refused this "
                 f"{what}, so every process raises this error.)"
             )
+            if name == "CollectiveMismatchError" and refused.get("refused_error"):
+                # Strategy.gather's components differ inside one process: its error's
+                # signatures, completed by the other processes' replicas (one rule).
+                raise self._global_error(refused["refused_error"], details, message)
             if name == "CollectiveMismatchError":
                 fields = [str(f) for f in rest[0]] if rest else []
                 raise CollectiveMismatchError(
@@ -614,7 +618,7 @@ class Failures:
         """
         waiting: dict[int, Signature] = {}
         for d in details:
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"] and not d.get("refused"):
                 signature = rebuild_signature(d["fields"], d.get("site"))
                 first, count = d["replicas"]
                 for replica in range(first, first + count):

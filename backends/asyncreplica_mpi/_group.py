@@ -474,6 +474,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if components is not None:
             op, axes, specs = components
             detail["components"] = cross_fields("reduce", op, axes, specs)
+        found = error_fields(error, check_call_sites=self.check_call_sites)
+        if found is not None:
+            # Its signatures (global ids) travel with it: every process raises it with
+            # them, completed by the other processes' replicas, as one process's own
+            # ledger error is (see _global_error).
+            detail["refused_error"] = found
         await self._acquire()
         try:
             with anyio.CancelScope(shield=True):
