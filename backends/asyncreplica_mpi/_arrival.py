@@ -138,6 +138,7 @@ def _arrive(
     timeout: float | None,
     stall: float | None,
     announce: Callable[[bool], None] | None = None,
+    elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
 
@@ -183,7 +184,7 @@ def _arrive(
                 announce(True)
 
     try:
-        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts)
+        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts, elsewhere)
     except KeyboardInterrupt:
         if recvs:  # the others must not wait for this process's commit
             _give_up(comm, serial, sends, recvs, interrupted=True)
@@ -217,8 +218,13 @@ def _await_arrivals(
     recvs: dict[int, Any],
     counts: list[int],
     lasts: Callable[[], None],
+    elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
 ) -> None:
-    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed)."""
+    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed).
+
+    ``elsewhere``: where the missing processes wait instead (at a collective of an
+    older strategy), for the stall warning.
+    """
     rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
@@ -253,11 +259,18 @@ def _await_arrivals(
             lasts()
         if stall and not warned and waited >= stall:
             warned = True
+            places = elsewhere(missing) if elsewhere is not None else {}
+            where = "".join(
+                f"\n  * process {r} waits {place} (for this process), while this process "
+                "creates a new strategy: each waits for the other (a deadlock, unless "
+                "another task of that process creates this strategy)"
+                for r, place in sorted(places.items())
+            )
             _logger.warning(
                 f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
                 f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
-                "must create it, in the same order).\n\nThis is a warning, not an error: set "
-                "CommunicationOptions(timeout_seconds=...) to fail instead."
+                f"must create it, in the same order).{where}\n\nThis is a warning, not an "
+                "error: set CommunicationOptions(timeout_seconds=...) to fail instead."
             )
         if timeout is not None and waited >= timeout:
             _give_up(base, serial, sends, recvs)

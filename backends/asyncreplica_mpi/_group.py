@@ -70,7 +70,15 @@ from ._protocol import (
     signature_fields,
 )
 from ._trace import TraceMerger
-from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, tell_creating, thread_multiple
+from ._waiting import (
+    _BELL_TAG,
+    Waiting,
+    _Expired,
+    _spin,
+    peers_waiting_on,
+    tell_creating,
+    thread_multiple,
+)
 
 __all__ = [
     "INLINE_BYTES",
@@ -163,6 +171,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 functools.partial(
                     tell_creating, f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
                 ),
+                functools.partial(peers_waiting_on, base),
             )
         except BaseException:
             self._to(Event.ARRIVAL_FAILED)
@@ -194,6 +203,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # Notes from peers (side communicator): the ranks seen waiting at each exchange,
         # a peer's failure after an agreement, and the sends of our own notes.
         self._seen_waiting: dict[int, set[int]] = {}
+        # Each peer's latest wait at an exchange of this group: (its number, what it is).
+        self._peer_at: dict[int, tuple[int, str]] = {}
         self._peer_failure: dict[str, Any] | None = None
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []

@@ -256,7 +256,9 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
             waited = time.perf_counter() - start
             if not announced and waited >= _ANNOUNCE_SECONDS:
                 announced = True
-                group._tell_peers({"kind": "waiting", "number": exchange})
+                group._tell_peers(
+                    {"kind": "waiting", "number": exchange, "what": group._waiting_what()}
+                )
                 group._tell_other_groups(True, blocked=True)
             if announced:
                 # This wait blocks the thread: a peer blocked on another strategy that

@@ -82,6 +82,31 @@ def tell_creating(label: str, waiting: bool) -> None:
                 group._tell_peers(note)
 
 
+def peers_waiting_on(base: Any, ranks: list[int]) -> dict[int, str]:
+    """Where each of ``ranks`` waits at a collective of a strategy on ``base``, if it does.
+
+    For the stall warning of a process creating a strategy (see ``_arrival``): a peer
+    that waits at an exchange of an older strategy, which this process has not
+    reached, told so (its "waiting" note): ``"at <what> of <label>"`` by rank.
+    """
+    found: dict[int, str] = {}
+    handle = base.py2f()
+    for group in _exit._groups:
+        if group.size == 1 or group._state not in _LIVE or group._base.py2f() != handle:
+            continue
+        with contextlib.suppress(Exception):  # a peer's failure is raised by its next use
+            group._read_notes()
+        for rank in ranks:
+            at = group._peer_at.get(rank)
+            if (
+                rank not in found
+                and at is not None
+                and at[0] in (group._number, -1 - group._number)
+            ):
+                found[rank] = f"at {at[1]} of {group.label()}"
+    return found
+
+
 _BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
 
 
@@ -144,6 +169,8 @@ class Waiting(Failures):
     _number: int
     _sends: list[Any]
     _seen_waiting: dict[int, set[int]]
+    _peer_at: dict[int, tuple[int, str]]
+    _base: Any
     _peer_failure: dict[str, Any] | None
     _failed_peers: set[int]
     _acks: set[int]
@@ -258,7 +285,10 @@ class Waiting(Failures):
                     assert key is not None
                     if what == "announce":
                         announced = True
-                        self._tell_peers({"kind": "waiting", "number": key})
+                        what = self._waiting_what()
+                        if data:
+                            what = f"the data transfer of {what}"
+                        self._tell_peers({"kind": "waiting", "number": key, "what": what})
                         self._tell_other_groups(True)
                     else:
                         warned = True
@@ -559,6 +589,8 @@ class Waiting(Failures):
                         k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
                     }
                 self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
+                if isinstance(note.get("what"), str):
+                    self._peer_at[source] = (int(note["number"]), note["what"])
             elif kind == "failed":
                 self._failed_peers.add(source)  # it waits for no ack from us at exit
                 if self._peer_failure is None:

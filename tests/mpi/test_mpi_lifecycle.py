@@ -245,6 +245,16 @@ def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path
         "MultiWorkerMirroredStrategy #1"
     ) in output, output
     assert "busy outside collectives" not in output, output
+    # and process 0's own warning (creating #2) says where process 1 waits
+    assert (
+        " s for process 1 to create theirs (every process must "
+        "create it, in the same order).\n  * process 1 waits at the 1st collective "
+        "(position 0): all_reduce(SUM) on float64[3]"
+    ) in output, output
+    assert (
+        "of MultiWorkerMirroredStrategy #1 (for this process), while this process creates "
+        "a new strategy: each waits for the other"
+    ) in output, output
 
 
 def test_an_exit_with_a_run_in_a_daemon_thread_tells_the_peer(tmp_path: Path) -> None:
