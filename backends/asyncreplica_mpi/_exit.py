@@ -395,6 +395,18 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
             return done or time.monotonic() >= until
 
         yield _Until(acknowledged)
+        silent = sorted(set(range(group.size)) - {group.rank} - group._acks - group._failed_peers)
+        if silent and group._broken is not None:
+            # The job is aborted next (out of step), which stops those peers before they
+            # report anything: say why here, on this process's output.
+            _say(
+                f"asyncreplica: process {group.rank}: "
+                + ", ".join(group._process(r) for r in silent)
+                + f" did not acknowledge this process's failure within {_ACK_SECONDS:g} s "
+                "(busy outside collectives, or blocked in a call that does not yield): "
+                f"{'it is' if len(silent) == 1 else 'they are'} stopped with the MPI job "
+                "now, before reporting the failure."
+            )
         return
     acknowledge(group)
 

@@ -399,6 +399,25 @@ def test_trace_blocks_nested_in_opposite_orders_raise_the_deadlock_on_both(
     ) in output
 
 
+def test_a_peer_busy_past_the_acknowledgement_wait_is_named_before_the_abort(
+    tmp_path: Path,
+) -> None:
+    # Process 1 is busy (never yields) longer than process 0's wait for its
+    # acknowledgement at exit (0.5 s here, 10 s by default): the abort stops it before
+    # it can print anything, so process 0 says so first.
+    rc, logs, output = launch("busy_past_ack", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "got CollectiveTimeoutError" in logs[0], output
+    assert "not reached" not in logs[1]
+    said = (
+        "asyncreplica: process 0: process 1 (replica 1) did not acknowledge this process's "
+        "failure within 0.5 s (busy outside collectives, or blocked in a call that does not "
+        "yield): it is stopped with the MPI job now, before reporting the failure."
+    )
+    assert said in output, output
+    assert output.index(said) < output.index("aborting the MPI job"), output
+
+
 def test_a_peer_that_finalizes_mpi_is_seen_by_the_next_run(tmp_path: Path) -> None:
     rc, logs, output = launch("finalize_run", tmp_path=tmp_path)
     assert rc == 0, output

@@ -12,12 +12,14 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import numpy as np
 from _report import RANK, report
+from asyncreplica_mpi import _exit
 from mpi4py import MPI
 
 import asyncreplica as ar
@@ -354,6 +356,26 @@ async def nested_opposite(path: str) -> None:
     try:
         await a.run(one_reduce)
     except ar.BackendError as exc:
+        logged(exc)
+
+
+async def busy_past_ack() -> None:
+    """Process 0 times out while process 1 is busy longer than the acknowledgement wait.
+
+    Process 0's exit waits 0.5 s (here) for process 1 to acknowledge its failure, then
+    aborts the job (the processes are out of step), which stops process 1.
+    """
+    _exit._ACK_SECONDS = 0.5
+    options = ar.CommunicationOptions(timeout_seconds=0.5)
+    strategy = ar.MultiWorkerMirroredStrategy(communication_options=options)
+    if RANK == 1:
+        report("busy")
+        time.sleep(30)  # noqa: ASYNC251 -- user code that never yields (ended by the abort)
+        report("not reached")
+        return
+    try:
+        await strategy.run(one_reduce)
+    except ar.CollectiveTimeoutError as exc:
         logged(exc)
 
 
@@ -701,6 +723,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         merge_in_run,
         opposite,
         nested_opposite,
+        busy_past_ack,
         finalize_run,
         finalize_only,
         finalize_mid,
