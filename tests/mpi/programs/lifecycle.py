@@ -19,7 +19,6 @@ from typing import Any
 import anyio
 import numpy as np
 from _report import RANK, report
-from asyncreplica_mpi import _exit
 from mpi4py import MPI
 
 import asyncreplica as ar
@@ -365,6 +364,8 @@ async def busy_past_ack() -> None:
     Process 0's exit waits 0.5 s (here) for process 1 to acknowledge its failure, then
     aborts the job (the processes are out of step), which stops process 1.
     """
+    from asyncreplica_mpi import _exit  # after asyncreplica (it imports the backend)
+
     _exit._ACK_SECONDS = 0.5
     options = ar.CommunicationOptions(timeout_seconds=0.5)
     strategy = ar.MultiWorkerMirroredStrategy(communication_options=options)
