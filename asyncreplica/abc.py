@@ -48,7 +48,7 @@ from ._core._dtypes import (
     reduced_dtype,
     sparse_op_message,
 )
-from ._core._ledger import ReplicaState, Report
+from ._core._ledger import Report
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import treedef_key
@@ -65,8 +65,6 @@ __all__ = [
     "MATCH_RULES",
     "ProcessGroup",
     "ReduceOp",
-    "ReplicaState",
-    "Report",
     "Signature",
     "available_backends",
     "check_reduced",

@@ -42,8 +42,6 @@ from asyncreplica.abc import (
     LeafSpec,
     ProcessGroup,
     ReduceOp,
-    ReplicaState,
-    Report,
     Signature,
 )
 
@@ -773,7 +771,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._release()
         return result
 
-    async def end_run(self, error: BaseException | None, *, report: Report | None = None) -> None:
+    async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
 
         ``report``: the ledger of the failed run; with a refusal, the collective that
@@ -846,7 +844,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if details is not None and error is not None:
             self._complete_error(error, details)
 
-    def _issued_before(self, report: Report | None) -> dict[str, Any] | None:
+    def _issued_before(self, report: Any) -> dict[str, Any] | None:
         """The collective this process's replicas issued before the one that refused its.
 
         As a COLLECTIVE detail's parts (``fields``, ``describe``, ``site``, ``replicas``, ``key``):
@@ -858,7 +856,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if report is None:
             return None
         rows = sorted(report.rows, key=lambda row: row.replica_id)
-        refuser = next((row for row in rows if row.state is ReplicaState.FAILED), None)
+        # The ledger's report (``asyncreplica.CollectiveError.report``): states by value.
+        refuser = next((row for row in rows if row.state.value == "failed"), None)
         if refuser is None:
             return None
         before: list[Any] = []  # the replicas from this process's first that issued it, in order
@@ -866,7 +865,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             if (
                 row.replica_id != self.offset + len(before)
                 or row.replica_id >= refuser.replica_id
-                or row.state not in (ReplicaState.WAITING, ReplicaState.CANCELLED)
+                or row.state.value not in ("waiting", "cancelled")
                 or row.position != refuser.position
                 or row.signature is None
             ):
