@@ -197,12 +197,13 @@ class CollectiveDeadlockError(CollectiveError):
         *,
         keys: Sequence[int | tuple[str, int]] = (),
         report: Report | None = None,
+        message: str | None = None,
     ) -> None:
         self.cycle = tuple(
             (edge[0], key if isinstance(key, int) else key[0])
             for edge, key in zip(edges, keys, strict=False)
         )
-        super().__init__(_report.deadlock_message(edges), report=report)
+        super().__init__(message or _report.deadlock_message(edges), report=report)
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):

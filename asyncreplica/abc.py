@@ -48,6 +48,7 @@ from ._core._dtypes import (
     reduced_dtype,
     sparse_op_message,
 )
+from ._core._ledger import Report
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import treedef_key
@@ -280,8 +281,12 @@ class ProcessGroup(abc.ABC):
         """A ``Strategy.run`` starts on this process."""
 
     @abc.abstractmethod
-    async def end_run(self, error: BaseException | None) -> None:
+    async def end_run(self, error: BaseException | None, *, report: Report | None = None) -> None:
         """This process's run ended, with ``error`` or without: tell the other processes.
+
+        ``report``: this process's ledger when the run failed (what each replica was
+        waiting at), so that the group can tell the other processes the collective its
+        replicas issued before one of them refused its own (see ``is_refusal``).
 
         Raises:
             CollectiveError: This process finished, but another failed or issued more

@@ -329,7 +329,7 @@ class Strategy:
             results = await run.execute(modes, fn, per_args, per_kwargs)  # type: ignore[arg-type]
         except BaseException as exc:
             # Tell the other processes, so that none of them waits for this one.
-            await group.end_run(exc)
+            await group.end_run(exc, report=run.ledger.report())
             if isinstance(exc, CollectiveError) and exc.report is not None:
                 # Found by this process's ledger (its messages use global replica ids).
                 last = self._replica_offset + self._num_local - 1

@@ -138,6 +138,7 @@ def _arrive(
     timeout: float | None,
     stall: float | None,
     announce: Callable[[bool], None] | None = None,
+    elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
 
@@ -183,7 +184,7 @@ def _arrive(
                 announce(True)
 
     try:
-        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts)
+        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts, elsewhere)
     except KeyboardInterrupt:
         if recvs:  # the others must not wait for this process's commit
             _give_up(comm, serial, sends, recvs, interrupted=True)
@@ -217,8 +218,13 @@ def _await_arrivals(
     recvs: dict[int, Any],
     counts: list[int],
     lasts: Callable[[], None],
+    elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
 ) -> None:
-    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed)."""
+    """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed).
+
+    ``elsewhere``: where the missing processes wait instead (at a collective of an
+    older strategy), for the stall warning.
+    """
     rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
@@ -253,11 +259,18 @@ def _await_arrivals(
             lasts()
         if stall and not warned and waited >= stall:
             warned = True
+            places = elsewhere(missing) if elsewhere is not None else {}
+            where = "".join(
+                f"\n  * process {r} waits {place} (for this process), while this process "
+                "creates a new strategy: each waits for the other (a deadlock, unless "
+                "another task of that process creates this strategy)"
+                for r, place in sorted(places.items())
+            )
             _logger.warning(
                 f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
                 f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
-                "must create it, in the same order).\n\nThis is a warning, not an error: set "
-                "CommunicationOptions(timeout_seconds=...) to fail instead."
+                f"must create it, in the same order).{where}\n\nThis is a warning, not an "
+                "error: set CommunicationOptions(timeout_seconds=...) to fail instead."
             )
         if timeout is not None and waited >= timeout:
             _give_up(base, serial, sends, recvs)
@@ -336,6 +349,13 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
         time.sleep(delay)
         delay = min(delay * 2, 1e-3)
     MPI.Request.Waitall(sends)
+    if gave_up:
+        # Their exit notes follow (sent from their exit hook, see _note_exit), and
+        # nothing here waits for them any more: received at this process's exit, since
+        # MPICH's MPI_Finalize stalls on the sender's side (the job then ends with
+        # status 0, although that process died of its exception).
+        _, peers = _gave_up_peers.setdefault(base.py2f(), (base, set()))
+        peers.update(gave_up)
     if interrupted:
         r = interrupted[0]
         raise ReplicaExitedError(
@@ -541,6 +561,21 @@ def _cancel(requests: Iterable[Any]) -> None:
 
 
 _pending_notes: list[Any] = []
+# Per communicator handle (notes_comm's): the peers whose give-up note this process
+# received while it created a strategy, whose exit notes it receives at exit.
+_gave_up_peers: dict[int, tuple[Any, set[int]]] = {}
+
+
+def drain_given_up(seconds: float = 2.0) -> None:
+    """At exit: receive the exit notes of the peers that gave up creating a strategy.
+
+    Such a peer told this process with its give-up note, and its exit hook sends its
+    exit notes as well (for a later creation, which it will never join): nobody else
+    receives them.
+    """
+    for base, peers in _gave_up_peers.values():
+        with contextlib.suppress(Exception):
+            drain_exit_notes(base, sorted(peers), seconds)
 
 
 def complete_pending_notes(seconds: float = 2.0) -> None:

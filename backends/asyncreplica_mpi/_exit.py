@@ -49,6 +49,7 @@ from ._arrival import (
     complete_pending_notes,
     created_any,
     drain_exit_notes,
+    drain_given_up,
 )
 from ._failures import _exchange_text
 from ._lifecycle import Event, State
@@ -205,6 +206,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
             drain_exit_notes(base, sorted(ranks))
+    drain_given_up()
     complete_pending_notes()
     for group in groups:
         free(group, finalized=finalized)
@@ -393,6 +395,18 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
             return done or time.monotonic() >= until
 
         yield _Until(acknowledged)
+        silent = sorted(set(range(group.size)) - {group.rank} - group._acks - group._failed_peers)
+        if silent and group._broken is not None:
+            # The job is aborted next (out of step), which stops those peers before they
+            # report anything: say why here, on this process's output.
+            _say(
+                f"asyncreplica: process {group.rank}: "
+                + ", ".join(group._process(r) for r in silent)
+                + f" did not acknowledge this process's failure within {_ACK_SECONDS:g} s "
+                "(busy outside collectives, or blocked in a call that does not yield): "
+                f"{'it is' if len(silent) == 1 else 'they are'} stopped with the MPI job "
+                "now, before reporting the failure."
+            )
         return
     acknowledge(group)
 

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import json
 import threading
-from collections.abc import Generator, Hashable
+from collections.abc import Generator, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -44,6 +44,7 @@ from ._protocol import (
     differing_fields,
     error_fields,
     first_refusal,
+    issued_before,
     key_text,
     outcome_message,
     rebuild_signature,
@@ -523,7 +524,10 @@ class Failures:
         """
         refused = first_refusal(details)
         lost = refused is not None and not refusal_wins(details, refused)
+        before: list[Mapping[str, Any]] = []
         if lost:
+            assert refused is not None
+            before = issued_before(details, refused)
             refused = None  # an error found before it, in replica order
         if refused is not None and refused.get("components"):
             # Strategy.reduce's components differ inside a process: one process's own
@@ -538,6 +542,10 @@ class Failures:
                 f"{text}\n\n({self._process(int(refused['rank']))} refused this "
                 f"{what}, so every process raises this error.)"
             )
+            if name == "CollectiveMismatchError" and refused.get("refused_error"):
+                # Strategy.gather's components differ inside one process: its error's
+                # signatures, completed by the other processes' replicas (one rule).
+                raise self._global_error(refused["refused_error"], details, message)
             if name == "CollectiveMismatchError":
                 fields = [str(f) for f in rest[0]] if rest else []
                 raise CollectiveMismatchError(
@@ -555,17 +563,16 @@ class Failures:
                 told = f"{headline}\n\n{outcome_message(details)[1]}"
             raise self._global_error(fields, details, told)
         kind, message = outcome_message(details)
-        compared = details
+        compared: Sequence[Mapping[str, Any]] = details
         if lost:
-            # The collectives of the processes below the refusing one differ: one
-            # process finds that mismatch before the refusal (see refusal_wins).
-            compared = [
-                d for d in details if Status(d["status"]) is Status.COLLECTIVE and d["fields"]
-            ]
+            # The collectives issued before the refusal differ (those of the processes
+            # below the refusing one, and its own replicas' before the refusing one):
+            # one process finds that mismatch before the refusal (see refusal_wins).
+            compared = before
             kind, message = outcome_message(compared)
         signatures: dict[int, Signature] = {}
         key: Any = None
-        for d in details:
+        for d in [*details, *before[-1:]] if lost else details:
             if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
                 signature = rebuild_signature(d["fields"], d.get("site"))
                 first, count = d["replicas"]
@@ -611,7 +618,7 @@ class Failures:
         """
         waiting: dict[int, Signature] = {}
         for d in details:
-            if Status(d["status"]) is Status.COLLECTIVE and d["fields"]:
+            if Status(d["status"]) is Status.COLLECTIVE and d["fields"] and not d.get("refused"):
                 signature = rebuild_signature(d["fields"], d.get("site"))
                 first, count = d["replicas"]
                 for replica in range(first, first + count):

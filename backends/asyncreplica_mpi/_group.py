@@ -36,7 +36,14 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica.abc import Backend, CollectiveKind, LeafSpec, ProcessGroup, ReduceOp, Signature
+from asyncreplica.abc import (
+    Backend,
+    CollectiveKind,
+    LeafSpec,
+    ProcessGroup,
+    ReduceOp,
+    Signature,
+)
 
 from . import _exit
 from ._arrival import _arrive, _created, agree_options
@@ -61,7 +68,15 @@ from ._protocol import (
     signature_fields,
 )
 from ._trace import TraceMerger
-from ._waiting import _BELL_TAG, Waiting, _Expired, _spin, tell_creating, thread_multiple
+from ._waiting import (
+    _BELL_TAG,
+    Waiting,
+    _Expired,
+    _spin,
+    peers_waiting_on,
+    tell_creating,
+    thread_multiple,
+)
 
 __all__ = [
     "INLINE_BYTES",
@@ -154,6 +169,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 functools.partial(
                     tell_creating, f"MultiWorkerMirroredStrategy #{self._base_serial + 1}"
                 ),
+                functools.partial(peers_waiting_on, base),
             )
         except BaseException:
             self._to(Event.ARRIVAL_FAILED)
@@ -185,6 +201,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # Notes from peers (side communicator): the ranks seen waiting at each exchange,
         # a peer's failure after an agreement, and the sends of our own notes.
         self._seen_waiting: dict[int, set[int]] = {}
+        # Each peer's latest wait at an exchange of this group: (its number, what it is).
+        self._peer_at: dict[int, tuple[int, str]] = {}
         self._peer_failure: dict[str, Any] | None = None
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []
@@ -198,6 +216,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._failed_peers: set[int] = set()  # peers that told us they failed
         # Peers that wait on another group (strategy): (its label, where), by rank.
         self._elsewhere: dict[int, tuple[str, str]] = {}
+        # Those of them whose wait blocks their process (a trace merge): its exchange number.
+        self._blocked_elsewhere: dict[int, int] = {}
         # What the current exchange agrees on, and the last one every process made:
         # (position or None, detail), formatted only for messages.
         self._pending: tuple[Hashable, dict[str, Any]] | None = None
@@ -463,6 +483,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if components is not None:
             op, axes, specs = components
             detail["components"] = cross_fields("reduce", op, axes, specs)
+        found = error_fields(error, check_call_sites=self.check_call_sites)
+        if found is not None:
+            # Its signatures (global ids) travel with it: every process raises it with
+            # them, completed by the other processes' replicas, as one process's own
+            # ledger error is (see _global_error).
+            detail["refused_error"] = found
         await self._acquire()
         try:
             with anyio.CancelScope(shield=True):
@@ -745,8 +771,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._release()
         return result
 
-    async def end_run(self, error: BaseException | None) -> None:
+    async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
+
+        ``report``: the ledger of the failed run; with a refusal, the collective that
+        this process's replicas issued before the refusing one travels with it
+        (``"issued"``, see :func:`._protocol.refusal_wins`).
 
         Raises:
             ReplicaExitedError: This process finished, but another failed or issued
@@ -790,6 +820,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     # processes whose refusals differ (their replica ids) compare them.
                     detail["refused"] = refused_detail(refused, "collective")
                     fp = fingerprint({"refused": detail["refused"]})
+                    issued = self._issued_before(report)
+                    if issued is not None:
+                        detail["issued"] = issued
                 await self._acquire()
                 try:
                     details = await self._agree(status, None, detail, fp)
@@ -810,6 +843,47 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _issued_before(self, report: Any) -> dict[str, Any] | None:
+        """The collective this process's replicas issued before the one that refused its.
+
+        As a COLLECTIVE detail's parts (``fields``, ``describe``, ``site``, ``replicas``, ``key``):
+        one process finds a difference between it and a lower rank's collective before
+        the refusal (replica order), so the other processes must see it. None when no
+        replica of this process issued a collective at the refused position before the
+        refusing one (or it is a named collective, whose occurrence a report omits).
+        """
+        if report is None:
+            return None
+        rows = sorted(report.rows, key=lambda row: row.replica_id)
+        # The ledger's report (``asyncreplica.CollectiveError.report``): states by value.
+        refuser = next((row for row in rows if row.state.value == "failed"), None)
+        if refuser is None:
+            return None
+        before: list[Any] = []  # the replicas from this process's first that issued it, in order
+        for row in rows:
+            if (
+                row.replica_id != self.offset + len(before)
+                or row.replica_id >= refuser.replica_id
+                or row.state.value not in ("waiting", "cancelled")
+                or row.position != refuser.position
+                or row.signature is None
+            ):
+                break
+            before.append(row)
+        if not before:
+            return None
+        signature = before[0].signature
+        assert signature is not None
+        if signature.name is not None or any(row.signature != signature for row in before):
+            return None  # a named one, or a difference this process's ledger finds
+        fields, _, detail, _, _ = self._fields(signature)
+        return {
+            **detail,  # what it is, and where (describe, site)
+            "fields": {**fields, "position": key_text(refuser.position)},
+            "replicas": [self.offset, len(before)],
+            "key": refuser.position,
+        }
 
     async def _tell_refusals(self) -> None:
         """One exchange per run refused while this one ran (see :meth:`_refuse`).

@@ -447,8 +447,28 @@ def refusal_wins(details: Sequence[Mapping[str, Any]], refused: Mapping[str, Any
     earlier = sorted((d for d in details if int(d["rank"]) < rank), key=lambda d: int(d["rank"]))
     if any(d.get("collective_error") for d in earlier):
         return False
-    issued = [d for d in earlier if d.get("fields") and not d.get("refused")]
+    issued = issued_before(details, refused)
     return len(issued) < 2 or not differing_fields(issued)
+
+
+def issued_before(
+    details: Sequence[Mapping[str, Any]], refused: Mapping[str, Any]
+) -> list[Mapping[str, Any]]:
+    """The collectives issued before ``refused`` (a refusal's detail), in replica order.
+
+    Those of the lower ranks, then the one the refusing process's own replicas
+    issued before its refusing replica (``"issued"``, sent with the refusal), as
+    COLLECTIVE details: where they differ, one process finds that mismatch first.
+    """
+    rank = int(refused["rank"])
+    earlier = sorted((d for d in details if int(d["rank"]) < rank), key=lambda d: int(d["rank"]))
+    issued: list[Mapping[str, Any]] = [
+        d for d in earlier if d.get("fields") and not d.get("refused")
+    ]
+    own = refused.get("issued")
+    if own:
+        issued.append({**own, "rank": rank, "status": int(Status.COLLECTIVE)})
+    return issued
 
 
 def _path_texts(details: Sequence[Mapping[str, Any]]) -> dict[int, str]:

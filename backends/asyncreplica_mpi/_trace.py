@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from asyncreplica import AsyncReplicaError
+from asyncreplica import AsyncReplicaError, CollectiveDeadlockError
 
 from ._arrival import _logger
 from ._lifecycle import Event, State
@@ -248,6 +248,7 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
     stall = group.stall_warning_seconds
     warned = False
     announced = False
+    cycle = False
     delay = 1e-5
     try:
         while not request.Test():
@@ -255,8 +256,18 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
             waited = time.perf_counter() - start
             if not announced and waited >= _ANNOUNCE_SECONDS:
                 announced = True
-                group._tell_peers({"kind": "waiting", "number": exchange})
-                group._tell_other_groups(True)
+                group._tell_peers(
+                    {"kind": "waiting", "number": exchange, "what": group._waiting_what()}
+                )
+                group._tell_other_groups(True, blocked=True)
+            if announced:
+                # This wait blocks the thread: a peer blocked on another strategy that
+                # waits for this process is a certain deadlock (raised at once).
+                try:
+                    group._raise_if_blocked_cycle(exchange)
+                except CollectiveDeadlockError:
+                    cycle = True  # the peers keep this process's note (see the docstring)
+                    raise
             if stall and not warned and waited >= stall:
                 warned = True
                 _logger.warning(group._stall_message(exchange, waited))
@@ -268,7 +279,7 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
         group._break("a cross-process exchange was abandoned")
         raise
     finally:
-        if announced:
+        if announced and not cycle:
             group._tell_other_groups(False)
     if warned:
         _logger.warning(

@@ -24,6 +24,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+from asyncreplica import CollectiveDeadlockError
+
 from . import _exit
 from ._arrival import _logger, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
@@ -78,6 +80,31 @@ def tell_creating(label: str, waiting: bool) -> None:
         if group.size > 1 and group._state in _LIVE:
             with contextlib.suppress(Exception):  # best effort: it only names a place
                 group._tell_peers(note)
+
+
+def peers_waiting_on(base: Any, ranks: list[int]) -> dict[int, str]:
+    """Where each of ``ranks`` waits at a collective of a strategy on ``base``, if it does.
+
+    For the stall warning of a process creating a strategy (see ``_arrival``): a peer
+    that waits at an exchange of an older strategy, which this process has not
+    reached, told so (its "waiting" note): ``"at <what> of <label>"`` by rank.
+    """
+    found: dict[int, str] = {}
+    handle = base.py2f()
+    for group in _exit._groups:
+        if group.size == 1 or group._state not in _LIVE or group._base.py2f() != handle:
+            continue
+        with contextlib.suppress(Exception):  # a peer's failure is raised by its next use
+            group._read_notes()
+        for rank in ranks:
+            at = group._peer_at.get(rank)
+            if (
+                rank not in found
+                and at is not None
+                and at[0] in (group._number, -1 - group._number)
+            ):
+                found[rank] = f"at {at[1]} of {group.label()}"
+    return found
 
 
 _BELL = np.zeros(1, np.int64)  # what a bell carries (nothing that is read)
@@ -142,10 +169,14 @@ class Waiting(Failures):
     _number: int
     _sends: list[Any]
     _seen_waiting: dict[int, set[int]]
+    _peer_at: dict[int, tuple[int, str]]
+    _base: Any
     _peer_failure: dict[str, Any] | None
     _failed_peers: set[int]
     _acks: set[int]
     _elsewhere: dict[int, tuple[str, str]]
+    _blocked_elsewhere: dict[int, int]
+    _in_flight: bool
     _last: tuple[Hashable, dict[str, Any]] | None
     _agreed_at: float
     _abandoned: list[Any]
@@ -254,7 +285,10 @@ class Waiting(Failures):
                     assert key is not None
                     if what == "announce":
                         announced = True
-                        self._tell_peers({"kind": "waiting", "number": key})
+                        what = self._waiting_what()
+                        if data:
+                            what = f"the data transfer of {what}"
+                        self._tell_peers({"kind": "waiting", "number": key, "what": what})
                         self._tell_other_groups(True)
                     else:
                         warned = True
@@ -317,15 +351,114 @@ class Waiting(Failures):
         if bell.Test():  # it rang: listen again
             self._bell = self._side.Irecv(self._bell_buf, source=MPI.ANY_SOURCE, tag=_BELL_TAG)
 
-    def _tell_other_groups(self, waiting: bool) -> None:
-        """Tell the peers of this process's other groups that it waits here (or no more)."""
-        note = {"kind": "elsewhere", "label": self.label(), "what": self._waiting_what()}
+    def _tell_other_groups(self, waiting: bool, *, blocked: bool = False) -> None:
+        """Tell the peers of this process's other groups that it waits here (or no more).
+
+        ``blocked``: the wait blocks this process's thread (a trace merge, see
+        :meth:`_raise_if_blocked_cycle`): the note carries the exchange's number.
+        """
+        note: dict[str, Any] = {
+            "kind": "elsewhere",
+            "label": self.label(),
+            "what": self._waiting_what(),
+        }
+        if blocked:
+            note["blocked"] = self._number - 1
         if not waiting:
             note = {"kind": "elsewhere done"}
         for group in _exit._groups:
             if group is not self and group.size > 1 and group._state in _LIVE:
                 with contextlib.suppress(Exception):  # best effort: it only names a place
                     group._tell_peers(note)
+
+    def _raise_if_blocked_cycle(self, exchange: int) -> None:
+        """Raise where this blocked wait and a peer's wait on another group form a cycle.
+
+        Called from a wait that blocks this process's thread (a trace merge: nothing
+        else of this process can run meanwhile) once it has told the peers of its
+        other groups so. The cycle is certain when a peer that has not arrived here
+        waits, blocked likewise, at an exchange of another group of this process, on
+        which this process has no exchange posted and no run in progress: that peer
+        waits for this process, which cannot reach that exchange before this one
+        completes, which needs that peer. The peer sees the same from this process's
+        note and raises the same error (the message lists the processes in rank
+        order). Both groups are then out of step on both processes (each has an
+        exchange posted that the other never matches): the job must be restarted,
+        and the exit hook aborts it. A wait inside a run is never decided so: it
+        yields to the event loop, where another task may still issue the exchange a
+        peer waits for (see the stall warning).
+
+        Raises:
+            CollectiveDeadlockError: The cycle, naming both strategies and processes.
+        """
+        for peer in self._missing(exchange):
+            number = self._blocked_elsewhere.get(peer)
+            where = self._elsewhere.get(peer)
+            if number is None or where is None:
+                continue
+            label, what = where
+            other = next(
+                (
+                    g
+                    for g in _exit._groups
+                    if g is not self
+                    and g.label() == label
+                    and g._state is State.JOINED
+                    and not g._in_flight
+                    and g._broken is None
+                ),
+                None,
+            )
+            if other is None:
+                continue
+            raise self._blocked_cycle(peer, other, what, number, exchange)
+
+    def _blocked_cycle(
+        self, peer: int, other: Waiting, peer_what: str, peer_number: int, number: int
+    ) -> CollectiveDeadlockError:
+        """The error of :meth:`_raise_if_blocked_cycle` (both groups are out of step)."""
+        waits = {
+            self.rank: (self.label(), self._waiting_what(), number, peer, other.label()),
+            peer: (other.label(), peer_what, peer_number, self.rank, self.label()),
+        }
+        first, second = sorted(waits)
+        lines = [
+            (
+                f"Processes {first} and {second} wait for each other on two strategies, in "
+                "a cycle: neither wait can ever complete."
+            ),
+            "",
+        ]
+        for rank in (first, second):
+            label, what, at, needs, theirs = waits[rank]
+            lines.append(
+                f"  * process {rank} waits at {what} of {label} (its exchange {at} on that "
+                f"strategy), which process {needs} has not reached: process {needs} waits "
+                f"on {theirs}"
+            )
+        lines += [
+            "",
+            (
+                "Each wait blocks its process (the end of a strategy.trace(...) block), so "
+                "nothing else of either process can release the other. The processes use "
+                "their strategies in different orders: nest strategy.trace(...) blocks, and "
+                "make the runs, of every strategy in the same order on every process."
+            ),
+            (
+                f"Every process of the cycle raises this error. {waits[first][0]} and "
+                f"{waits[second][0]} are now out of step (each process has an exchange "
+                "posted that the other never matches): the job cannot go on with them, "
+                "and the exit hook aborts the MPI job. Restart it."
+            ),
+        ]
+        reason = "the processes waited for each other on two strategies: a deadlock"
+        self._break(reason)
+        other._break(reason)
+        error = CollectiveDeadlockError((), message="\n".join(lines))
+        error.cycle = tuple(
+            (rank, f"{waits[rank][1]} of {waits[rank][0]}") for rank in (first, second)
+        )
+        return error
 
     def _missing(self, exchange: int | None) -> list[int]:
         """The peers not seen waiting at ``exchange`` (the key of a wait)."""
@@ -456,6 +589,8 @@ class Waiting(Failures):
                         k: v for k, v in self._seen_waiting.items() if k >= self._number - 2
                     }
                 self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
+                if isinstance(note.get("what"), str):
+                    self._peer_at[source] = (int(note["number"]), note["what"])
             elif kind == "failed":
                 self._failed_peers.add(source)  # it waits for no ack from us at exit
                 if self._peer_failure is None:
@@ -464,8 +599,13 @@ class Waiting(Failures):
                 self._acks.add(source)
             elif kind == "elsewhere":
                 self._elsewhere[source] = (str(note.get("label")), str(note.get("what")))
+                if isinstance(note.get("blocked"), int):
+                    self._blocked_elsewhere[source] = int(note["blocked"])
+                else:
+                    self._blocked_elsewhere.pop(source, None)
             elif kind == "elsewhere done":
                 self._elsewhere.pop(source, None)
+                self._blocked_elsewhere.pop(source, None)
         failure = self._peer_failure
         if failure is not None and not self._failed_here:
             self._raise_peer_failure(failure)

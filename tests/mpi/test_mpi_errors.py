@@ -146,6 +146,9 @@ def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
         fields = _fields(logs[rank])
         assert fields["class"] == "CollectiveMismatchError", logs[rank]
         assert fields["fields"] == ["shape"], logs[rank]
+        # The refusal's signatures (process 0's own check), completed by process 1's
+        # replicas: every replica, as one process's check holds (they were empty).
+        assert fields["signatures"] == [0, 1, 2, 3], logs[rank]
         assert "replica 0 holds float64[2, 3]; replica 1 holds float64[2, 3, 1]" in logs[rank]
         assert logs[rank].endswith("again 4.0\n"), logs[rank]
 

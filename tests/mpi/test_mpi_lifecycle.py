@@ -245,6 +245,16 @@ def test_a_peer_creating_a_strategy_is_named_in_the_stall_warning(tmp_path: Path
         "MultiWorkerMirroredStrategy #1"
     ) in output, output
     assert "busy outside collectives" not in output, output
+    # and process 0's own warning (creating #2) says where process 1 waits
+    assert (
+        " s for process 1 to create theirs (every process must "
+        "create it, in the same order).\n  * process 1 waits at the 1st collective "
+        "(position 0): all_reduce(SUM) on float64[3]"
+    ) in output, output
+    assert (
+        "of MultiWorkerMirroredStrategy #1 (for this process), while this process creates "
+        "a new strategy: each waits for the other"
+    ) in output, output
 
 
 def test_an_exit_with_a_run_in_a_daemon_thread_tells_the_peer(tmp_path: Path) -> None:
@@ -341,6 +351,71 @@ def test_strategies_in_opposite_orders_are_named_in_the_stall_warning(tmp_path: 
         assert f"of MultiWorkerMirroredStrategy {there}, another strategy" in output
     assert "The processes use their strategies in different orders" in output
     assert "busy outside collectives" not in output
+
+
+def test_trace_blocks_nested_in_opposite_orders_raise_the_deadlock_on_both(
+    tmp_path: Path,
+) -> None:
+    # Each inner block's end blocks its process on a different strategy than the
+    # peer's: a certain cycle. Without a timeout, both raise CollectiveDeadlockError
+    # at once (not a stall warning and a wait for ever), with the same message, and
+    # the job is then aborted at exit, saying why.
+    rc, logs, output = launch("nested_opposite", str(tmp_path / "t"), tmp_path=tmp_path)
+    assert rc != 0, output
+    first_lines = set()
+    for rank in range(2):
+        assert "result 2.0 2.0" in logs[rank], output
+        assert (
+            "got CollectiveDeadlockError: Processes 0 and 1 wait for each other on two "
+            in (logs[rank])
+        ), output
+        assert "left the inner block" not in logs[rank]
+        message = logs[rank].split("got CollectiveDeadlockError: ")[1].split("\ncycle")[0]
+        first_lines.add(message)
+        assert (
+            "  * process 0 waits at the end of strategy.trace(...) of "
+            "MultiWorkerMirroredStrategy #2 (its exchange 2 on that strategy), which process 1 "
+            "has not reached: process 1 waits on MultiWorkerMirroredStrategy #1"
+        ) in message
+        assert (
+            "  * process 1 waits at the end of strategy.trace(...) of "
+            "MultiWorkerMirroredStrategy #1 (its exchange 2 on that strategy), which process 0 "
+            "has not reached: process 0 waits on MultiWorkerMirroredStrategy #2"
+        ) in message
+        assert "Restart it." in message
+        assert (
+            "cycle ((0, 'the end of strategy.trace(...) of MultiWorkerMirroredStrategy #2'), (1, "
+            in (logs[rank])
+        )
+        assert (
+            "got BackendError: The processes of this MultiWorkerMirroredStrategy are out of step"
+            in (logs[rank])
+        )
+    assert len(first_lines) == 1, first_lines  # the same error on both processes
+    assert "Collective stalled" not in output
+    assert (
+        "the processes are out of step (the processes waited for each other on two "
+        "strategies: a deadlock); aborting the MPI job"
+    ) in output
+
+
+def test_a_peer_busy_past_the_acknowledgement_wait_is_named_before_the_abort(
+    tmp_path: Path,
+) -> None:
+    # Process 1 is busy (never yields) longer than process 0's wait for its
+    # acknowledgement at exit (0.5 s here, 10 s by default): the abort stops it before
+    # it can print anything, so process 0 says so first.
+    rc, logs, output = launch("busy_past_ack", tmp_path=tmp_path)
+    assert rc != 0, output
+    assert "got CollectiveTimeoutError" in logs[0], output
+    assert "not reached" not in logs[1]
+    said = (
+        "asyncreplica: process 0: process 1 (replica 1) did not acknowledge this process's "
+        "failure within 0.5 s (busy outside collectives, or blocked in a call that does not "
+        "yield): it is stopped with the MPI job now, before reporting the failure."
+    )
+    assert said in output, output
+    assert output.index(said) < output.index("aborting the MPI job"), output
 
 
 def test_a_peer_that_finalizes_mpi_is_seen_by_the_next_run(tmp_path: Path) -> None:
@@ -564,7 +639,11 @@ def test_an_interruption_in_the_constructor_is_taken_at_once_and_told(tmp_path: 
     # Process 0 waits in the constructor for process 1, which creates its strategy only
     # once process 0 exits: the Ctrl-C (a cancellation of asyncio's main task, blocked
     # in the constructor) must raise there at once, and process 1 hears why.
-    _, logs, output = launch("in_constructor", tmp_path=tmp_path, program=INTERRUPTS)
+    rc, logs, output = launch("in_constructor", tmp_path=tmp_path, program=INTERRUPTS)
+    # Process 0 dies of its KeyboardInterrupt: the job's status says so. (Process 1
+    # receives process 0's exit notes at its exit: unreceived, they stalled process 0's
+    # MPI_Finalize until the launcher killed it, and mpiexec returned 0.)
+    assert rc != 0, output
     assert "raised KeyboardInterrupt in the constructor" in logs[0], output
     assert "created" not in logs[0]
     assert (

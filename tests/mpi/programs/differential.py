@@ -208,13 +208,11 @@ def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -
         # replica refuses 2**70, replica 0 passes another shape (a mismatch) or bools
         # (another refusal): every process raises what one process finds first, in
         # replica order (at the first collective one process's replicas issue in that
-        # order; later, the replica that dispatched the previous collective goes first)
-        second = pick(("shape", "bool"))
-        # (not where replica 1 is on the refusing process and replica 0 alone on
-        # process 0, "1,3": that process sends its refusal, not the collective its
-        # replicas 1.. issued before it, so the mismatch with replica 0 goes unseen)
-        if not (second == "shape" and counts[:1] == (1,) and len(counts) == 2):
-            case.fault = ("refuse2", 0, total - 1, second)
+        # order; later, the replica that dispatched the previous collective goes first).
+        # Where replica 0 is alone on process 0 and the refusing process holds replicas
+        # 1.. ("1,3"), that process sends with its refusal the collective its replicas
+        # issued before it, so the mismatch with replica 0 is found first, as in one.
+        case.fault = ("refuse2", 0, total - 1, pick(("shape", "bool")))
     return case
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -331,6 +332,51 @@ async def opposite() -> None:
         await first.run(one_reduce)
         await second.run(one_reduce)
     except ar.CollectiveError as exc:
+        logged(exc)
+
+
+async def nested_opposite(path: str) -> None:
+    """Trace blocks of two strategies nested in opposite orders: a certain deadlock.
+
+    Each inner block's end (a merge that blocks its process) waits on a different
+    strategy than the peer's: no timeout is set, so only the cycle's error ends it.
+    """
+    a = ar.MultiWorkerMirroredStrategy()
+    b = ar.MultiWorkerMirroredStrategy()
+    first, second = (a, b) if RANK == 0 else (b, a)
+    try:
+        with first.trace(f"{path}.outer{RANK}.json"):
+            with second.trace(f"{path}.inner{RANK}.json"):
+                report(f"result {await a.run(one_reduce)} {await b.run(one_reduce)}")
+            report("left the inner block")
+    except ar.CollectiveDeadlockError as exc:
+        logged(exc)
+        report(f"cycle {exc.cycle}")
+    try:
+        await a.run(one_reduce)
+    except ar.BackendError as exc:
+        logged(exc)
+
+
+async def busy_past_ack() -> None:
+    """Process 0 times out while process 1 is busy longer than the acknowledgement wait.
+
+    Process 0's exit waits 0.5 s (here) for process 1 to acknowledge its failure, then
+    aborts the job (the processes are out of step), which stops process 1.
+    """
+    from asyncreplica_mpi import _exit  # after asyncreplica (it imports the backend)
+
+    _exit._ACK_SECONDS = 0.5
+    options = ar.CommunicationOptions(timeout_seconds=0.5)
+    strategy = ar.MultiWorkerMirroredStrategy(communication_options=options)
+    if RANK == 1:
+        report("busy")
+        time.sleep(30)  # noqa: ASYNC251 -- user code that never yields (ended by the abort)
+        report("not reached")
+        return
+    try:
+        await strategy.run(one_reduce)
+    except ar.CollectiveTimeoutError as exc:
         logged(exc)
 
 
@@ -677,6 +723,8 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         interrupt_goodbye,
         merge_in_run,
         opposite,
+        nested_opposite,
+        busy_past_ack,
         finalize_run,
         finalize_only,
         finalize_mid,
