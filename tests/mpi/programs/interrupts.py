@@ -161,7 +161,12 @@ if __name__ == "__main__":
         sys.argv[1]
     ]
     if sys.argv[1] == "in_wait":
-        # No asyncio.Runner: SIGINT raises KeyboardInterrupt wherever the loop is.
-        asyncio.new_event_loop().run_until_complete(scenario())
+        # No asyncio.Runner: SIGINT raises KeyboardInterrupt wherever the loop is: in the
+        # run (reported by `runs`) or in the loop's select, out of run_until_complete.
+        try:
+            asyncio.new_event_loop().run_until_complete(scenario())
+        except KeyboardInterrupt:
+            report("raised KeyboardInterrupt in the event loop, outside the run")
+            raise
     else:
         anyio.run(scenario)
