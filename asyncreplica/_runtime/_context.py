@@ -121,11 +121,17 @@ def _check_results(
     results: object,
     specs: Sequence[LeafSpec],
     op: ReduceOp | None = None,
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    free_axis: int | None = None,
 ) -> None:
     """Refuse a backend's results that are not what the collective's signature says.
 
     ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
-    per spec, each of the spec's shape and dtype (reduced by ``op``, if given). A
+    per spec, each of the spec's shape (or ``shapes[j]``, where given: all_gather's
+    concatenation, reduce_scatter's chunk; any size along ``free_axis``, where given:
+    all_gather across processes, whose other processes' sizes this one does not hold)
+    and dtype (reduced by ``op``, if given). The one rule every collective's results
+    are held to (all_reduce, all_gather, reduce_scatter, broadcast). A
     backend that answers otherwise (a third-party one, or a bug) would pass a silently
     wrong value to every replica; the error blames the backend, not a replica. For
     arrays it costs one shape and one dtype comparison per leaf (another array
@@ -158,6 +164,8 @@ def _check_results(
             raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
         for j, leaf in enumerate(leaves):
             spec = specs[j]
+            if shapes is not None:
+                spec = spec._replace(shape=shapes[j])
             dtype = spec.dtype if op is None else reduced_dtype(op, spec.dtype)
             if (
                 getattr(leaf, "shape", None) == spec.shape
@@ -170,7 +178,7 @@ def _check_results(
                 now = None
             if (
                 now is not None
-                and now.shape == spec.shape
+                and _shape_due(tuple(now.shape), spec.shape, free_axis)
                 # Another array library's result is converted back by that library, whose
                 # own rules may narrow the dtype (JAX without x64: float32 for float64).
                 and (now.dtype == dtype or spec.array_type is not None)
@@ -178,8 +186,27 @@ def _check_results(
             ):
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
-            due = spec._replace(dtype=dtype)
+            due = str(spec._replace(dtype=dtype))
+            if free_axis is not None:
+                due = f"{due} (any size along axis {free_axis})"
             raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
+
+
+def _shape_due(got: tuple[int, ...], due: tuple[int, ...], free_axis: int | None) -> bool:
+    """``got`` is ``due``, but for any size along ``free_axis`` (if not None)."""
+    if got == due:
+        return True
+    if free_axis is None or len(got) != len(due):
+        return False
+    return got[:free_axis] + got[free_axis + 1 :] == due[:free_axis] + due[free_axis + 1 :]
+
+
+def _leaf_size(run: Run, leaf: object, axis: int) -> int:
+    """``leaf``'s size along ``axis`` (an array's shape, else as the backend describes it)."""
+    shape = getattr(leaf, "shape", None)
+    if not isinstance(shape, tuple):
+        shape = run.describe(leaf).shape
+    return int(shape[axis])
 
 
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -212,7 +239,19 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     except Exception as exc:
         _blame(run, call, "all_gather", exc)
         raise
-    return _checked(run, call, "all_gather", results, payloads)
+    results = _checked(run, call, "all_gather", results, payloads)
+    specs = call._signature.leaves
+    # Every replica receives the concatenation: the replicas' sizes along ``axis`` summed
+    # (in one process; across processes this one holds only its own replicas' sizes).
+    free = None if run.strategy._group is None else axis
+    shapes = [
+        spec.shape[:axis]
+        + (sum(_leaf_size(run, leaves[j], axis) for leaves in payloads),)
+        + spec.shape[axis + 1 :]
+        for j, spec in enumerate(specs)
+    ]
+    _check_results(run, call, len(payloads), results, specs, None, shapes, free)
+    return results
 
 
 async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -247,7 +286,15 @@ async def _dispatch_reduce_scatter(
     except Exception as exc:
         _blame(run, call, "reduce_scatter", exc)
         raise
-    return _checked(run, call, "reduce_scatter", results, payloads)
+    results = _checked(run, call, "reduce_scatter", results, payloads)
+    specs = call._signature.leaves
+    # Each replica receives its chunk of the reduced value: 1/n of ``axis``.
+    n = run.strategy.num_replicas_in_sync
+    shapes = [
+        spec.shape[:axis] + (spec.shape[axis] // n,) + spec.shape[axis + 1 :] for spec in specs
+    ]
+    _check_results(run, call, len(payloads), results, specs, op, shapes)
+    return results
 
 
 def _backend_text(run: Run, method: str, call: Collective) -> str:

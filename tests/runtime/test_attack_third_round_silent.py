@@ -173,6 +173,90 @@ async def test_an_integer_mean_and_python_numbers_pass_the_result_check() -> Non
     assert (sent["a"], sent["b"]) == (1.5, 2)
 
 
+class _WrongGatherBackend(NumpyBackend):
+    """A third-party backend whose all_gather and reduce_scatter answer wrongly."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__(DEVICES[:2])
+        self.kind = kind
+
+    def _wrong(self, results: Any) -> Any:
+        if self.kind == "shape":  # one replica's value, not the concatenation / a chunk
+            return [[np.zeros(2) for _ in leaves] for leaves in results]
+        if self.kind == "dtype":
+            return [[np.asarray(x, dtype=np.float32) for x in leaves] for leaves in results]
+        if self.kind == "rank":
+            return [[np.asarray(x)[None] for x in leaves] for leaves in results]
+        if self.kind == "count":
+            return results[:-1]
+        return None
+
+    async def all_gather(self, values: Any, axis: int) -> Any:
+        return self._wrong(await super().all_gather(values, axis))
+
+    async def reduce_scatter(self, op: Any, values: Any, axis: int) -> Any:
+        return self._wrong(await super().reduce_scatter(op, values, axis))
+
+
+WRONG_GATHER = {
+    ("all_gather", "shape"): r"returned float64\[2\] as leaf 0 of replica 0's result, "
+    r"where float64\[5\] was due",
+    ("all_gather", "dtype"): r"returned float32\[5\] as leaf 0 .* where float64\[5\] was due",
+    ("all_gather", "rank"): r"returned float64\[1,5\] as leaf 0 .* where float64\[5\] was due",
+    ("reduce_scatter", "shape"): r"returned float64\[2\] as leaf 0 of replica 0's result, "
+    r"where float64\[3\] was due",
+    ("reduce_scatter", "dtype"): r"returned float32\[3\] as leaf 0 .* where float64\[3\] was due",
+    ("reduce_scatter", "rank"): r"returned float64\[1,3\] as leaf 0 .* where float64\[3\] was due",
+    ("all_gather", "count"): r"1 results for 2 replicas",
+    ("reduce_scatter", "count"): r"1 results for 2 replicas",
+}
+
+
+@pytest.mark.parametrize(("collective", "kind"), list(WRONG_GATHER))
+async def test_a_gather_or_scatter_result_that_breaks_the_signature_is_a_backend_error(
+    collective: str, kind: str
+) -> None:
+    """B1's rule for every collective: all_gather and reduce_scatter were not held to it."""
+
+    async def step() -> Any:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        if collective == "all_gather":  # sizes 2 and 3 along the axis: 5 gathered
+            return await ctx.all_gather(np.ones(2 + rid), axis=0)
+        return await ctx.reduce_scatter("SUM", np.ones(6), axis=0)
+
+    s = ar.MirroredStrategy(DEVICES[:2], backend=_WrongGatherBackend(kind))
+    with pytest.raises(ar.BackendError) as info:
+        await s.run(step)
+    message = str(info.value)
+    assert re.search(WRONG_GATHER[collective, kind], message), message
+    assert f"broke its contract in the 'numpy' backend's {collective}" in message
+    assert not getattr(info.value, "__notes__", None) or not any(
+        "in replica" in note for note in info.value.__notes__
+    )
+
+
+async def test_gather_and_scatter_results_of_every_kind_pass_the_result_check() -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        return (
+            await ctx.all_gather({"a": np.ones((2, 1 + rid)), "b": np.int8([[rid]])}, axis=-1),
+            await ctx.reduce_scatter("MEAN", np.arange(4, dtype=np.int32), axis=0),
+            await ctx.reduce_scatter("MAX", np.zeros((2, 4), np.float16), axis=1),
+        )
+
+    s = strategy()
+    gathered, mean, chunk = s.experimental_local_results(await s.run(step))[1]
+    assert gathered["a"].shape == (2, 3)
+    assert gathered["b"].tolist() == [[0, 1]]
+    assert gathered["b"].dtype == np.int8
+    assert mean.dtype == np.float64
+    assert mean.tolist() == [2.0, 3.0]
+    assert chunk.shape == (2, 2)
+    assert chunk.dtype == np.float16
+
+
 # -- B0c: a replica's task in a fresh context is told, never given the default context ----
 
 
