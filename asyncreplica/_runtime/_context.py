@@ -245,9 +245,11 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     # (in one process; across processes this one holds only its own replicas' sizes).
     free = None if run.strategy._group is None else axis
     shapes = [
-        spec.shape[:axis]
-        + (sum(_leaf_size(run, leaves[j], axis) for leaves in payloads),)
-        + spec.shape[axis + 1 :]
+        (
+            *spec.shape[:axis],
+            sum(_leaf_size(run, leaves[j], axis) for leaves in payloads),
+            *spec.shape[axis + 1 :],
+        )
         for j, spec in enumerate(specs)
     ]
     _check_results(run, call, len(payloads), results, specs, None, shapes, free)
@@ -291,7 +293,7 @@ async def _dispatch_reduce_scatter(
     # Each replica receives its chunk of the reduced value: 1/n of ``axis``.
     n = run.strategy.num_replicas_in_sync
     shapes = [
-        spec.shape[:axis] + (spec.shape[axis] // n,) + spec.shape[axis + 1 :] for spec in specs
+        (*spec.shape[:axis], spec.shape[axis] // n, *spec.shape[axis + 1 :]) for spec in specs
     ]
     _check_results(run, call, len(payloads), results, specs, op, shapes)
     return results
