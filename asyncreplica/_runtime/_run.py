@@ -408,12 +408,18 @@ class Run(Watching):
                     await future
                 else:
                     await self._park(slot)
+            except GeneratorExit:
+                # Closed by hand (or by the garbage collector after the run, where no
+                # async library is running to name its cancellation class): as below.
+                if slot.error is None:
+                    self._left_by_hand(replica, key, slot, task)
+                raise
             except anyio.get_cancelled_exc_class() as exc:
                 # Not the run's own cancellation: another replica cancelled in the same
                 # turn may have failed the run meanwhile; this one left all the same.
                 self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
-            except (GeneratorExit, Exception):
+            except Exception:
                 # Thrown in by hand (close() or throw() on the collective's iterator after
                 # a send() issued it): the replica leaves a collective its peers count on.
                 # (An error the slot woke it with, slot.error, is the collective's own.)
@@ -450,15 +456,55 @@ class Run(Watching):
                 parked.pop(task, None)
         self._abandoned_by_hand(replica, key, slot)
 
-    def _abandoned_by_hand(self, replica: int, key: Key, slot: Slot) -> None:
+    def _unparked_by_hand(self, slot: Slot, event: Any) -> None:
+        """On trio, before ``event`` (``slot``'s) is set: tasks it holds that do not wait on it.
+
+        A replica that drove its collective's ``__await__()`` iterator by hand registered
+        its task in the event and then went on (or waits elsewhere): rescheduling it would
+        crash trio (``TrioInternalError``). It is taken out of the event, and its
+        replica, which would never take its result, fails the run as one that left by hand.
+        A task waits on the event exactly when its abort function (trio's, of
+        ``Event.wait``) closes over the event.
+        """
+        tasks = getattr(event, "_tasks", None)
+        if not isinstance(tasks, set):
+            return
+        rv = self._rv
+        for task in list(tasks):
+            abort = getattr(task, "_abort_func", None)
+            cells = getattr(abort, "__closure__", None) or ()
+            if any(getattr(cell, "cell_contents", None) is event for cell in cells):
+                continue
+            tasks.discard(task)
+            replica = next((r for r, main in enumerate(rv.mains) if main is task), -1)
+            if replica < 0:
+                replica = rv.helpers.get(id(task), -1)
+            if replica >= 0:
+                self._abandoned_by_hand(replica, slot.key, slot, awaited=False)
+
+    def _abandoned_by_hand(
+        self, replica: int, key: Key, slot: Slot, *, awaited: bool = True
+    ) -> None:
+        """``replica`` left the collective at ``key`` by hand: the run fails (one error).
+
+        ``awaited``: False when no task awaited the collective as its result arrived
+        (``Slot.release``): its ``__await__()`` iterator was driven by hand and left, or
+        is still held by code that is not the event loop.
+        """
         told = len(self._errors)
         self._abandoned(replica, key, slot, outside=True)
         if len(self._errors) > told:
+            rid = replica + self.strategy._replica_offset
             _add_note(
                 self._errors[told][1],
-                f"(replica {replica + self.strategy._replica_offset} left it by hand, not "
-                "by a cancellation: close() or throw() on the collective's __await__() "
-                "iterator after send() issued it; only the event loop drives a collective)",
+                f"(replica {rid} left it by hand, not by a cancellation: close() or "
+                "throw() on the collective's __await__() iterator after send() issued it; "
+                "only the event loop drives a collective)"
+                if awaited
+                else f"(replica {rid} left it by hand, not by a cancellation: no task was "
+                "awaiting it when its result arrived, because its __await__() iterator was "
+                "driven by hand (send(), then close(), throw() or nothing); only the event "
+                "loop drives a collective: write `await collective`)",
             )
 
     def _check_left_waiting(self, replica: int) -> None:

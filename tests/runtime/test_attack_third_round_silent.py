@@ -350,3 +350,49 @@ async def test_a_collective_left_by_hand_after_it_was_issued_fails_the_run(how: 
     with pytest.raises(ar.CollectiveError, match=r"Replica 0 .* 1st collective") as info:
         await strategy().run(step)
     assert any("replica 0 left it by hand" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize("how", ["close", "throw", "read", "never_sent"])
+async def test_a_collective_left_by_hand_after_its_result_arrived_fails_the_run(
+    how: str, anyio_backend: object
+) -> None:
+    """B7's remainder: replica 0's result had arrived (a peer completed the collective)
+    before it closed or threw into the iterator it drove by hand. asyncio's C future has
+    no hook for "result read": the result arriving with no task awaiting it is the sign.
+    Reading it later by hand (``it.send(None)``) is driving it by hand all the same. On
+    trio the task registered in the collective's event is taken out of it (rescheduling
+    it crashed trio), and the run fails the same way."""
+    if how == "never_sent" and anyio_backend == "trio":
+        pytest.skip("trio: an iterator never sent into never arrives (ReplicaExitedError)")
+    issued = anyio.Event()
+    completed = anyio.Event()
+
+    async def step() -> Any:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+        collective = ctx.all_reduce("SUM", float(rid + 1))
+        if rid == 0:
+            it = collective.__await__()
+            if how != "never_sent":
+                it.send(None)  # issued: replica 0 is the first arrival
+            issued.set()
+            await completed.wait()  # replica 1 completes the collective meanwhile
+            if how == "close":
+                it.close()
+            elif how == "throw":
+                with pytest.raises(ValueError, match="thrown"):
+                    it.throw(ValueError("thrown"))
+            elif how == "read":
+                with pytest.raises(StopIteration):
+                    it.send(None)
+            return 0.0
+        await issued.wait()
+        result = await collective
+        completed.set()
+        return result
+
+    with pytest.raises(ar.CollectiveError, match=r"Replica 0 .* 1st collective") as info:
+        await strategy().run(step)
+    assert any("replica 0 left it by hand" in note for note in info.value.__notes__), (
+        info.value.__notes__
+    )
