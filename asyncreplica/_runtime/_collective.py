@@ -264,7 +264,7 @@ class Slot:
                     future.set_result(None)
             return
         for event in waiters:
-            if event._tasks:  # (trio.Event's waiting tasks, trio 0.25+)
+            if getattr(event, "_tasks", None):  # (trio.Event's waiting tasks, trio 0.25+)
                 self.run._unparked_by_hand(self, event)
             event.set()
 
