@@ -912,21 +912,31 @@ class Run(Watching):
     def _abort_pending(self) -> None:
         """The collectives a replica's own task still waits at can never complete: wake them.
 
-        Only those: a helper task outside the run's scope (in a nursery the step was
+        Those of its helpers too while its main task has not ended (a helper in the
+        replica's own task group, shielded, keeps the main task waiting). Only those: a helper task outside the run's scope (in a nursery the step was
         given) parked elsewhere is told when the run ends (:meth:`_close_leftovers`), after
         its own scope had the chance to cancel it.
         """
         self._rv.stopped = True
         stuck: dict[int, Slot] = {}
-        for task in self._rv.mains:
-            if task is None:
-                continue
+
+        def parked_at(task: object) -> None:
             slot = self._parked.get(id(task))
             if slot is None:
                 waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
                 slot = waiter._ar_slot if type(waiter) is Waiter else None
             if slot is not None and slot.run is self and not slot.done:
                 stuck[id(slot)] = slot
+
+        for replica, task in enumerate(self._rv.mains):
+            if task is None:
+                continue
+            parked_at(task)
+            if not _task_ended(task):
+                # Its main task still runs (its own task group waits for its helpers):
+                # a helper there, shielded, would keep it, and the run, for ever.
+                for helper in self.watch.tasks(replica)[1:]:
+                    parked_at(helper)
         if not stuck:
             return
         if self._loop is not None:
@@ -980,6 +990,14 @@ class Run(Watching):
                     _tasks.uninstall_factory(loop)
                 else:
                     _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
+
+
+def _task_ended(task: object) -> bool:
+    """Whether ``task`` (an asyncio task, or a trio task) has finished."""
+    if isinstance(task, asyncio.Task):
+        return task.done()
+    coro = getattr(task, "coro", None)  # trio.lowlevel.Task
+    return coro is None or getattr(coro, "cr_frame", None) is None
 
 
 # A replica's call paths end at its driver (the user's frames are above it).
