@@ -325,6 +325,9 @@ class Run(Watching):
         self._noted: set[int] = set()
         # Errors raised because the run had already failed (ids): never root causes.
         self._consequences: set[int] = set()
+        # A replica's errors that its own task group's failure replaced (kept alive: their
+        # ids are in _consequences).
+        self._forgotten: list[BaseException] = []
         # Each replica's coroutine (see execute).
         self._mains: list[Coroutine[Any, Any, None]] = []
         # Set when the run fails (see _cancel_run): _wake_shielded wakes the waiters that
