@@ -415,12 +415,14 @@ def get_replica_context() -> ReplicaContext | None:
     return context
 
 
-def _refuse_default_in_replica() -> None:
+def _refuse_default_in_replica(api: str | None = None) -> None:
     """Raise when a live run's replica task finds no replica context in its context.
 
     A task a replica started with a fresh ``contextvars.Context()`` (or code it runs in
     one) belongs to that replica, but its context holds no replica: the default context
-    there would make every collective the identity, a silently wrong number.
+    there would make every collective the identity, a silently wrong number. The same
+    for a default context obtained elsewhere (outside the run) and used in a replica's
+    task (``api``: the collective called on it; None for ``get_replica_context()``).
     """
     task = _tasks.current_task()
     if task is None:
@@ -428,14 +430,25 @@ def _refuse_default_in_replica() -> None:
     for run in LIVE_RUNS:
         replica = run.watch.replica_of(task)
         if replica >= 0 and not run.closed:
+            rid = replica + run.strategy._replica_offset
+            if api is None:
+                raise ReplicaContextError(
+                    f"get_replica_context() was called in a task of replica {rid} that "
+                    "runs in a context with no replica context: the task was started with "
+                    "a fresh contextvars.Context() (context=...), or the call runs in one "
+                    "(contextvars.Context().run(...)). There it would be the default "
+                    "replica context, whose collectives reduce nothing across replicas. "
+                    "Start the task without context= (it then copies the replica's "
+                    "context), or pass contextvars.copy_context()."
+                )
             raise ReplicaContextError(
-                f"get_replica_context() was called in a task of replica "
-                f"{replica + run.strategy._replica_offset} that runs in a context with no "
-                "replica context: the task was started with a fresh contextvars.Context() "
-                "(context=...), or the call runs in one (contextvars.Context().run(...)). "
-                "There it would be the default replica context, whose collectives reduce "
-                "nothing across replicas. Start the task without context= (it then copies "
-                "the replica's context), or pass contextvars.copy_context()."
+                f"{api} was called on the default replica context (one replica, whose "
+                f"collectives return the value itself) in a task of replica {rid} of "
+                f"{type(run.strategy).__name__}.run: it would reduce nothing across the "
+                f"{run.strategy.num_replicas_in_sync} replicas. That context was obtained "
+                "outside the run (or in a task started with a fresh contextvars.Context()). "
+                "Call asyncreplica.get_replica_context() in the replica's own code, in the "
+                "coroutine that issues the collective."
             )
 
 
@@ -550,10 +563,19 @@ class ReplicaContext:
                 "await strategy.reduce(...), await strategy.gather(...), or "
                 "await strategy.extended.reduce_to(...)."
             )
+        fresh = (
+            ""
+            if mode is not None
+            else " Here it runs in a context that holds no replica at all: a task started "
+            "with a fresh contextvars.Context() (context=...), or contextvars.Context().run"
+            "(...); start it without context= (it copies the replica's context) or pass "
+            "contextvars.copy_context()."
+        )
         raise ReplicaContextError(
             f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group} from "
             "outside that replica (another replica, or a task it started). Call "
             "asyncreplica.get_replica_context() in the coroutine that issues the collective."
+            + fresh
         )
 
     def _options(self, options: CommunicationOptions | None) -> float | None:
@@ -941,6 +963,8 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to combine)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("all_reduce")
         ReduceOp(reduce_op)
         self._options(options)
         self._validate(value)
@@ -955,6 +979,8 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to gather)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("all_gather")
         self._options(options)
         leaves, treedef = flatten(value)
         for spec in self._describe(leaves, treedef):
@@ -966,6 +992,8 @@ class DefaultReplicaContext(ReplicaContext):
 
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("broadcast")
         if source != 0:
             raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
         self._validate(value)
@@ -975,12 +1003,16 @@ class DefaultReplicaContext(ReplicaContext):
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
     ) -> Any:
         """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("reduce_scatter")
         ReduceOp(reduce_op)
         self._validate(value)
         return value
 
     async def barrier(self, *, name: str | None = None) -> None:
         """Return at once (one replica)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("barrier")
 
     async def merge_call(
         self,
@@ -989,6 +1021,8 @@ class DefaultReplicaContext(ReplicaContext):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("merge_call")
         if not callable(merge_fn):
             raise TypeError(
                 f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"

@@ -396,3 +396,58 @@ async def test_a_collective_left_by_hand_after_its_result_arrived_fails_the_run(
     assert any("replica 0 left it by hand" in note for note in info.value.__notes__), (
         info.value.__notes__
     )
+
+
+# -- B0c remainder: a context object captured before a fresh-context task starts -----------
+
+
+@pytest.mark.parametrize("captured", ["replica", "default"])
+async def test_a_context_captured_before_a_fresh_context_task_is_refused_there(
+    captured: str, anyio_backend: object
+) -> None:
+    """get_replica_context() refused in a fresh context; a ReplicaContext object taken
+    before (the replica's own, or the default one taken outside the run) was not: the
+    default one reduced nothing (each replica got its own value back)."""
+    _asyncio_only(anyio_backend)
+    outside = ar.get_replica_context()
+    assert outside is not None
+
+    async def grads(ctx: ar.ReplicaContext, v: float) -> Any:
+        return await ctx.all_reduce("SUM", v)
+
+    async def step() -> Any:
+        ctx = _ctx()
+        use = ctx if captured == "replica" else outside
+        v = float(ctx.replica_id_in_sync_group + 1)
+        return await asyncio.create_task(grads(use, v), context=contextvars.Context())
+
+    with pytest.raises(BaseException) as info:  # noqa: PT011 (checked below)
+        await strategy().run(step)
+    errors = info.value.exceptions if isinstance(info.value, BaseExceptionGroup) else [info.value]
+    assert errors
+    for error in errors:
+        assert isinstance(error, ar.ReplicaContextError), error
+        expected = "fresh contextvars.Context()" if captured == "replica" else "default replica"
+        assert expected in str(error), error
+
+
+@pytest.mark.parametrize("api", ["all_reduce", "all_gather", "broadcast", "barrier", "merge"])
+async def test_the_default_context_taken_outside_the_run_is_refused_in_a_replica(api: str) -> None:
+    outside = ar.get_replica_context()
+    assert outside is not None
+
+    async def step() -> Any:
+        if api == "all_reduce":
+            return await outside.all_reduce("SUM", 1.0)
+        if api == "all_gather":
+            return await outside.all_gather(np.ones(1), axis=0)
+        if api == "broadcast":
+            return await outside.broadcast(1.0)
+        if api == "barrier":
+            return await outside.barrier()
+        return await outside.merge_call(lambda s: 1.0)
+
+    with pytest.raises(ar.ReplicaContextError, match="default replica context"):
+        await strategy(1).run(step)
+    # Outside any run it is what it was: the identity.
+    assert await outside.all_reduce("SUM", 2.0) == 2.0
