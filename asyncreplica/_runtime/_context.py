@@ -567,9 +567,10 @@ class ReplicaContext:
             ""
             if mode is not None
             else " Here it runs in a context that holds no replica at all: a task started "
-            "with a fresh contextvars.Context() (context=...), or contextvars.Context().run"
-            "(...); start it without context= (it copies the replica's context) or pass "
-            "contextvars.copy_context()."
+            "with a fresh contextvars.Context() (context=...; start it without context=, "
+            "it copies the replica's context, or pass contextvars.copy_context()), "
+            "contextvars.Context().run(...), or the event loop's own task (trio closing an "
+            "async generator left unfinished: use `async with aclosing(...)`)."
         )
         raise ReplicaContextError(
             f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group} from "

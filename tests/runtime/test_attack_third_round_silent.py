@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 from asyncreplica_numpy import NumpyBackend
@@ -451,3 +452,49 @@ async def test_the_default_context_taken_outside_the_run_is_refused_in_a_replica
         await strategy(1).run(step)
     # Outside any run it is what it was: the identity.
     assert await outside.all_reduce("SUM", 2.0) == 2.0
+
+
+# -- trio: a collective in an async generator's finally, finalized by trio -------------
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")  # trio's, for the generator left
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_trio_a_refusal_in_an_async_generator_finalizer_is_only_logged_and_unused(
+    anyio_backend: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The limit, pinned (docs/hangs.md): trio closes an async generator left unfinished
+    in its own system task, outside the replica, and only logs what its ``finally``
+    raises. The collective there is refused (ReplicaContextError), so its value is never
+    produced: the run's results (which do not depend on it) are right, nothing waits for
+    it, nothing is silently wrong. ``async with aclosing(...)`` raises it in the step."""
+    if anyio_backend != "trio":
+        pytest.skip("trio only (asyncio: the run raises the refusal)")
+    import gc
+
+    events: list[object] = []
+
+    async def agen(ctx: ar.ReplicaContext) -> Any:
+        try:
+            yield 1
+        finally:
+            events.append("finally")
+            events.append(await ctx.all_reduce("SUM", 1.0))
+
+    async def step() -> Any:
+        async for _ in agen(_ctx()):
+            break
+        return 7.0
+
+    s = strategy()
+    with caplog.at_level("ERROR", logger="trio.async_generator_errors"):
+        results = s.experimental_local_results(await s.run(step))
+        gc.collect()
+        for _ in range(100):
+            if len(caplog.records) >= 2:
+                break
+            await anyio.lowlevel.checkpoint()
+    assert results == (7.0,)  # every replica returned 7.0 (one Mirrored value)
+    assert events == ["finally", "finally"]  # no collective result was ever produced
+    refused = [r.exc_info[1] for r in caplog.records if r.exc_info]
+    assert len(refused) == 2
+    assert all(isinstance(e, ar.ReplicaContextError) for e in refused), refused
