@@ -176,20 +176,29 @@ def _check_results(
                 now: LeafSpec | None = describe(leaf)
             except TypeError:
                 now = None
-            if (
-                now is not None
-                and _shape_due(tuple(now.shape), spec.shape, free_axis)
-                # Another array library's result is converted back by that library, whose
-                # own rules may narrow the dtype (JAX without x64: float32 for float64).
-                and (now.dtype == dtype or spec.array_type is not None)
-                and now.sparse == spec.sparse
-            ):
+            if result_fits(now, spec._replace(dtype=dtype), free_axis):
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
             due = str(spec._replace(dtype=dtype))
             if free_axis is not None:
                 due = f"{due} (any size along axis {free_axis})"
             raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
+
+
+def result_fits(now: LeafSpec | None, due: LeafSpec, free_axis: int | None = None) -> bool:
+    """Whether a backend's result leaf, described as ``now``, is the ``due`` one.
+
+    The one rule every backend result is held to (the collectives' and
+    ``Strategy.gather``'s): ``due``'s shape (any size along ``free_axis``, if given),
+    dtype and sparsity. Another array library's result is converted back by that
+    library, whose own rules may narrow the dtype (JAX without x64: float32 for float64).
+    """
+    return (
+        now is not None
+        and _shape_due(tuple(now.shape), due.shape, free_axis)
+        and (now.dtype == due.dtype or due.array_type is not None)
+        and now.sparse == due.sparse
+    )
 
 
 def _shape_due(got: tuple[int, ...], due: tuple[int, ...], free_axis: int | None) -> bool:

@@ -498,3 +498,40 @@ async def test_trio_a_refusal_in_an_async_generator_finalizer_is_only_logged_and
     refused = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert len(refused) == 2
     assert all(isinstance(e, ar.ReplicaContextError) for e in refused), refused
+
+
+class _WrongStrategyGather(NumpyBackend):
+    def __init__(self, kind: str) -> None:
+        super().__init__(DEVICES[:2])
+        self.kind = kind
+
+    async def gather(self, components: Any, axis: int) -> Any:
+        result = await super().gather(components, axis)
+        if self.kind == "shape":
+            return components[0]
+        return np.asarray(result, dtype=np.float32)
+
+
+@pytest.mark.parametrize(
+    ("kind", "wrong"),
+    [
+        ("shape", r"returned float64\[2\], where float64\[5\] was due"),
+        ("dtype", r"returned float32\[5\], where float64\[5\] was due"),
+    ],
+)
+async def test_a_strategy_gather_result_that_breaks_the_rule_is_a_backend_error(
+    kind: str, wrong: str
+) -> None:
+    """Strategy.gather's backend result is held to the rule the collectives' are."""
+    s = ar.MirroredStrategy(DEVICES[:2], backend=_WrongStrategyGather(kind))
+    value = ar.PerReplica([np.ones(2), np.ones(3)])
+    with pytest.raises(ar.BackendError, match=wrong):
+        await s.gather(value, axis=0)
+
+
+async def test_a_strategy_gather_result_of_every_kind_passes_the_rule() -> None:
+    s = strategy()
+    value = ar.PerReplica([np.ones((1, 2), np.int8), np.zeros((3, 2), np.int8)])
+    gathered = await s.gather(value, axis=0)
+    assert gathered.shape == (4, 2)
+    assert gathered.dtype == np.int8
