@@ -241,13 +241,22 @@ class Slot:
         if fast:
             trees = self.trees
             rids = self.fast_replicas
+            unread: list[int] = []
             for i, waiter in enumerate(fast):
                 if not waiter.done():  # a cancelled one is left alone
                     replica = rids[i]
+                    if not getattr(waiter, "_callbacks", True):
+                        # No task awaits it: the replica drove its collective's
+                        # __await__() iterator by hand (send(), then close(), throw() or
+                        # nothing). A C future has no hook for "result read", so it is
+                        # told now, as the result arrives with no task to take it.
+                        unread.append(replica)
                     result = results[replica]
                     tree = trees[replica]
                     waiter.set_result(result[0] if tree is None else rebuild(tree, result))
             fast.clear()  # no slot <-> waiter cycle outlives the collective
+            for replica in unread:
+                self.run._abandoned_by_hand(replica, self.key, self, awaited=False)
         waiters = self.waiters
         if waiters and isinstance(waiters[0], asyncio.Future):
             for future in waiters:  # futures (asyncio), all of them
@@ -255,6 +264,8 @@ class Slot:
                     future.set_result(None)
             return
         for event in waiters:
+            if getattr(event, "_tasks", None):  # (trio.Event's waiting tasks, trio 0.25+)
+                self.run._unparked_by_hand(self, event)
             event.set()
 
     def abort(self, error: Callable[[], BaseException]) -> None:

@@ -121,11 +121,17 @@ def _check_results(
     results: object,
     specs: Sequence[LeafSpec],
     op: ReduceOp | None = None,
+    shapes: Sequence[tuple[int, ...]] | None = None,
+    free_axis: int | None = None,
 ) -> None:
     """Refuse a backend's results that are not what the collective's signature says.
 
     ``results`` must hold ``count`` lists (one per replica of this process) of one leaf
-    per spec, each of the spec's shape and dtype (reduced by ``op``, if given). A
+    per spec, each of the spec's shape (or ``shapes[j]``, where given: all_gather's
+    concatenation, reduce_scatter's chunk; any size along ``free_axis``, where given:
+    all_gather across processes, whose other processes' sizes this one does not hold)
+    and dtype (reduced by ``op``, if given). The one rule every collective's results
+    are held to (all_reduce, all_gather, reduce_scatter, broadcast). A
     backend that answers otherwise (a third-party one, or a bug) would pass a silently
     wrong value to every replica; the error blames the backend, not a replica. For
     arrays it costs one shape and one dtype comparison per leaf (another array
@@ -158,6 +164,8 @@ def _check_results(
             raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
         for j, leaf in enumerate(leaves):
             spec = specs[j]
+            if shapes is not None:
+                spec = spec._replace(shape=shapes[j])
             dtype = spec.dtype if op is None else reduced_dtype(op, spec.dtype)
             if (
                 getattr(leaf, "shape", None) == spec.shape
@@ -168,18 +176,46 @@ def _check_results(
                 now: LeafSpec | None = describe(leaf)
             except TypeError:
                 now = None
-            if (
-                now is not None
-                and now.shape == spec.shape
-                # Another array library's result is converted back by that library, whose
-                # own rules may narrow the dtype (JAX without x64: float32 for float64).
-                and (now.dtype == dtype or spec.array_type is not None)
-                and now.sparse == spec.sparse
-            ):
+            if result_fits(now, spec._replace(dtype=dtype), free_axis):
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
-            due = spec._replace(dtype=dtype)
+            due = str(spec._replace(dtype=dtype))
+            if free_axis is not None:
+                due = f"{due} (any size along axis {free_axis})"
             raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
+
+
+def result_fits(now: LeafSpec | None, due: LeafSpec, free_axis: int | None = None) -> bool:
+    """Whether a backend's result leaf, described as ``now``, is the ``due`` one.
+
+    The one rule every backend result is held to (the collectives' and
+    ``Strategy.gather``'s): ``due``'s shape (any size along ``free_axis``, if given),
+    dtype and sparsity. Another array library's result is converted back by that
+    library, whose own rules may narrow the dtype (JAX without x64: float32 for float64).
+    """
+    return (
+        now is not None
+        and _shape_due(tuple(now.shape), due.shape, free_axis)
+        and (now.dtype == due.dtype or due.array_type is not None)
+        and now.sparse == due.sparse
+    )
+
+
+def _shape_due(got: tuple[int, ...], due: tuple[int, ...], free_axis: int | None) -> bool:
+    """``got`` is ``due``, but for any size along ``free_axis`` (if not None)."""
+    if got == due:
+        return True
+    if free_axis is None or len(got) != len(due):
+        return False
+    return got[:free_axis] + got[free_axis + 1 :] == due[:free_axis] + due[free_axis + 1 :]
+
+
+def _leaf_size(run: Run, leaf: object, axis: int) -> int:
+    """``leaf``'s size along ``axis`` (an array's shape, else as the backend describes it)."""
+    shape = getattr(leaf, "shape", None)
+    if not isinstance(shape, tuple):
+        shape = run.describe(leaf).shape
+    return int(shape[axis])
 
 
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -212,7 +248,21 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     except Exception as exc:
         _blame(run, call, "all_gather", exc)
         raise
-    return _checked(run, call, "all_gather", results, payloads)
+    results = _checked(run, call, "all_gather", results, payloads)
+    specs = call._signature.leaves
+    # Every replica receives the concatenation: the replicas' sizes along ``axis`` summed
+    # (in one process; across processes this one holds only its own replicas' sizes).
+    free = None if run.strategy._group is None else axis
+    shapes = [
+        (
+            *spec.shape[:axis],
+            sum(_leaf_size(run, leaves[j], axis) for leaves in payloads),
+            *spec.shape[axis + 1 :],
+        )
+        for j, spec in enumerate(specs)
+    ]
+    _check_results(run, call, len(payloads), results, specs, None, shapes, free)
+    return results
 
 
 async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:
@@ -247,7 +297,15 @@ async def _dispatch_reduce_scatter(
     except Exception as exc:
         _blame(run, call, "reduce_scatter", exc)
         raise
-    return _checked(run, call, "reduce_scatter", results, payloads)
+    results = _checked(run, call, "reduce_scatter", results, payloads)
+    specs = call._signature.leaves
+    # Each replica receives its chunk of the reduced value: 1/n of ``axis``.
+    n = run.strategy.num_replicas_in_sync
+    shapes = [
+        (*spec.shape[:axis], spec.shape[axis] // n, *spec.shape[axis + 1 :]) for spec in specs
+    ]
+    _check_results(run, call, len(payloads), results, specs, op, shapes)
+    return results
 
 
 def _backend_text(run: Run, method: str, call: Collective) -> str:
@@ -366,12 +424,14 @@ def get_replica_context() -> ReplicaContext | None:
     return context
 
 
-def _refuse_default_in_replica() -> None:
+def _refuse_default_in_replica(api: str | None = None) -> None:
     """Raise when a live run's replica task finds no replica context in its context.
 
     A task a replica started with a fresh ``contextvars.Context()`` (or code it runs in
     one) belongs to that replica, but its context holds no replica: the default context
-    there would make every collective the identity, a silently wrong number.
+    there would make every collective the identity, a silently wrong number. The same
+    for a default context obtained elsewhere (outside the run) and used in a replica's
+    task (``api``: the collective called on it; None for ``get_replica_context()``).
     """
     task = _tasks.current_task()
     if task is None:
@@ -379,14 +439,25 @@ def _refuse_default_in_replica() -> None:
     for run in LIVE_RUNS:
         replica = run.watch.replica_of(task)
         if replica >= 0 and not run.closed:
+            rid = replica + run.strategy._replica_offset
+            if api is None:
+                raise ReplicaContextError(
+                    f"get_replica_context() was called in a task of replica {rid} that "
+                    "runs in a context with no replica context: the task was started with "
+                    "a fresh contextvars.Context() (context=...), or the call runs in one "
+                    "(contextvars.Context().run(...)). There it would be the default "
+                    "replica context, whose collectives reduce nothing across replicas. "
+                    "Start the task without context= (it then copies the replica's "
+                    "context), or pass contextvars.copy_context()."
+                )
             raise ReplicaContextError(
-                f"get_replica_context() was called in a task of replica "
-                f"{replica + run.strategy._replica_offset} that runs in a context with no "
-                "replica context: the task was started with a fresh contextvars.Context() "
-                "(context=...), or the call runs in one (contextvars.Context().run(...)). "
-                "There it would be the default replica context, whose collectives reduce "
-                "nothing across replicas. Start the task without context= (it then copies "
-                "the replica's context), or pass contextvars.copy_context()."
+                f"{api} was called on the default replica context (one replica, whose "
+                f"collectives return the value itself) in a task of replica {rid} of "
+                f"{type(run.strategy).__name__}.run: it would reduce nothing across the "
+                f"{run.strategy.num_replicas_in_sync} replicas. That context was obtained "
+                "outside the run (or in a task started with a fresh contextvars.Context()). "
+                "Call asyncreplica.get_replica_context() in the replica's own code, in the "
+                "coroutine that issues the collective."
             )
 
 
@@ -501,10 +572,20 @@ class ReplicaContext:
                 "await strategy.reduce(...), await strategy.gather(...), or "
                 "await strategy.extended.reduce_to(...)."
             )
+        fresh = (
+            ""
+            if mode is not None
+            else " Here it runs in a context that holds no replica at all: a task started "
+            "with a fresh contextvars.Context() (context=...; start it without context=, "
+            "it copies the replica's context, or pass contextvars.copy_context()), "
+            "contextvars.Context().run(...), or the event loop's own task (trio closing an "
+            "async generator left unfinished: use `async with aclosing(...)`)."
+        )
         raise ReplicaContextError(
             f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group} from "
             "outside that replica (another replica, or a task it started). Call "
             "asyncreplica.get_replica_context() in the coroutine that issues the collective."
+            + fresh
         )
 
     def _options(self, options: CommunicationOptions | None) -> float | None:
@@ -892,6 +973,8 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to combine)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("all_reduce")
         ReduceOp(reduce_op)
         self._options(options)
         self._validate(value)
@@ -906,6 +989,8 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to gather)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("all_gather")
         self._options(options)
         leaves, treedef = flatten(value)
         for spec in self._describe(leaves, treedef):
@@ -917,6 +1002,8 @@ class DefaultReplicaContext(ReplicaContext):
 
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("broadcast")
         if source != 0:
             raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
         self._validate(value)
@@ -926,12 +1013,16 @@ class DefaultReplicaContext(ReplicaContext):
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
     ) -> Any:
         """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("reduce_scatter")
         ReduceOp(reduce_op)
         self._validate(value)
         return value
 
     async def barrier(self, *, name: str | None = None) -> None:
         """Return at once (one replica)."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("barrier")
 
     async def merge_call(
         self,
@@ -940,6 +1031,8 @@ class DefaultReplicaContext(ReplicaContext):
         kwargs: Mapping[str, Any] | None = None,
     ) -> Any:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
+        if LIVE_RUNS:
+            _refuse_default_in_replica("merge_call")
         if not callable(merge_fn):
             raise TypeError(
                 f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"

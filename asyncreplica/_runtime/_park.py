@@ -130,6 +130,7 @@ class Parking:
     _left_replicas: set[int]
     _noted: set[int]
     _consequences: set[int]
+    _forgotten: list[BaseException]
     _dispatching: dict[Key, tuple[Slot, Collective]]
     _stopping: anyio.Event | None
     _also_left: dict[Key, list[int]]
@@ -177,8 +178,9 @@ class Parking:
         if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
         origin = getattr(error, "_ar_twin_of", None)
-        if origin is not None and any(
-            e is origin or e.__cause__ is origin for _, e in self._errors
+        if origin is not None and (
+            any(e is origin or e.__cause__ is origin for _, e in self._errors)
+            or id(origin) in self._consequences
         ):
             # A waiter's copy of a dispatch error (_collective.fail_waiters), recorded as
             # it is or as the error that chains it (an InternalError, for a bug of ours).
@@ -399,6 +401,7 @@ class Parking:
         Returns:
             Whether the task must re-raise ``error`` (a cancellation the run asked for).
         """
+        grouped = isinstance(error, BaseExceptionGroup)
         if isinstance(error, BaseExceptionGroup) and not isinstance(error, Exception):
             # A replica's own task group mixes a failure with its children's
             # cancellations (trio): the failure is what counts. The same on every loop:
@@ -447,8 +450,34 @@ class Parking:
             # RAISED, INTERRUPTED: the user's own exception (KeyboardInterrupt and
             # SystemExit included) is the root cause, re-raised as it is by the run.
             cause = error
+            if grouped:
+                self._forget_own_cancellation(replica)
         self._fail(replica, cause)
         return False
+
+    def _forget_own_cancellation(self, replica: int) -> None:
+        """``replica`` ends with its own task group's failure: that is its one error.
+
+        A task group cancels the code around it when a child fails: a collective (or a
+        merge_fn) ``replica`` was awaiting there was left by that cancellation, which
+        failed the run first as the replica's leaving. It was the failure's consequence,
+        inside the replica: the replica's error is the failure (as trio tells it), not
+        two errors of one replica.
+        """
+        mine = [
+            e
+            for r, e in self._errors
+            if r == replica
+            and (
+                any(e is a for a in self._abandonments)
+                or (isinstance(e, ReplicaCancelledError) and e.how == "cancelled")
+            )
+        ]
+        if mine:
+            self._errors[:] = [(r, e) for r, e in self._errors if not any(e is m for m in mine)]
+            # Its peers woken with a copy of it (fail_waiters) tell no failure of theirs.
+            self._consequences.update(id(e) for e in mine)
+            self._forgotten.extend(mine)  # alive while their ids are kept
 
     def _replica_cancelled(
         self, replica: int, how: str, error: BaseException | None, called: bool = False

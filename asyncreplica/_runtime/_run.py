@@ -325,6 +325,9 @@ class Run(Watching):
         self._noted: set[int] = set()
         # Errors raised because the run had already failed (ids): never root causes.
         self._consequences: set[int] = set()
+        # A replica's errors that its own task group's failure replaced (kept alive: their
+        # ids are in _consequences).
+        self._forgotten: list[BaseException] = []
         # Each replica's coroutine (see execute).
         self._mains: list[Coroutine[Any, Any, None]] = []
         # Set when the run fails (see _cancel_run): _wake_shielded wakes the waiters that
@@ -408,12 +411,18 @@ class Run(Watching):
                     await future
                 else:
                     await self._park(slot)
+            except GeneratorExit:
+                # Closed by hand (or by the garbage collector after the run, where no
+                # async library is running to name its cancellation class): as below.
+                if slot.error is None:
+                    self._left_by_hand(replica, key, slot, task)
+                raise
             except anyio.get_cancelled_exc_class() as exc:
                 # Not the run's own cancellation: another replica cancelled in the same
                 # turn may have failed the run meanwhile; this one left all the same.
                 self._abandoned(replica, key, slot, outside=self._by_run(exc) is False)
                 raise
-            except (GeneratorExit, Exception):
+            except Exception:
                 # Thrown in by hand (close() or throw() on the collective's iterator after
                 # a send() issued it): the replica leaves a collective its peers count on.
                 # (An error the slot woke it with, slot.error, is the collective's own.)
@@ -450,15 +459,55 @@ class Run(Watching):
                 parked.pop(task, None)
         self._abandoned_by_hand(replica, key, slot)
 
-    def _abandoned_by_hand(self, replica: int, key: Key, slot: Slot) -> None:
+    def _unparked_by_hand(self, slot: Slot, event: Any) -> None:
+        """On trio, before ``event`` (``slot``'s) is set: tasks it holds that do not wait on it.
+
+        A replica that drove its collective's ``__await__()`` iterator by hand registered
+        its task in the event and then went on (or waits elsewhere): rescheduling it would
+        crash trio (``TrioInternalError``). It is taken out of the event, and its
+        replica, which would never take its result, fails the run as one that left by hand.
+        A task waits on the event exactly when its abort function (trio's, of
+        ``Event.wait``) closes over the event.
+        """
+        tasks = getattr(event, "_tasks", None)
+        if not isinstance(tasks, set):
+            return
+        rv = self._rv
+        for task in list(tasks):
+            abort = getattr(task, "_abort_func", None)
+            cells = getattr(abort, "__closure__", None) or ()
+            if any(getattr(cell, "cell_contents", None) is event for cell in cells):
+                continue
+            tasks.discard(task)
+            replica = next((r for r, main in enumerate(rv.mains) if main is task), -1)
+            if replica < 0:
+                replica = rv.helpers.get(id(task), -1)
+            if replica >= 0:
+                self._abandoned_by_hand(replica, slot.key, slot, awaited=False)
+
+    def _abandoned_by_hand(
+        self, replica: int, key: Key, slot: Slot, *, awaited: bool = True
+    ) -> None:
+        """``replica`` left the collective at ``key`` by hand: the run fails (one error).
+
+        ``awaited``: False when no task awaited the collective as its result arrived
+        (``Slot.release``): its ``__await__()`` iterator was driven by hand and left, or
+        is still held by code that is not the event loop.
+        """
         told = len(self._errors)
         self._abandoned(replica, key, slot, outside=True)
         if len(self._errors) > told:
+            rid = replica + self.strategy._replica_offset
             _add_note(
                 self._errors[told][1],
-                f"(replica {replica + self.strategy._replica_offset} left it by hand, not "
-                "by a cancellation: close() or throw() on the collective's __await__() "
-                "iterator after send() issued it; only the event loop drives a collective)",
+                f"(replica {rid} left it by hand, not by a cancellation: close() or "
+                "throw() on the collective's __await__() iterator after send() issued it; "
+                "only the event loop drives a collective)"
+                if awaited
+                else f"(replica {rid} left it by hand, not by a cancellation: no task was "
+                "awaiting it when its result arrived, because its __await__() iterator was "
+                "driven by hand (send(), then close(), throw() or nothing); only the event "
+                "loop drives a collective: write `await collective`)",
             )
 
     def _check_left_waiting(self, replica: int) -> None:
@@ -866,21 +915,31 @@ class Run(Watching):
     def _abort_pending(self) -> None:
         """The collectives a replica's own task still waits at can never complete: wake them.
 
-        Only those: a helper task outside the run's scope (in a nursery the step was
+        Those of its helpers too while its main task has not ended (a helper in the
+        replica's own task group, shielded, keeps the main task waiting). Only those: a helper task outside the run's scope (in a nursery the step was
         given) parked elsewhere is told when the run ends (:meth:`_close_leftovers`), after
         its own scope had the chance to cancel it.
         """
         self._rv.stopped = True
         stuck: dict[int, Slot] = {}
-        for task in self._rv.mains:
-            if task is None:
-                continue
+
+        def parked_at(task: object) -> None:
             slot = self._parked.get(id(task))
             if slot is None:
                 waiter = getattr(task, "_fut_waiter", None)  # asyncio: the fast path
                 slot = waiter._ar_slot if type(waiter) is Waiter else None
             if slot is not None and slot.run is self and not slot.done:
                 stuck[id(slot)] = slot
+
+        for replica, task in enumerate(self._rv.mains):
+            if task is None:
+                continue
+            parked_at(task)
+            if not _task_ended(task):
+                # Its main task still runs (its own task group waits for its helpers):
+                # a helper there, shielded, would keep it, and the run, for ever.
+                for helper in self.watch.tasks(replica)[1:]:
+                    parked_at(helper)
         if not stuck:
             return
         if self._loop is not None:
@@ -934,6 +993,14 @@ class Run(Watching):
                     _tasks.uninstall_factory(loop)
                 else:
                     _tasks.uninstall_trio_watch(self.task_done, _on_trio_task_spawned)
+
+
+def _task_ended(task: object) -> bool:
+    """Whether ``task`` (an asyncio task, or a trio task) has finished."""
+    if isinstance(task, asyncio.Task):
+        return task.done()
+    coro = getattr(task, "coro", None)  # trio.lowlevel.Task
+    return coro is None or getattr(coro, "cr_frame", None) is None
 
 
 # A replica's call paths end at its driver (the user's frames are above it).

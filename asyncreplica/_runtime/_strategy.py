@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 from .._core._devices import device_type, parse_device
 from .._core._nest import is_nest, regroup, select_replica, unflatten
 from .._core._report import format_replicas
-from .._core._signature import CollectiveKind, ReduceOp
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import (
     AsyncReplicaError,
     BackendError,
@@ -35,7 +35,7 @@ from .._registry import (
     load_process_group_class,
 )
 from .._values import DistributedValues, PerReplica, ValueContext
-from ._context import DefaultReplicaContext, ReplicaContext, _check_args
+from ._context import DefaultReplicaContext, ReplicaContext, _check_args, result_fits
 from ._extended import (
     StrategyExtended,
     axis_tuple,
@@ -477,8 +477,40 @@ class Strategy:
                 raise ValueError(
                     f"gather: axis {axis} means different axes for components of different rank"
                 )
-            out.append(await self._backend.gather(components, axes.pop()))
+            along = axes.pop()
+            gathered = await self._backend.gather(components, along)
+            self._check_gathered(gathered, specs, along)
+            out.append(gathered)
         return unflatten(treedef, out)
+
+    def _check_gathered(self, gathered: object, specs: list[LeafSpec], axis: int) -> None:
+        """Refuse a backend's ``gather`` result that is not the components' concatenation.
+
+        The rule the collectives' results are held to (``result_fits``): a backend that
+        answers otherwise would give a silently wrong value. Across processes this one
+        holds only its own components' sizes along ``axis``.
+        """
+        first = specs[0]
+        size = sum(spec.shape[axis] for spec in specs)
+        # IndexedSlices are densified, as TensorFlow's gather does.
+        shape = (*first.shape[:axis], size, *first.shape[axis + 1 :])
+        due = first._replace(shape=shape, sparse=False)
+        try:
+            now: LeafSpec | None = self._backend.describe(gathered)
+        except TypeError:
+            now = None
+        if result_fits(now, due, None if self._group is None else axis):
+            return
+        backend = self._backend
+        got = str(now) if now is not None else f"a {type(gathered).__qualname__}"
+        raise BackendError(
+            f"The backend broke its contract in the {backend.name!r} backend's gather "
+            f"({type(backend).__name__}.gather), for {type(self).__name__}.gather along axis "
+            f"{axis}: it returned {got}, where {due} was due "
+            f"({type(backend).__module__}.{type(backend).__qualname__}). Every component "
+            "matched the others, so this is a bug in the backend, not in asyncreplica or in "
+            "your program: report it to the backend's authors."
+        )
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
         """Return the local components of ``value``, one per local replica.

@@ -208,7 +208,10 @@ def asyncio_internals_missing() -> list[str]:
     future_members = dir(asyncio.Future)
     for name in ("_callbacks", "_exception"):
         if name not in future_members:
-            missing.append(f"asyncio.Future.{name} (asyncio.shield and failed joins)")
+            missing.append(
+                f"asyncio.Future.{name} (asyncio.shield, failed joins, and collectives "
+                "driven by hand whose result arrives with no task awaiting it)"
+            )
     wait = _WAIT_CODE
     if wait is None or not {"fs", "timeout", "return_when", "waiter"} <= {
         *wait.co_varnames,

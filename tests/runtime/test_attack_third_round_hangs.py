@@ -232,6 +232,48 @@ async def test_a_shielded_waiter_is_woken_when_its_peer_fails(
 
 
 @pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("peer", ["raises", "returns", "mismatch"])
+async def test_a_shielded_helper_in_the_replicas_own_task_group_is_woken_when_a_peer_fails(
+    peer: str, options: ar.CommunicationOptions | None
+) -> None:
+    # Before: only the replicas' main tasks were woken; the shielded helper kept its
+    # replica's task group, so the replica and the run, waiting for ever.
+    told: list[BaseException] = []
+    parked = anyio.Event()
+
+    async def helper() -> None:
+        try:
+            parked.set()  # it arrives before its peer resumes (no checkpoint between)
+            await _shielded_sum(options)
+        except ar.CollectiveError as exc:
+            told.append(exc)
+            raise
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(helper)
+            return 0.0
+        await parked.wait()
+        if peer == "raises":
+            raise ValueError("peer failed")
+        if peer == "mismatch":
+            return await ctx.all_reduce("MAX", 1.0, options=options)
+        return 0.0
+
+    expected: type[BaseException] = {
+        "raises": ValueError,
+        "returns": ar.ReplicaExitedError,
+        "mismatch": ar.CollectiveMismatchError,
+    }[peer]
+    with anyio.fail_after(10), pytest.raises(expected):
+        await strategy(2, check_call_sites=False).run(step)
+    assert len(told) == 1
+    assert "can never complete" in str(told[0]) or isinstance(told[0], expected), told[0]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
 async def test_a_shielded_waiter_is_woken_when_the_run_is_cancelled_from_outside(
     options: ar.CommunicationOptions | None,
 ) -> None:

@@ -318,3 +318,41 @@ async def test_an_async_generator_finalized_by_the_loop_is_told_once_and_why(
     assert message.startswith("Each of replicas 0, 1 issued all_reduce(SUM)")
     assert "the event loop closing an async generator" in message
     assert "contextlib.aclosing" in message
+
+
+# -- B8: a replica's own helper fails while a merge_fn runs ------------------------------
+
+
+async def test_a_helper_failing_while_merge_fn_runs_is_its_replicas_one_failure() -> None:
+    """Before, on asyncio: "2 replicas failed", both about replica 0 (its leaving the
+    merge_call, cancelled by its own task group, and the helper's ValueError). Now one
+    failure on every loop, as trio told it: replica 0's, the helper's ValueError. (trio
+    runs merge_fn in any replica's task, replica 0's included: both stories are here.)"""
+    running = anyio.Event()
+
+    async def merge_fn(strategy: ar.Strategy, value: Any) -> Any:
+        running.set()
+        await anyio.sleep_forever()
+
+    async def step() -> Any:
+        ctx = _ctx()
+        rid = ctx.replica_id_in_sync_group
+
+        async def helper() -> None:
+            await running.wait()
+            raise ValueError("helper failed")
+
+        async with anyio.create_task_group() as tg:
+            if rid == 0:
+                tg.start_soon(helper)
+            return await ctx.merge_call(merge_fn, args=(float(rid),))
+
+    with anyio.fail_after(10), pytest.raises(BaseExceptionGroup) as info:
+        await ar.MirroredStrategy(DEVICES[:3]).run(step)
+    error = info.value
+    assert "replicas failed" not in str(error), error
+    assert error.__notes__ == ["(raised in replica 0 of 3 in MirroredStrategy.run)"]
+    leaves = error.exceptions
+    assert len(leaves) == 1
+    assert isinstance(leaves[0], ValueError), leaves
+    assert str(leaves[0]) == "helper failed"

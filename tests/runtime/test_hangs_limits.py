@@ -71,3 +71,29 @@ def test_a_thread_a_replica_awaits_keeps_running_after_the_run_failed() -> None:
         return alive
 
     assert asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", ["Task", "create_task"])
+def test_a_keyboard_interrupt_in_an_asyncio_task_helper_is_noted_only_when_seen_created(
+    how: str,
+) -> None:
+    # "A KeyboardInterrupt or SystemExit in a task created with asyncio.Task(coro) ...
+    # has no 'raised in a task started by replica k' note on it. It goes on as itself."
+    s = ar.MirroredStrategy(["CPU:0", "CPU:1"])
+
+    async def helper() -> None:
+        raise KeyboardInterrupt("helper")
+
+    async def step() -> object:
+        if ar.get_replica_context().replica_id_in_sync_group == 0:  # type: ignore[union-attr]
+            task = asyncio.Task(helper()) if how == "Task" else asyncio.create_task(helper())
+            await task
+        return 1.0
+
+    with pytest.raises(KeyboardInterrupt, match="helper") as info:
+        asyncio.run(s.run(step))
+    notes = getattr(info.value, "__notes__", [])
+    if how == "Task":
+        assert not any("started by replica" in note for note in notes), notes
+    else:
+        assert any("started by replica 0 of 2" in note for note in notes), notes
