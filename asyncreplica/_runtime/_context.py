@@ -26,6 +26,7 @@ from ._run import LIVE_RUNS, Collective
 from ._values import component
 
 if TYPE_CHECKING:
+    from ..abc import Backend
     from ._run import Run
 
     # A ReplicaContext holds its Strategy, and its public ``strategy`` is annotated
@@ -142,47 +143,93 @@ def _check_results(
     method = call._signature.kind.value
 
     def wrong(what: str) -> BackendError:
-        error = BackendError(
-            f"The backend broke its contract in {_backend_text(run, method, call)}: it "
-            f"returned {what} ({type(backend).__module__}.{type(backend).__qualname__}). "
-            "Every replica's value matched the collective's signature, so this is a bug "
-            "in the backend, not in asyncreplica or in your program: report it to the "
-            "backend's authors (asyncreplica holds each backend's results to the "
-            "signature rather than return a wrong value)."
-        )
+        error = broke(backend, _backend_text(run, method, call), what, "replica's value")
         run._noted.add(id(error))  # the message names the backend: no replica note
         return error
 
+    dues = []
+    for j, spec in enumerate(specs):
+        if shapes is not None:
+            spec = spec._replace(shape=shapes[j])
+        dues.append(spec if op is None else spec._replace(dtype=reduced_dtype(op, spec.dtype)))
+    hold_results(run.describe, wrong, results, count, dues, free_axis)
+
+
+def broke(backend: Backend, where: str, what: str, inputs: str = "component") -> BackendError:
+    """The ``BackendError`` of a backend result that ``result_fits`` refused.
+
+    ``where`` names the backend's method and the call (``the 'numpy' backend's
+    all_reduce (NumpyBackend.all_reduce), combining ...``); ``what`` what came back.
+    """
+    return BackendError(
+        f"The backend broke its contract in {where}: it returned {what} "
+        f"({type(backend).__module__}.{type(backend).__qualname__}). Every {inputs} "
+        "matched the others, so this is a bug in the backend, not in asyncreplica or in "
+        "your program: report it to the backend's authors (asyncreplica holds each "
+        "backend's results to the signature rather than return a wrong value)."
+    )
+
+
+def hold_results(
+    describe: Callable[[object], LeafSpec],
+    wrong: Callable[[str], BaseException],
+    results: object,
+    count: int,
+    dues: Sequence[LeafSpec],
+    free_axis: int | None = None,
+    single: bool = False,
+) -> None:
+    """Refuse a backend's results that are not ``dues`` (``result_fits``), one place.
+
+    Every path that takes a backend's result holds it here: the collectives
+    (``_check_results``), ``Strategy.reduce``, ``extended.reduce_to``/``batch_reduce_to``
+    (in a merge_fn too), ``broadcast_to`` and ``Strategy.gather``. ``results`` must hold
+    ``count`` lists (one per replica of this process) of one leaf per due spec;
+    ``wrong(what)`` builds the error (``single``: one result, not one per replica). For arrays it costs one shape and one dtype
+    comparison per leaf (another array library's dtype is its own to narrow); a leaf
+    that fails them (another array library's dtype names, a number,
+    ``IndexedSlices``) is described by the backend and compared again.
+    """
     if not isinstance(results, Sequence):
         raise wrong(f"{type(results).__qualname__}, not a list of {count} results")
     if len(results) != count:
         raise wrong(f"{len(results)} results, not one per replica ({count})")
-    describe = run.describe
     for r, leaves in enumerate(results):
-        if not isinstance(leaves, Sequence) or len(leaves) != len(specs):
+        if not isinstance(leaves, Sequence) or len(leaves) != len(dues):
             got = len(leaves) if isinstance(leaves, Sequence) else type(leaves).__qualname__
-            raise wrong(f"{got} leaves as replica {r}'s result, not {len(specs)}")
+            raise wrong(f"{got} leaves as replica {r}'s result, not {len(dues)}")
         for j, leaf in enumerate(leaves):
-            spec = specs[j]
-            if shapes is not None:
-                spec = spec._replace(shape=shapes[j])
-            dtype = spec.dtype if op is None else reduced_dtype(op, spec.dtype)
+            due = dues[j]
             if (
-                getattr(leaf, "shape", None) == spec.shape
-                and str(getattr(leaf, "dtype", "")) == dtype
+                getattr(leaf, "shape", None) == due.shape
+                and str(getattr(leaf, "dtype", "")) == due.dtype
             ):
                 continue
             try:
                 now: LeafSpec | None = describe(leaf)
             except TypeError:
                 now = None
-            if result_fits(now, spec._replace(dtype=dtype), free_axis):
+            if result_fits(now, due, free_axis):
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
-            due = str(spec._replace(dtype=dtype))
+            text = str(due)
             if free_axis is not None:
-                due = f"{due} (any size along axis {free_axis})"
-            raise wrong(f"{got} as leaf {j} of replica {r}'s result, where {due} was due")
+                text = f"{text} (any size along axis {free_axis})"
+            of = "" if single else f" as leaf {j} of replica {r}'s result"
+            raise wrong(f"{got}{of}, where {text} was due")
+
+
+def hold_result(backend: Backend, where: str, result: object, due: LeafSpec) -> object:
+    """``result``, one leaf a cross-replica API got from ``backend``, held to ``due``."""
+    hold_results(
+        backend.describe,
+        lambda what: broke(backend, where, what),
+        [[result]],
+        1,
+        [due],
+        single=True,
+    )
+    return result
 
 
 def result_fits(now: LeafSpec | None, due: LeafSpec, free_axis: int | None = None) -> bool:

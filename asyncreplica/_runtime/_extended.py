@@ -14,12 +14,13 @@ from .._core._components import (
     normalize_axes,
 )
 from .._core._devices import parse_device
+from .._core._dtypes import number_dtype, reduced_dtype
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
-from .._core._signature import CollectiveKind, ReduceOp
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
-from ._context import DefaultReplicaContext, _check_args
+from ._context import DefaultReplicaContext, _check_args, broke, hold_result, hold_results
 from ._mode import current_mode
 from ._values import flatten_distributed
 
@@ -124,6 +125,8 @@ async def reduce_leaf(
     backend = strategy.backend
     describe = backend.describe
     n = strategy._num_local
+    where = f"the {backend.name!r} backend's reduce ({type(backend).__name__}.reduce), for "
+    where += f"{op.value} along axis {axes}" if axes is not None else f"{op.value}"
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
         specs = [describe(c) for c in components]
@@ -142,11 +145,25 @@ async def reduce_leaf(
                 # the backend describes them (numpy: int64, float64): reduced by the
                 # path reduce_to and all_reduce take, to the same bits and a 0-d array.
                 # (TensorFlow's int32/float32 is for a plain number: see below.)
+                due = reduced_spec(op, specs[0], None)
                 reduced = await backend.all_reduce(op, [[c] for c in components])
-                return await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
-            return await backend.reduce(op, components, None)
-        return await backend.reduce(op, components, norm)
+                hold_results(
+                    describe,
+                    lambda what: broke(backend, _all_reduce_text(backend, op), what),
+                    reduced,
+                    n,
+                    [due],
+                )
+                one = await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
+                return hold_result(backend, where, one, due)
+            result = await backend.reduce(op, components, None)
+            return hold_result(backend, where, result, reduced_spec(op, specs[0], None))
+        result = await backend.reduce(op, components, norm)
+        return hold_result(backend, where, result, reduced_spec(op, specs[0], norm))
     spec = describe(leaf)
+    if type(leaf) in _NUMBERS:
+        # A plain Python number reduces in TensorFlow's dtype for it (int32, float32).
+        spec = spec._replace(dtype=number_dtype(leaf))  # type: ignore[arg-type]
     # SUM along an axis is N times the value's sum, as in TF; SUM without an axis and
     # PROD of one value on several replicas are ambiguous.
     ambiguous = n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None))
@@ -159,7 +176,8 @@ async def reduce_leaf(
         plain_axes = None if axes is None else normalize_axes(axes, spec.shape)
         if ambiguous:
             await group.refuse(_ambiguous(leaf, op, n))  # raises on every process
-        return await backend.reduce(op, [leaf] * n, plain_axes)
+        result = await backend.reduce(op, [leaf] * n, plain_axes)
+        return hold_result(backend, where, result, reduced_spec(op, spec, plain_axes))
     if ambiguous:
         raise _ambiguous(leaf, op, n)
     # A plain value is one value, as in one process (under MPI too, where every process
@@ -170,7 +188,7 @@ async def reduce_leaf(
             return leaf  # not an array
         # The value itself, as a new writable array (never the caller's own object): no
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
-        return await local.reduce(ReduceOp.SUM, [leaf], None)
+        return hold_result(local, where, await local.reduce(ReduceOp.SUM, [leaf], None), spec)
     norm = normalize_axes(axes, spec.shape)
     empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
     if empty is not None:
@@ -178,8 +196,30 @@ async def reduce_leaf(
     if op is ReduceOp.SUM:
         # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
         # (N of every process: the same number as in one process).
-        return await local.reduce(op, [leaf] * strategy.num_replicas_in_sync, norm)
-    return await local.reduce(op, [leaf], norm)
+        result = await local.reduce(op, [leaf] * strategy.num_replicas_in_sync, norm)
+    else:
+        result = await local.reduce(op, [leaf], norm)
+    return hold_result(local, where, result, reduced_spec(op, spec, norm))
+
+
+def reduced_spec(op: ReduceOp, spec: LeafSpec, axes: tuple[int, ...] | None) -> LeafSpec:
+    """What ``Strategy.reduce`` of values described as ``spec`` returns (the reference's rule).
+
+    Along ``axes`` (non-negative) those axes are gone; the dtype is ``reduced_dtype``'s
+    (integer MEAN is float64), the one rule of every reduction. ``IndexedSlices`` stay
+    sparse without an axis.
+    """
+    if axes is None:
+        return spec._replace(dtype=reduced_dtype(op, spec.dtype))
+    shape = tuple(size for k, size in enumerate(spec.shape) if k not in axes)
+    return spec._replace(shape=shape, dtype=reduced_dtype(op, spec.dtype), sparse=False)
+
+
+def _all_reduce_text(backend: Backend, op: ReduceOp) -> str:
+    return (
+        f"the {backend.name!r} backend's all_reduce ({type(backend).__name__}.all_reduce), "
+        f"for {op.value} across replicas"
+    )
 
 
 def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:
@@ -248,10 +288,22 @@ class StrategyExtended:
     async def _mirror(self, value: object, count: int | None) -> object:
         if count is None:
             return value
+        backend = self._strategy.backend
+        leaves = [value.values, value.indices] if isinstance(value, IndexedSlices) else [value]
+        views = await backend.broadcast(leaves, count)
+        where = (
+            f"the {backend.name!r} backend's broadcast ({type(backend).__name__}.broadcast), "
+            f"copying a value to {count} destinations"
+        )
+        hold_results(
+            backend.describe,
+            lambda what: broke(backend, where, what, "value"),
+            views,
+            count,
+            [backend.describe(leaf) for leaf in leaves],
+        )
         if isinstance(value, IndexedSlices):
-            views = await self._strategy.backend.broadcast([value.values, value.indices], count)
             return Mirrored([IndexedSlices(v[0], v[1], value.dense_shape) for v in views])
-        views = await self._strategy.backend.broadcast([value], count)
         return Mirrored([v[0] for v in views])
 
     def _bytes_per_pack(self, options: CommunicationOptions | None) -> int:
@@ -367,7 +419,7 @@ class StrategyExtended:
             for leaf in leaves:
                 if self._batchable(leaf) and all(leaf is not b for b in batch):
                     batch.append(leaf)  # type: ignore[arg-type]
-        reduced = await self._reduce_batch(op, batch, bytes_per_pack)
+        reduced, dues = await self._reduce_batch(op, batch, bytes_per_pack)
         results: list[Any] = []
         for leaves, treedef, count in plan:
             out: list[object] = []
@@ -380,9 +432,11 @@ class StrategyExtended:
                     out.append(single if plain else await self._mirror(single, count))
                 elif count is None:
                     # One destination: a new writable array.
-                    out.append(
-                        await strategy.backend.reduce(ReduceOp.SUM, [reduced[0][index]], None)
-                    )
+                    backend = strategy.backend
+                    one = await backend.reduce(ReduceOp.SUM, [reduced[0][index]], None)
+                    where = f"the {backend.name!r} backend's reduce ({type(backend).__name__}"
+                    where += ".reduce), copying a reduced value to one destination"
+                    out.append(hold_result(backend, where, one, dues[index]))
                 elif count == n:
                     out.append(Mirrored([reduced[i][index] for i in range(n)]))
                 else:
@@ -399,13 +453,16 @@ class StrategyExtended:
 
     async def _reduce_batch(
         self, op: ReduceOp, batch: Sequence[DistributedValues[Any]], bytes_per_pack: int
-    ) -> list[list[object]]:
+    ) -> tuple[Sequence[Sequence[object]], list[LeafSpec]]:
+        """The batch's reduced leaves, one list per replica, and what each is due to be."""
         if not batch:
-            return []
+            return [], []
         strategy = self._strategy
         n = strategy._num_local
         per_replica = [[strategy._component(i, leaf) for leaf in batch] for i in range(n)]
-        describe = strategy.backend.describe
+        backend = strategy.backend
+        describe = backend.describe
+        dues = []
         for j in range(len(batch)):
             specs = [describe(per_replica[i][j]) for i in range(n)]
             check_components("extended.reduce_to", CollectiveKind.ALL_REDUCE, op, specs)
@@ -415,7 +472,11 @@ class StrategyExtended:
                     f"extended.reduce_to combines the replicas' values element-wise, so they "
                     f"need one shape, but {by_shape(shapes)} (value {j} of the batch)."
                 )
-        return await strategy.backend.all_reduce(op, per_replica, bytes_per_pack=bytes_per_pack)
+            dues.append(reduced_spec(op, specs[0], None))
+        reduced = await backend.all_reduce(op, per_replica, bytes_per_pack=bytes_per_pack)
+        where = _all_reduce_text(backend, op) + f" of a batch of {len(batch)} values"
+        hold_results(describe, lambda what: broke(backend, where, what), reduced, n, dues)
+        return reduced, dues
 
     async def broadcast_to(self, value: Any, destinations: Any) -> Any:
         """Copy ``value`` to ``destinations``.
@@ -454,11 +515,14 @@ class StrategyExtended:
         strategy = self._strategy
         if _is_number(value) or isinstance(value, DistributedValues):
             return value
-        strategy.backend.describe(value)
+        spec = strategy.backend.describe(value)
         if count is None:
             # A copy on this process (under MPI, the wrapped backend's would sum it
             # across processes).
-            return await strategy._local_backend.reduce(ReduceOp.SUM, [value], None)
+            local = strategy._local_backend
+            copy = await local.reduce(ReduceOp.SUM, [value], None)
+            where = f"the {local.name!r} backend's reduce ({type(local).__name__}.reduce), "
+            return hold_result(local, where + "copying a value to one destination", copy, spec)
         return await self._mirror(value, count)
 
     async def update(

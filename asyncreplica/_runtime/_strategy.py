@@ -35,7 +35,13 @@ from .._registry import (
     load_process_group_class,
 )
 from .._values import DistributedValues, PerReplica, ValueContext
-from ._context import DefaultReplicaContext, ReplicaContext, _check_args, result_fits
+from ._context import (
+    DefaultReplicaContext,
+    ReplicaContext,
+    _check_args,
+    broke,
+    hold_results,
+)
 from ._extended import (
     StrategyExtended,
     axis_tuple,
@@ -495,21 +501,20 @@ class Strategy:
         # IndexedSlices are densified, as TensorFlow's gather does.
         shape = (*first.shape[:axis], size, *first.shape[axis + 1 :])
         due = first._replace(shape=shape, sparse=False)
-        try:
-            now: LeafSpec | None = self._backend.describe(gathered)
-        except TypeError:
-            now = None
-        if result_fits(now, due, None if self._group is None else axis):
-            return
         backend = self._backend
-        got = str(now) if now is not None else f"a {type(gathered).__qualname__}"
-        raise BackendError(
-            f"The backend broke its contract in the {backend.name!r} backend's gather "
-            f"({type(backend).__name__}.gather), for {type(self).__name__}.gather along axis "
-            f"{axis}: it returned {got}, where {due} was due "
-            f"({type(backend).__module__}.{type(backend).__qualname__}). Every component "
-            "matched the others, so this is a bug in the backend, not in asyncreplica or in "
-            "your program: report it to the backend's authors."
+        hold_results(
+            backend.describe,
+            lambda what: broke(
+                backend,
+                f"the {backend.name!r} backend's gather ({type(backend).__name__}.gather), "
+                f"for {type(self).__name__}.gather along axis {axis}",
+                what,
+            ),
+            [[gathered]],
+            1,
+            [due],
+            None if self._group is None else axis,
+            single=True,
         )
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:
