@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,7 @@ import anyio
 
 from .._core._dtypes import reduced_dtype, refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
-from .._core._report import key_text, value_text
+from .._core._report import key_text, see_also, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, CollectiveError, ReplicaContextError
 from .._options import CommunicationOptions
@@ -482,6 +483,8 @@ def _refuse_default_in_replica(api: str | None = None) -> None:
     """
     task = _tasks.current_task()
     if task is None:
+        if api is not None:
+            _refuse_default_beside_run(api)
         return
     for run in LIVE_RUNS:
         replica = run.watch.replica_of(task)
@@ -506,6 +509,88 @@ def _refuse_default_in_replica(api: str | None = None) -> None:
                 "Call asyncreplica.get_replica_context() in the replica's own code, in the "
                 "coroutine that issues the collective."
             )
+    if api is not None:
+        _refuse_default_beside_run(api)
+
+
+def _live_here() -> Run | None:
+    """A live run of several replicas on this thread (so on this event loop), if any."""
+    thread = threading.get_ident()
+    for run in LIVE_RUNS:
+        if not run.closed and run._rv.thread == thread and run.strategy.num_replicas_in_sync > 1:
+            return run
+    return None
+
+
+async def _refuse_default_collective(api: str) -> None:
+    """Refuse a default context's collective in a replica's task or beside a live run.
+
+    In a trio system task (``token.run_sync_soon`` from a thread spawning one, say) an
+    exception is a ``TrioInternalError`` that ends trio itself: there the refusal fails
+    the run instead (which raises it) and the task waits until trio cancels it.
+    """
+    try:
+        _refuse_default_in_replica(api)
+    except ReplicaContextError as error:
+        run = _live_here()
+        if run is None or run._loop is not None or not _in_trio_system_task(run):
+            raise
+        if not run._errors:  # else the run fails already (this task's spawn, say)
+            run._noted.add(id(error))  # it names no replica: no replica note
+            run._fail(-1, error)
+        await anyio.sleep_forever()
+
+
+def _in_trio_system_task(run: Run) -> bool:
+    """Whether the current trio task is a system task (a child of trio's root, not main)."""
+    import trio
+
+    task = trio.lowlevel.current_task()
+    root = trio.lowlevel.current_root_task()
+    nursery = task.parent_nursery
+    if root is None or nursery is None or nursery.parent_task is not root:
+        return False
+    main = next((t for t in run._rv.mains if t is not None), None)
+    while isinstance(main, trio.lowlevel.Task):
+        parent = main.parent_nursery
+        if parent is None or parent.parent_task is root:
+            break
+        main = parent.parent_task
+    return main is not task
+
+
+def _refuse_default_beside_run(api: str) -> None:
+    """Refuse a default context's collective on the thread of a live run of several replicas.
+
+    A task no replica is known to have started (created in a fresh ``contextvars.Context()``
+    by ``Context().run(asyncio.ensure_future, ...)``, ``Context().run(tg.start_soon, ...)``,
+    a ``loop.call_soon(..., context=Context())`` callback, ``run_coroutine_threadsafe``
+    from an executor thread, trio's ``token.run_sync_soon`` from a thread) finds the
+    default context there, whose collectives return the value itself: while a run of
+    several replicas is live on this thread, that is a replica's helper reducing nothing,
+    a silently wrong number. Refused alike by every replica (told once).
+    """
+    run = _live_here()
+    if run is not None:
+        strategy = run.strategy
+        where = _tasks.where_called()
+        raise refusal(
+            ReplicaContextError(
+                f"{api} was called on the default replica context (one replica, whose "
+                "collectives return the value itself)"
+                + (f" at {where}" if where else "")
+                + f", while {type(strategy).__name__}.run of "
+                f"{strategy.num_replicas_in_sync} replicas is live on this event loop: it "
+                "would reduce nothing across them. The calling task runs in a context with "
+                "no replica context: it was started in a fresh contextvars.Context() "
+                "(Context().run(asyncio.ensure_future, ...), Context().run(tg.start_soon, "
+                "...), loop.call_soon(..., context=Context())), from another thread "
+                "(asyncio.run_coroutine_threadsafe, trio's token.run_sync_soon), or outside "
+                "the replicas. Start a replica's helpers from its own code with "
+                "asyncio.create_task or a task group (they copy its context), or call the "
+                "collective outside the run.\n" + see_also("ReplicaContextError")
+            )
+        )
 
 
 def in_cross_replica_context() -> bool:
@@ -1021,7 +1106,7 @@ class DefaultReplicaContext(ReplicaContext):
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to combine)."""
         if LIVE_RUNS:
-            _refuse_default_in_replica("all_reduce")
+            await _refuse_default_collective("all_reduce")
         ReduceOp(reduce_op)
         self._options(options)
         self._validate(value)
@@ -1037,7 +1122,7 @@ class DefaultReplicaContext(ReplicaContext):
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to gather)."""
         if LIVE_RUNS:
-            _refuse_default_in_replica("all_gather")
+            await _refuse_default_collective("all_gather")
         self._options(options)
         leaves, treedef = flatten(value)
         for spec in self._describe(leaves, treedef):
@@ -1050,7 +1135,7 @@ class DefaultReplicaContext(ReplicaContext):
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
         if LIVE_RUNS:
-            _refuse_default_in_replica("broadcast")
+            await _refuse_default_collective("broadcast")
         if source != 0:
             raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
         self._validate(value)
@@ -1061,7 +1146,7 @@ class DefaultReplicaContext(ReplicaContext):
     ) -> Any:
         """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
         if LIVE_RUNS:
-            _refuse_default_in_replica("reduce_scatter")
+            await _refuse_default_collective("reduce_scatter")
         ReduceOp(reduce_op)
         self._validate(value)
         return value
@@ -1069,7 +1154,7 @@ class DefaultReplicaContext(ReplicaContext):
     async def barrier(self, *, name: str | None = None) -> None:
         """Return at once (one replica)."""
         if LIVE_RUNS:
-            _refuse_default_in_replica("barrier")
+            await _refuse_default_collective("barrier")
 
     async def merge_call(
         self,
