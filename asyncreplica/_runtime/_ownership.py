@@ -186,7 +186,14 @@ def _loop_causes(rv: Rendezvous) -> str:
 
 
 # What a use of a collective is called in "a collective ... was <used> by ...".
-_PASSIVE = {"called send() on": "sent into (send())", "called throw() on": "thrown into (throw())"}
+#: The use of a collective whose ``__await__()`` iterator another task drove (next()).
+DROVE = "drove the __await__() iterator of"
+
+_PASSIVE = {
+    "called send() on": "sent into (send())",
+    "called throw() on": "thrown into (throw())",
+    DROVE: "driven (its __await__() iterator, by hand)",
+}
 
 
 def foreign_await(

@@ -45,12 +45,13 @@ from .._exceptions import (
     ReplicaCancelledError,
     ReplicaContextError,
 )
-from . import _inspect, _tasks
+from . import _inspect, _ownership, _tasks
 from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._deadlock import Watching
 from ._ending import stop_iteration_error
 from ._mode import MODE, Mode
+from ._ownership import DROVE
 from ._park import _add_note, _cancelled, _describe, _leaves, _retrieve
 from ._waiter import Waiter
 
@@ -379,6 +380,13 @@ class Run(Watching):
             self._consequences.add(id(ended))
             raise ended
         replica = call.replica
+        rv = self._rv
+        task = rv.task()
+        if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
+            # Its __await__() iterator, taken by the replica's own task, driven by
+            # another's (replica 1 calling next() on replica 0's): the arrival would be
+            # parked in the wrong task (on trio, a wake trio's scheduler cannot take).
+            raise _ownership.foreign_await(rv, call, task, DROVE)
         signature = call._signature
         try:
             key, complete = self.ledger.arrive(replica, signature)

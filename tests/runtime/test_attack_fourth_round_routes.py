@@ -176,3 +176,33 @@ async def test_a_shielded_replica_waiting_indirectly_gets_its_peers_error(
     with anyio.fail_after(30):  # a hang guard only
         with pytest.raises(ValueError, match="peer failed"):
             await ar.MirroredStrategy(DEVICES).run(step)
+
+
+# -- C8: a collective's __await__() iterator driven by another replica's task ---------------
+
+
+async def test_a_peer_driving_a_replicas_await_iterator_is_refused_by_name(
+    anyio_backend: object,
+) -> None:
+    if not _is_trio(anyio_backend):
+        pytest.skip("trio: the iterator is the collective's coroutine (asyncio: a future's)")
+    box: dict[str, Any] = {}
+    stored = anyio.Event()
+
+    async def step() -> Any:
+        c = _ctx()
+        r = c.replica_id_in_sync_group
+        coll = c.all_reduce("SUM", float(r + 1))  # one call site for every replica
+        if r == 0:
+            box["it"] = coll.__await__()
+            stored.set()
+            await anyio.sleep_forever()  # ended by the run's failure
+        await stored.wait()
+        next(box["it"])  # replica 1's task drives replica 0's collective
+        return await coll
+
+    with pytest.raises(
+        ar.ReplicaContextError,
+        match=r"Replica 1 drove the __await__\(\) iterator of a collective that replica 0 issued",
+    ):
+        await ar.MirroredStrategy(DEVICES).run(step)
