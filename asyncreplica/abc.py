@@ -22,6 +22,10 @@ Results come back in the same layout. Rules every backend follows:
   whatever order replicas arrived in;
 * a result shared by several replicas is read-only, and each replica gets its own
   result object (a view), so that ``Strategy.run`` regroups them into ``PerReplica``;
+  the runtime refuses (``BackendError``, never a copy) a writable result whose object or
+  memory (``.base``) it also got for another replica or leaf, and a result leaf that is
+  not one of the backend's arrays (a list, an object with only ``shape`` and ``dtype``,
+  anything :meth:`Backend.describe` refuses, such as a masked array);
 * raise ``TypeError`` for a leaf it cannot hold, ``BackendError`` for a failure of
   the native library (keeping the native error as ``__cause__``);
 * take every result dtype from :func:`reduced_dtype` (which dtypes reduce:

@@ -195,29 +195,62 @@ def hold_results(
         raise wrong(f"{type(results).__qualname__}, not a list of {count} results")
     if len(results) != count:
         raise wrong(f"{len(results)} results, not one per replica ({count})")
+    held = _HELD_TYPES
+    seen: set[int] = set()
     for r, leaves in enumerate(results):
         if not isinstance(leaves, Sequence) or len(leaves) != len(dues):
             got = len(leaves) if isinstance(leaves, Sequence) else type(leaves).__qualname__
             raise wrong(f"{got} leaves as replica {r}'s result, not {len(dues)}")
         for j, leaf in enumerate(leaves):
             due = dues[j]
+            of = "" if single else f" as leaf {j} of replica {r}'s result"
+            base = getattr(leaf, "base", None)  # an array's memory (a view's owner)
+            key = id(leaf if base is None else base)
+            if key in seen and _writable(leaf):
+                # One writable object (or memory) handed to two replicas (or twice to one):
+                # a write by one changes the other's result.
+                raise wrong(
+                    f"one writable {type(leaf).__qualname__}{of} whose memory it also "
+                    "returned for another replica or leaf (each replica's result must be "
+                    "its own array, or a read-only view)"
+                )
+            seen.add(key)
+            kind = type(leaf)
             if (
-                getattr(leaf, "shape", None) == due.shape
+                kind in held
+                and getattr(leaf, "shape", None) == due.shape
                 and str(getattr(leaf, "dtype", "")) == due.dtype
             ):
                 continue
-            try:
-                now: LeafSpec | None = describe(leaf)
-            except TypeError:
-                now = None
+            now: LeafSpec | None = None
+            if not isinstance(leaf, list | tuple | dict):  # a container is not a leaf
+                try:
+                    now = describe(leaf)
+                except TypeError:  # not an array the backend holds (a masked one, ...)
+                    now = None
             if result_fits(now, due, free_axis):
+                if now is not None and len(held) < 64:
+                    held.add(kind)  # the backend describes this type: checked fast next
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
             text = str(due)
             if free_axis is not None:
                 text = f"{text} (any size along axis {free_axis})"
-            of = "" if single else f" as leaf {j} of replica {r}'s result"
             raise wrong(f"{got}{of}, where {text} was due")
+
+
+#: The result types a backend described (its arrays): their shape and dtype are read
+#: directly. An object of another type (one that only has ``shape`` and ``dtype``
+#: attributes, a masked array, a list) is described by the backend first.
+_HELD_TYPES: set[type] = set()
+
+
+def _writable(leaf: object) -> bool:
+    """Whether ``leaf`` says it is writable (an array's ``flags.writeable``); else True."""
+    flags = getattr(leaf, "flags", None)
+    if flags is None:
+        return not isinstance(leaf, int | float | complex | str | bytes)
+    return bool(getattr(flags, "writeable", True))
 
 
 def hold_result(backend: Backend, where: str, result: object, due: LeafSpec) -> object:

@@ -126,3 +126,72 @@ async def test_honest_results_pass_the_cross_replica_check(
     s = ar.MirroredStrategy(DEVICES)
     result = await s.reduce("MEAN", value, axis=axis)
     assert (np.asarray(result).dtype, np.shape(result)) == (np.dtype(dtype), shape)
+
+
+# -- C2: results that alias one another, or are not the backend's arrays ---------------------
+
+
+class _Fake:
+    """An object that only claims an array's shape and dtype."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape, self.dtype = shape, dtype
+
+
+def _odd(kind: str, values: Any) -> Any:
+    total = sum(np.asarray(v[0]) for v in values)
+    if kind == "alias_input":  # replica 0's input, holding the sum, for every replica
+        values[0][0][...] = total
+        return [[values[0][0]] for _ in values]
+    if kind == "shared_writable":
+        return [[total] for _ in values]
+    if kind == "shared_memory":  # two writable views of one buffer
+        return [[total[:]] for _ in values]
+    if kind == "fake":
+        return [[_Fake(total.shape, total.dtype)] for _ in values]
+    if kind == "list":
+        return [[total.tolist()] for _ in values]
+    if kind == "masked":
+        return [[np.ma.masked_array(total.copy(), mask=[True, False])] for _ in values]
+    if kind == "own_copies":  # the contract kept: each replica its own writable array
+        return [[total.copy()] for _ in values]
+    raise AssertionError(kind)
+
+
+class _Odd(NumpyBackend):
+    def __init__(self, kind: str) -> None:
+        super().__init__(DEVICES)
+        self.kind = kind
+
+    async def all_reduce(self, op: Any, values: Any, *, bytes_per_pack: int = 0) -> Any:
+        return _odd(self.kind, values)
+
+
+ODD = {
+    "alias_input": r"one writable ndarray as leaf 0 of replica 1's result whose memory",
+    "shared_writable": r"one writable ndarray as leaf 0 of replica 1's result whose memory",
+    "shared_memory": r"one writable ndarray as leaf 0 of replica 1's result whose memory",
+    "fake": r"returned a _Fake as leaf 0 of replica 0's result, where float64\[2\] was due",
+    "list": r"returned a list as leaf 0 of replica 0's result, where float64\[2\] was due",
+    "masked": r"returned a MaskedArray as leaf 0 of replica 0's result",
+}
+
+
+@pytest.mark.parametrize("kind", list(ODD))
+async def test_a_result_that_aliases_or_is_not_an_array_is_a_backend_error(kind: str) -> None:
+    inputs = [np.ones(2), np.ones(2) * 2]
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", inputs[_ctx().replica_id_in_sync_group])
+
+    with pytest.raises(ar.BackendError, match=ODD[kind]):
+        await ar.MirroredStrategy(DEVICES, backend=_Odd(kind)).run(step)
+
+
+async def test_each_replicas_own_writable_result_passes() -> None:
+    async def step() -> Any:
+        return await _ctx().all_reduce("SUM", np.ones(2))
+
+    s = ar.MirroredStrategy(DEVICES, backend=_Odd("own_copies"))
+    for result in s.experimental_local_results(await s.run(step)):
+        assert result.tolist() == [2.0, 2.0]
