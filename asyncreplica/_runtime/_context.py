@@ -492,6 +492,11 @@ def _key_set(treedef: TreeDef) -> TreeDef:
     return (cls, keys, tuple(_key_set(child) for child in children))
 
 
+def _fn_name(fn: Callable[..., Any]) -> str:
+    """A function's qualified name for reports (a callable object's type's)."""
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
 def _merge_fn_key(merge_fn: Callable[..., Any]) -> object:
     """What identifies a merge function across replicas: its code, not the closure."""
     fn: object = merge_fn
@@ -897,12 +902,32 @@ class ReplicaContext:
                 f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
+        return self._merge_call(
+            run, merge_fn, args, kwargs, _merge_fn_key(merge_fn), _fn_name(merge_fn)
+        )
+
+    def _merge_call(
+        self,
+        run: Run,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        key: object,
+        name: str,
+    ) -> Awaitable[Any]:
+        """``merge_call`` whose replicas must agree on ``key`` (what identifies the call).
+
+        ``merge_call`` passes its merge function's key; a library API built on it (such as
+        ``extended.update``, whose merge function is its own closure) passes the key of
+        what the user gave it, so that replicas passing different functions are a
+        mismatch, never replica 0's run for all.
+        """
         timeout = self._options(None)
         payload = (merge_fn, tuple(args), dict(kwargs))
         signature = Signature(
             CollectiveKind.MERGE_CALL,
-            merge_fn=_merge_fn_key(merge_fn),
-            merge_fn_name=getattr(merge_fn, "__qualname__", type(merge_fn).__qualname__),
+            merge_fn=key,
+            merge_fn_name=name,
             # The replicas' arguments are regrouped leaf by leaf: their structures must
             # agree, and a replica that disagrees is named when it arrives.
             structure=_key_set(flatten(payload[1:])[1]),
