@@ -15,7 +15,7 @@ from .._core._components import (
 )
 from .._core._devices import parse_device
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
-from .._core._signature import CollectiveKind, ReduceOp
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
@@ -109,6 +109,26 @@ def _is_number(value: object) -> bool:
 _NUMBERS = (int, float, complex)
 
 
+def describe_components(
+    strategy: ContainerStrategy, components: Sequence[object]
+) -> list[LeafSpec]:
+    """The backend's spec of each replica's component; a refusal names that replica.
+
+    The cross-replica APIs (``Strategy.reduce``, ``gather``, ``extended.reduce_to``,
+    ``batch_reduce_to``) describe one component per replica, as a collective describes
+    each replica's value in that replica: the refusal says whose component it was.
+    """
+    describe = strategy.backend.describe
+    specs = []
+    for i, component in enumerate(components, strategy._replica_offset):
+        try:
+            specs.append(describe(component))
+        except Exception as error:
+            error.add_note(f"(in replica {i}'s component of the distributed value)")
+            raise
+    return specs
+
+
 async def reduce_leaf(
     strategy: ContainerStrategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
 ) -> object:
@@ -126,7 +146,7 @@ async def reduce_leaf(
     n = strategy._num_local
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
-        specs = [describe(c) for c in components]
+        specs = describe_components(strategy, components)
         group = strategy._group
         try:
             norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
@@ -429,9 +449,8 @@ class StrategyExtended:
         strategy = self._strategy
         n = strategy._num_local
         per_replica = [[strategy._component(i, leaf) for leaf in batch] for i in range(n)]
-        describe = strategy.backend.describe
         for j in range(len(batch)):
-            specs = [describe(per_replica[i][j]) for i in range(n)]
+            specs = describe_components(strategy, [per_replica[i][j] for i in range(n)])
             check_components("extended.reduce_to", CollectiveKind.ALL_REDUCE, op, specs)
             shapes = [tuple(s.shape) for s in specs]
             if len(set(shapes)) > 1:

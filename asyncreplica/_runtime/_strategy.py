@@ -40,6 +40,7 @@ from ._extended import (
     StrategyExtended,
     axis_tuple,
     check_components,
+    describe_components,
     normalize_axes,
     reduce_leaf,
 )
@@ -449,7 +450,7 @@ class Strategy:
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
-            specs = [self._backend.describe(c) for c in components]
+            specs = describe_components(self, components)
             rank = len(specs[0].shape)
             # all_gather's shape row needs the axis itself (a negative one counts from
             # the end of the first component's rank; out of range: refused below).

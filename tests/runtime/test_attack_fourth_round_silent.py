@@ -1,12 +1,14 @@
 """Silent results found by the fourth attack (issue 23, attack23b): each failed before its fix.
 
 C14: extended.update in replica context ran replica 0's fn for every replica.
+C4: an IndexedSlices index above int64, where dense_shape admits it, wrapped on 5 APIs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 import asyncreplica as ar
@@ -121,3 +123,84 @@ async def test_update_in_replica_context_with_one_fn_and_one_var_still_updates()
 
     s = strategy()
     assert s.experimental_local_results(await s.run(step)) == (0.5, 1.0)
+
+
+# -- C4: IndexedSlices indices fit int64 on every path ---------------------------------------
+
+_HUGE = (2**64 - 1, 1)  # a dense_shape that admits an index above int64
+
+
+def _huge_pair(bad: int) -> tuple[ar.IndexedSlices, ar.IndexedSlices]:
+    above = ar.IndexedSlices(np.ones((1, 1)), np.array([2**63 + 1], np.uint64), _HUGE)
+    fine = ar.IndexedSlices(np.ones((1, 1)), np.array([0], np.int32), _HUGE)
+    return (above, fine) if bad == 0 else (fine, above)
+
+
+async def _reduce_huge(api: str, bad: int) -> Any:
+    pair = _huge_pair(bad)
+    value = ar.PerReplica(pair)
+    s = strategy()
+    if api == "all_reduce":
+
+        async def step() -> Any:
+            ctx = _ctx()
+            return await ctx.all_reduce("SUM", pair[ctx.replica_id_in_sync_group])
+
+        return await s.run(step)
+    if api == "reduce":
+        return await s.reduce("SUM", value, axis=None)
+    if api == "reduce_to":
+        return await s.extended.reduce_to("SUM", value, "CPU:0")
+    if api == "reduce_to_mirrored":
+        return await s.extended.reduce_to("SUM", value, value)
+    if api == "batch_reduce_to":
+        return await s.extended.batch_reduce_to("SUM", [(value, value)])
+
+    async def merge(strategy: Any, v: Any) -> Any:
+        return await strategy.extended.reduce_to("SUM", v, "CPU:0")
+
+    async def merge_step() -> Any:
+        ctx = _ctx()
+        return await ctx.merge_call(merge, args=(pair[ctx.replica_id_in_sync_group],))
+
+    return await s.run(merge_step)
+
+
+@pytest.mark.parametrize("bad", [0, 1])
+@pytest.mark.parametrize(
+    "api",
+    ["all_reduce", "reduce", "reduce_to", "reduce_to_mirrored", "batch_reduce_to", "merge_call"],
+)
+async def test_an_indexed_slices_index_above_int64_is_refused_on_every_path(
+    api: str, bad: int
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"0 <= i < 2\*\*63 \(int64, .*got 9223372036854775809"
+    ) as info:
+        await _reduce_huge(api, bad)
+    notes = " ".join(getattr(info.value, "__notes__", []))
+    if api == "all_reduce":
+        assert f"(raised in replica {bad} of 2" in notes
+    elif api != "merge_call":  # a merge_fn's reduce_to: its note says the merge_fn's too
+        assert f"(in replica {bad}'s component of the distributed value)" in notes
+
+
+async def test_indexed_slices_below_int64_with_a_huge_dense_shape_still_reduce() -> None:
+    a = ar.IndexedSlices(np.ones((1, 1)), np.array([2**63 - 1], np.uint64), _HUGE)
+    b = ar.IndexedSlices(np.ones((1, 1)), np.array([0], np.int32), _HUGE)
+    s = strategy()
+    result = await s.reduce("SUM", ar.PerReplica((a, b)), axis=None)
+    assert result.indices.tolist() == [2**63 - 1, 0]
+    assert result.indices.dtype == np.int64
+
+
+async def test_a_bad_component_of_a_cross_replica_reduce_names_its_replica() -> None:
+    good = ar.IndexedSlices(np.ones((1, 2)), np.array([0]), (3, 2))
+    bad = ar.IndexedSlices(np.ones((1, 2)), np.array([-1]), (3, 2))
+    s = strategy(3)
+    with pytest.raises(ValueError, match="got -1") as info:
+        await s.reduce("SUM", ar.PerReplica((good, good, bad)), axis=None)
+    assert "(in replica 2's component of the distributed value)" in info.value.__notes__
+    with pytest.raises(ValueError, match="got -1") as info:
+        await s.gather(ar.PerReplica((good, bad, good)), axis=0)
+    assert "(in replica 1's component of the distributed value)" in info.value.__notes__
