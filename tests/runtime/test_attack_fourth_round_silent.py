@@ -2,10 +2,14 @@
 
 C14: extended.update in replica context ran replica 0's fn for every replica.
 C4: an IndexedSlices index above int64, where dense_shape admits it, wrapped on 5 APIs.
+C5: a step that returned a generator, where inspect does not see a generator function, ran
+nothing; a ``@types.coroutine`` step was refused as a generator function.
 """
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any
 
 import numpy as np
@@ -204,3 +208,69 @@ async def test_a_bad_component_of_a_cross_replica_reduce_names_its_replica() -> 
     with pytest.raises(ValueError, match="got -1") as info:
         await s.gather(ar.PerReplica((good, bad, good)), axis=0)
     assert "(in replica 1's component of the distributed value)" in info.value.__notes__
+
+
+# -- C5: a step is refused by what its call returns -------------------------------------------
+
+
+async def _agen_step() -> Any:
+    yield await _ctx().all_reduce("SUM", 1.0)
+
+
+def _gen_step() -> Any:
+    yield 1.0
+
+
+class _CallableAgen:
+    async def __call__(self) -> Any:
+        yield await _ctx().all_reduce("SUM", 1.0)
+
+
+def _wrapped(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+HIDDEN = {
+    "callable_object": (_CallableAgen(), "calling the _CallableAgen object returned an async"),
+    "lambda_agen": (lambda: _agen_step(), "calling <lambda> returned an async generator object"),
+    "lambda_gen": (lambda: _gen_step(), "calling <lambda> returned a generator object"),
+    "aiter": (lambda: _agen_step().__aiter__(), "returned an async generator object"),
+    "wrapped": (_wrapped(_agen_step), "calling _agen_step returned an async generator object"),
+}
+
+
+@pytest.mark.parametrize("case", list(HIDDEN))
+async def test_a_step_that_returns_a_generator_is_refused(case: str) -> None:
+    step, message = HIDDEN[case]
+    with pytest.raises(TypeError, match=message) as info:
+        await strategy().run(step)
+    assert "no replica would run its collectives" in str(info.value)
+
+
+@pytest.mark.parametrize("case", ["lambda_agen", "lambda_gen"])
+async def test_the_default_strategy_refuses_a_step_that_returns_a_generator(case: str) -> None:
+    with pytest.raises(TypeError, match=HIDDEN[case][1]):
+        await ar.get_strategy().run(HIDDEN[case][0])
+
+
+@types.coroutine
+def _coroutine_step() -> Any:
+    return (yield from _ctx().all_reduce("SUM", 1.0).__await__())
+
+
+async def test_a_types_coroutine_step_is_a_coroutine_not_refused() -> None:
+    s = strategy()
+    assert s.experimental_local_results(await s.run(_coroutine_step)) == (2.0, 2.0)
+    assert s.experimental_local_results(await s.run(functools.partial(_coroutine_step))) == (
+        2.0,
+        2.0,
+    )
+
+
+async def test_a_partial_of_a_generator_function_is_refused_by_its_name() -> None:
+    with pytest.raises(TypeError, match=r"functools.partial\(_gen_step\) is a generator function"):
+        await strategy().run(functools.partial(_gen_step))
