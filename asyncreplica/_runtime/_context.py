@@ -766,6 +766,8 @@ class ReplicaContext:
 
         Raises:
             ValueError: ``source`` is not a replica id.
+            NotImplementedError: A leaf is ``IndexedSlices`` (the replicas' slices hold
+                different numbers of rows; ``extended.broadcast_to`` copies them).
             CollectiveMismatchError: See :meth:`all_reduce`.
             ReplicaExitedError: See :meth:`all_reduce`.
             ReplicaContextError: Called outside this replica.
@@ -776,12 +778,14 @@ class ReplicaContext:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        specs = self._describe(leaves, treedef)
+        _refuse_broadcast_slices(specs)
         signature = Signature(
             CollectiveKind.BROADCAST,
             source=source,
             name=self._check_name(name),
             structure=treedef,
-            leaves=self._describe(leaves, treedef),
+            leaves=specs,
             call_path=call_path(),
         )
         return Collective(
@@ -942,6 +946,22 @@ def _component(num_replicas: int) -> Callable[[int, object], object]:
     return functools.partial(component, num_replicas=num_replicas)
 
 
+def _refuse_broadcast_slices(specs: Sequence[LeafSpec]) -> None:
+    """Refuse ``IndexedSlices`` in ``broadcast``, at issue, in the replica that passed them.
+
+    The replicas' slices hold different numbers of rows, so no replica could receive the
+    source's into a value of its own shape (the backends receive in place).
+    """
+    for i, spec in enumerate(specs):
+        if spec.sparse:
+            raise NotImplementedError(
+                f"broadcast does not support IndexedSlices (leaf {i}, {spec}): the "
+                "replicas' slices hold different numbers of rows. Broadcast a dense value "
+                "instead (densify the slices), or, in cross-replica context (a merge_fn), "
+                "copy them with strategy.extended.broadcast_to"
+            )
+
+
 def _check_axis(axis: object, specs: Sequence[LeafSpec], api: str, *, sparse_ok: bool) -> int:
     if isinstance(axis, bool) or not isinstance(axis, int):
         raise TypeError(f"{api}: axis must be an int, got {value_text(axis)}")
@@ -1031,7 +1051,8 @@ class DefaultReplicaContext(ReplicaContext):
             _refuse_default_in_replica("broadcast")
         if source != 0:
             raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
-        self._validate(value)
+        leaves, treedef = flatten(value)
+        _refuse_broadcast_slices(self._describe(leaves, treedef))
         return value
 
     async def reduce_scatter(

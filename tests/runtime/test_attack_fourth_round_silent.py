@@ -4,11 +4,13 @@ C14: extended.update in replica context ran replica 0's fn for every replica.
 C4: an IndexedSlices index above int64, where dense_shape admits it, wrapped on 5 APIs.
 C5: a step that returned a generator, where inspect does not see a generator function, ran
 nothing; a ``@types.coroutine`` step was refused as a generator function.
+C12: ctx.broadcast of IndexedSlices was accepted at issue, then failed in numpy's internals.
 """
 
 from __future__ import annotations
 
 import functools
+import re
 import types
 from typing import Any
 
@@ -274,3 +276,38 @@ async def test_a_types_coroutine_step_is_a_coroutine_not_refused() -> None:
 async def test_a_partial_of_a_generator_function_is_refused_by_its_name() -> None:
     with pytest.raises(TypeError, match=r"functools.partial\(_gen_step\) is a generator function"):
         await strategy().run(functools.partial(_gen_step))
+
+
+# -- C12: broadcast refuses IndexedSlices at issue ---------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_broadcast_of_indexed_slices_is_refused_at_issue_naming_the_replica(n: int) -> None:
+    async def step() -> Any:
+        ctx = _ctx()
+        r = ctx.replica_id_in_sync_group
+        value = {"w": np.zeros(2), "g": ar.IndexedSlices(np.ones((1, 2)) * (r + 1), [r], (3, 2))}
+        return await ctx.broadcast(value, source=n - 1)
+
+    with pytest.raises(NotImplementedError) as info:
+        await strategy(n).run(step)
+    message = str(info.value)
+    assert message.startswith("broadcast does not support IndexedSlices (leaf 0, IndexedSlices(")
+    assert "extended.broadcast_to" in message
+    notes = " ".join(info.value.__notes__)
+    assert re.search(rf"\(raised in replica \d of {n} in MirroredStrategy.run\)", notes), notes
+    assert "backend" not in notes
+
+
+async def test_broadcast_of_indexed_slices_in_the_default_context_is_refused() -> None:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    with pytest.raises(NotImplementedError, match="broadcast does not support IndexedSlices"):
+        await ctx.broadcast(ar.IndexedSlices(np.ones((1, 2)), [0], (3, 2)))
+
+
+async def test_broadcast_to_still_copies_indexed_slices() -> None:
+    s = strategy()
+    value = ar.IndexedSlices(np.ones((1, 2)), np.array([1]), (3, 2))
+    copies = await s.extended.broadcast_to(value, ["CPU:0", "CPU:1"])
+    assert [c.indices.tolist() for c in copies.values] == [[1], [1]]
