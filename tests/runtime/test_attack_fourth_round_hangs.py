@@ -1,0 +1,63 @@
+"""Hangs found by the fourth round's attack (attack23b: C11, C9, C7).
+
+Each test hung before its fix; each runs under a ``fail_after`` guard, so a hang fails it
+instead of stalling the suite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+import asyncreplica as ar
+
+pytestmark = pytest.mark.anyio
+
+DEVICES = ["CPU:0", "CPU:1", "CPU:2"]
+SLOW = ar.CommunicationOptions(timeout_seconds=60)  # a timeout: the slow path
+OPTIONS = [pytest.param(None, id="fast"), pytest.param(SLOW, id="slow")]
+
+
+def strategy(n: int = 3, **kwargs: Any) -> ar.MirroredStrategy:
+    return ar.MirroredStrategy(DEVICES[:n], **kwargs)
+
+
+def _ctx() -> ar.ReplicaContext:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return ctx
+
+
+# -- C11: merge_fn awaits a collective its replica issued before merge_call ----------------
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+async def test_a_merge_fn_awaiting_a_collective_issued_before_merge_call_is_refused(
+    options: ar.CommunicationOptions | None,
+) -> None:
+    # Before: a hang (merge_fn waits for replicas 1, 2 at "pre"; they wait for merge_fn);
+    # with a timeout, "Replica 0 was cancelled while waiting at 'pre'", which was false.
+    async def step() -> object:
+        ctx = _ctx()
+        pre = ctx.all_reduce("SUM", 1.0, name="pre", options=options)
+        if ctx.replica_id_in_sync_group == 0:
+            for _ in range(5):  # replica 0 arrives last: merge_fn runs in its task
+                await anyio.lowlevel.checkpoint()
+
+        async def merge_fn(strategy: ar.Strategy) -> object:
+            return await pre
+
+        result = await ctx.merge_call(merge_fn)
+        return result, await pre
+
+    s = strategy()
+    with anyio.fail_after(10), pytest.raises(ar.ReplicaContextError) as info:
+        await s.run(step)
+    message = str(info.value)
+    assert "A merge_fn awaited a collective that replica 0 issued before merge_call" in message
+    assert "name='pre'" in message
+    assert "test_attack_fourth_round_hangs.py:" in message  # where it was issued
+    assert "Await the collective in the step function" in message
