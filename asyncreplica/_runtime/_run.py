@@ -34,6 +34,7 @@ import anyio.lowlevel
 from .._core._ledger import Key, Ledger, key_index
 from .._core._lifecycle import Event, Lifecycle
 from .._core._report import (
+    combine_timeout_message,
     key_text,
     merge_fn_timeout_message,
     see_also,
@@ -566,7 +567,11 @@ class Run(Watching):
                     raise
             else:
                 try:
-                    slot.results = await call.dispatch(self, call, slot.payloads)
+                    slot.results = await (
+                        self._combine(call, key, slot)
+                        if call.timeout
+                        else call.dispatch(self, call, slot.payloads)
+                    )
                 except Exception as exc:
                     fail_waiters(slot, exc)
                     raise
@@ -649,6 +654,48 @@ class Run(Watching):
                 where,
                 limit,
                 signature.merge_fn_name or "merge_fn",
+                call.replica,
+                where_stuck,
+                self.num_replicas,
+            ),
+        )
+        self._fail(call.replica, error)
+        raise error
+
+    async def _combine(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
+        """The backend's combine of a collective, bounded by its ``timeout_seconds``.
+
+        Counted from when the combine starts, as a ``merge_fn`` is (see :meth:`_merge`):
+        an ``async`` backend waiting for ever (on a peer, a device) is a hang every
+        replica shares.
+        """
+        limit = call.timeout
+        assert limit
+        where_stuck = "unknown"
+        with anyio.move_on_after(limit):
+            try:
+                return await call.dispatch(self, call, slot.payloads)
+            except anyio.get_cancelled_exc_class() as exc:
+                where_stuck = _tasks.where_raised(exc.__traceback__)
+                raise
+        if self.failed:
+            await anyio.lowlevel.checkpoint()  # the run is being torn down: cancelled here
+        signature = call._signature
+        backend = self.backend
+        method = signature.kind.value
+        name = getattr(backend, "name", "") or type(backend).__name__
+        where = key_text(key)
+        error = CollectiveTimeoutError(
+            key_index(key),
+            limit,
+            dict.fromkeys(range(self.num_replicas), signature),
+            {},
+            where=where,
+            report=self.ledger.report(),
+            message=combine_timeout_message(
+                where,
+                limit,
+                f"the {name!r} backend's {method} ({type(backend).__name__}.{method})",
                 call.replica,
                 where_stuck,
                 self.num_replicas,

@@ -11,6 +11,8 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import pytest
+from _clocks import trio_on_autojump_clock
+from asyncreplica_numpy import NumpyBackend
 
 import asyncreplica as ar
 
@@ -61,3 +63,39 @@ async def test_a_merge_fn_awaiting_a_collective_issued_before_merge_call_is_refu
     assert "name='pre'" in message
     assert "test_attack_fourth_round_hangs.py:" in message  # where it was issued
     assert "Await the collective in the step function" in message
+
+
+# -- C9: timeout_seconds bounds an async backend's combine, as it bounds merge_fn -----------
+
+
+class _Stuck(NumpyBackend):
+    """A third-party backend whose combine waits for ever (a peer, a device)."""
+
+    async def all_reduce(self, op: Any, values: Any, *, bytes_per_pack: int = 0) -> Any:
+        await anyio.sleep_forever()
+
+
+@trio_on_autojump_clock
+@pytest.mark.parametrize("caught", [False, True], ids=["raised", "caught"])
+async def test_a_backend_combine_that_never_returns_times_out(caught: bool) -> None:
+    # Before: a hang; timeout_seconds bounded the rendezvous and merge_fn, not the combine.
+    async def step() -> object:
+        try:
+            return await _ctx().all_reduce("SUM", 1.0)
+        except ar.CollectiveTimeoutError as exc:
+            if not caught:
+                raise
+            return type(exc).__name__
+
+    s = strategy(
+        backend=_Stuck(DEVICES), communication_options=ar.CommunicationOptions(timeout_seconds=0.2)
+    )
+    with anyio.fail_after(10), pytest.raises(ar.CollectiveTimeoutError) as info:
+        await s.run(step)
+    message = str(info.value)
+    assert message.startswith(
+        "Timed out after 0.2 s waiting for the 'numpy' backend's all_reduce "
+        "(_Stuck.all_reduce) to return at the 1st collective"
+    ), message
+    assert "test_attack_fourth_round_hangs.py:" in message  # where the combine waits
+    assert "replicas 0-2 arrived" in message
