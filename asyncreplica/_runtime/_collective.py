@@ -189,7 +189,10 @@ def _twin(exc: BaseException) -> BaseException:
     """A fresh copy of ``exc`` (``exc`` itself where it cannot be copied)."""
     try:
         twin = copy.copy(exc)
-    except Exception:
+    except BaseException:
+        # Whatever stops the copy (a KeyboardInterrupt from the class's __reduce_ex__
+        # included) must not stop the abort: a waiter left unwoken is a hang, and the
+        # copy's own error would be told as the replica's, losing the error itself.
         return exc
     if type(twin) is not type(exc):
         return exc
@@ -198,7 +201,7 @@ def _twin(exc: BaseException) -> BaseException:
         # Uncaught, a copy is the dispatching replica's error again, not a second root
         # cause (Run._recorded reads this).
         twin._ar_twin_of = exc  # type: ignore[attr-defined]
-    except Exception:
+    except BaseException:
         # A user's exception may refuse attributes (a __setattr__ that raises): every
         # waiter gets the error itself then, never our AttributeError, never a waiter
         # left unwoken (the abort wakes them one by one).

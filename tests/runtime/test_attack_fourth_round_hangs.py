@@ -99,3 +99,52 @@ async def test_a_backend_combine_that_never_returns_times_out(caught: bool) -> N
     ), message
     assert "test_attack_fourth_round_hangs.py:" in message  # where the combine waits
     assert "replicas 0-2 arrived" in message
+
+
+# -- C7: an error whose copy raises a BaseException -----------------------------------------
+
+
+class _CopyInterrupted(Exception):
+    """An error whose copy is interrupted (as a Ctrl-C landing in ``copy.copy`` would)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise KeyboardInterrupt("copy of the error interrupted")
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+@pytest.mark.parametrize("where", ["merge_fn", "backend"])
+@pytest.mark.parametrize("caught", [True, False], ids=["caught", "raised"])
+async def test_an_error_whose_copy_is_interrupted_reaches_every_waiter(
+    options: ar.CommunicationOptions | None, where: str, caught: bool
+) -> None:
+    # Before: caught, a hang on asyncio and uvloop (the copy for the first waiter raised,
+    # the others were never woken); raised, the KeyboardInterrupt of the library's copy
+    # was told as "raised in replica 2", and the user's error was lost.
+    class Failing(NumpyBackend):
+        async def all_reduce(self, op: Any, values: Any, *, bytes_per_pack: int = 0) -> Any:
+            raise _CopyInterrupted("boom")
+
+    def merge_fn(strategy: ar.Strategy, value: Any) -> float:
+        raise _CopyInterrupted("boom")
+
+    async def collective() -> object:
+        ctx = _ctx()
+        if where == "merge_fn":
+            return await ctx.merge_call(merge_fn, args=(1.0,))
+        return await ctx.all_reduce("SUM", 1.0)
+
+    async def step() -> object:
+        if not caught:
+            return await collective()
+        try:
+            return await collective()
+        except BaseException as exc:
+            return type(exc).__name__
+
+    s = strategy(backend=Failing(DEVICES), communication_options=options)
+    with anyio.fail_after(10):
+        if caught:
+            assert set(s.experimental_local_results(await s.run(step))) == {"_CopyInterrupted"}
+        else:
+            with pytest.raises(_CopyInterrupted, match="boom"):
+                await s.run(step)
