@@ -45,6 +45,7 @@ from .._exceptions import (
     CollectiveTimeoutError,
     ReplicaCancelledError,
     ReplicaContextError,
+    made_mark,
 )
 from . import _inspect, _tasks
 from ._clock import loop_clock
@@ -307,6 +308,8 @@ class Run(Watching):
         self.inspections = 0  # tasks inspected by deadlock checks (tests count them)
         self._ended = ""  # how the run ended ("failed", "was cancelled"), once closed
         self._errors: list[tuple[int, BaseException]] = rv.errors
+        # Every asyncreplica error this run makes is made after this mark (_root_cause).
+        self._born = made_mark()
         # Errors of replicas cancelled while waiting: root causes unless the run itself
         # was cancelled (then they are its consequences).
         self._abandonments: list[CollectiveError] = []

@@ -70,3 +70,72 @@ async def test_a_backend_ending_like_a_cancellation_is_told_as_the_backends(
     assert "was cancelled" not in message
     assert isinstance(info.value.__cause__, kind)
     assert not any("raised in replica" in n for n in getattr(info.value, "__notes__", []))
+
+
+# -- C10: a step raising asyncreplica's own error classes ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: ar.CollectiveError("user-made collective error"), id="collective"),
+        pytest.param(lambda: ar.InternalError("user-made internal error"), id="internal"),
+    ],
+)
+async def test_a_library_error_made_by_the_step_is_noted_as_the_replicas(make: Any) -> None:
+    # Before: raised with no replica note, as if the run had made it (an InternalError
+    # from the user's code read as asyncreplica's own bug report).
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 1:
+            raise make()
+        return await ctx.all_reduce("SUM", 1.0)
+
+    s = strategy(2)
+    with anyio.fail_after(10), pytest.raises(ar.AsyncReplicaError, match="user-made") as info:
+        await s.run(step)
+    assert "(raised in replica 1 of 2 in MirroredStrategy.run)" in info.value.__notes__
+
+
+async def test_an_earlier_runs_error_raised_again_is_noted_as_the_replicas() -> None:
+    # Before: the second run raised the first run's ReplicaExitedError as its own story
+    # ("replica 1 is waiting"), false for this run: replica 1 raised it, replica 0 waited.
+    async def uneven() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            return 0.0
+        return await ctx.all_reduce("SUM", 1.0)
+
+    s = strategy(2)
+    with anyio.fail_after(10), pytest.raises(ar.ReplicaExitedError) as first:
+        await s.run(uneven)
+    assert not any("raised in replica" in n for n in getattr(first.value, "__notes__", []))
+    saved = first.value
+
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 1:
+            raise saved
+        return await ctx.all_reduce("SUM", 1.0)
+
+    with anyio.fail_after(10), pytest.raises(ar.ReplicaExitedError) as info:
+        await s.run(step)
+    assert info.value is saved
+    assert (
+        "(raised in replica 1 of 2 in MirroredStrategy.run: an earlier run made this error, "
+        "and the step raised it again)" in info.value.__notes__
+    )
+
+
+async def test_the_runs_own_errors_still_carry_no_replica_note() -> None:
+    # The rule above keeps the run's own errors as they were: they name their replicas.
+    async def step() -> object:
+        ctx = _ctx()
+        if ctx.replica_id_in_sync_group == 0:
+            return await ctx.all_reduce("SUM", 1.0)
+        return await ctx.all_reduce("MAX", 1.0)
+
+    s = strategy(2)
+    with anyio.fail_after(10), pytest.raises(ar.CollectiveMismatchError) as info:
+        await s.run(step)
+    assert not any("raised in replica" in n for n in getattr(info.value, "__notes__", []))
