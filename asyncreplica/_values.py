@@ -111,8 +111,10 @@ class IndexedSlices:
     A collective checks the parts fit together before any data moves, in the replica
     that passed them: integer ``indices`` (``TypeError`` otherwise), one per row, and
     rows of shape ``dense_shape[1:]``, and row numbers ``0 <= i < dense_shape[0]``
-    (``ValueError`` otherwise: a negative index is not read from the end). Replicas whose
-    indices have different integer dtypes get int64 indices.
+    and below ``2**63`` (``ValueError`` otherwise: a negative index is not read from the
+    end). Replicas whose indices have different integer dtypes get int64 indices. The
+    cross-replica APIs (``Strategy.reduce``, ``extended.reduce_to``, ...) hold each
+    component to the same rule and name its replica.
 
     Args:
         values: The rows, shape ``(n, *dense_shape[1:])``.

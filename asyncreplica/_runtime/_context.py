@@ -544,6 +544,11 @@ def _key_set(treedef: TreeDef) -> TreeDef:
     return (cls, keys, tuple(_key_set(child) for child in children))
 
 
+def _fn_name(fn: Callable[..., Any]) -> str:
+    """A function's qualified name for reports (a callable object's type's)."""
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
+
+
 def _merge_fn_key(merge_fn: Callable[..., Any]) -> object:
     """What identifies a merge function across replicas: its code, not the closure."""
     fn: object = merge_fn
@@ -813,6 +818,8 @@ class ReplicaContext:
 
         Raises:
             ValueError: ``source`` is not a replica id.
+            NotImplementedError: A leaf is ``IndexedSlices`` (the replicas' slices hold
+                different numbers of rows; ``extended.broadcast_to`` copies them).
             CollectiveMismatchError: See :meth:`all_reduce`.
             ReplicaExitedError: See :meth:`all_reduce`.
             ReplicaContextError: Called outside this replica.
@@ -823,12 +830,14 @@ class ReplicaContext:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        specs = self._describe(leaves, treedef)
+        _refuse_broadcast_slices(specs)
         signature = Signature(
             CollectiveKind.BROADCAST,
             source=source,
             name=self._check_name(name),
             structure=treedef,
-            leaves=self._describe(leaves, treedef),
+            leaves=specs,
             call_path=call_path(),
         )
         return Collective(
@@ -949,12 +958,32 @@ class ReplicaContext:
                 f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
+        return self._merge_call(
+            run, merge_fn, args, kwargs, _merge_fn_key(merge_fn), _fn_name(merge_fn)
+        )
+
+    def _merge_call(
+        self,
+        run: Run,
+        merge_fn: Callable[..., Any],
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        key: object,
+        name: str,
+    ) -> Awaitable[Any]:
+        """``merge_call`` whose replicas must agree on ``key`` (what identifies the call).
+
+        ``merge_call`` passes its merge function's key; a library API built on it (such as
+        ``extended.update``, whose merge function is its own closure) passes the key of
+        what the user gave it, so that replicas passing different functions are a
+        mismatch, never replica 0's run for all.
+        """
         timeout = self._options(None)
         payload = (merge_fn, tuple(args), dict(kwargs))
         signature = Signature(
             CollectiveKind.MERGE_CALL,
-            merge_fn=_merge_fn_key(merge_fn),
-            merge_fn_name=getattr(merge_fn, "__qualname__", type(merge_fn).__qualname__),
+            merge_fn=key,
+            merge_fn_name=name,
             # The replicas' arguments are regrouped leaf by leaf: their structures must
             # agree, and a replica that disagrees is named when it arrives.
             structure=_key_set(flatten(payload[1:])[1]),
@@ -967,6 +996,22 @@ class ReplicaContext:
 
 def _component(num_replicas: int) -> Callable[[int, object], object]:
     return functools.partial(component, num_replicas=num_replicas)
+
+
+def _refuse_broadcast_slices(specs: Sequence[LeafSpec]) -> None:
+    """Refuse ``IndexedSlices`` in ``broadcast``, at issue, in the replica that passed them.
+
+    The replicas' slices hold different numbers of rows, so no replica could receive the
+    source's into a value of its own shape (the backends receive in place).
+    """
+    for i, spec in enumerate(specs):
+        if spec.sparse:
+            raise NotImplementedError(
+                f"broadcast does not support IndexedSlices (leaf {i}, {spec}): the "
+                "replicas' slices hold different numbers of rows. Broadcast a dense value "
+                "instead (densify the slices), or, in cross-replica context (a merge_fn), "
+                "copy them with strategy.extended.broadcast_to"
+            )
 
 
 def _check_axis(axis: object, specs: Sequence[LeafSpec], api: str, *, sparse_ok: bool) -> int:
@@ -1058,7 +1103,8 @@ class DefaultReplicaContext(ReplicaContext):
             _refuse_default_in_replica("broadcast")
         if source != 0:
             raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
-        self._validate(value)
+        leaves, treedef = flatten(value)
+        _refuse_broadcast_slices(self._describe(leaves, treedef))
         return value
 
     async def reduce_scatter(

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import dis
+import functools
+import inspect
 import math
 from types import FrameType, TracebackType
 
@@ -230,3 +232,68 @@ def stop_iteration_error(error: StopIteration, what: str) -> RuntimeError:
     )
     runtime.__cause__ = error
     return runtime
+
+
+def generator_step(fn: object) -> bool:
+    """Whether calling ``fn`` gives a generator that is not a coroutine (a stray ``yield``).
+
+    A ``@types.coroutine`` generator function is a coroutine: awaiting what it returns
+    runs it, so it is a step like any ``async def``.
+    """
+    if inspect.isasyncgenfunction(fn):
+        return True
+    if not inspect.isgeneratorfunction(fn):
+        return False
+    inner = fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    inner = getattr(inner, "__func__", inner)  # a bound method
+    code = getattr(inner, "__code__", None)
+    return code is None or not code.co_flags & inspect.CO_ITERABLE_COROUTINE
+
+
+def refuse_generator_result(fn: object, result: object) -> None:
+    """Raise when a step returned a generator or an async generator instead of its results.
+
+    The step's call is what decides, not how ``fn`` looks: a callable object, a lambda
+    or a wrapper around a generator function returns one too. Awaiting it would run
+    nothing, and the run would return the unstarted generators as the replicas' values.
+    A generator that is awaitable (``@types.coroutine``) is a coroutine, not refused.
+    """
+    if inspect.isasyncgen(result):
+        raise generator_step_error(fn, "an async generator")
+    if inspect.isgenerator(result) and not inspect.isawaitable(result):
+        result.close()
+        raise generator_step_error(fn, "a generator")
+
+
+def generator_step_error(fn: object, returned: str | None = None) -> TypeError:
+    """The error for a step that is (``returned`` None) or returned a generator.
+
+    Args:
+        fn: The step.
+        returned: What calling it returned ("a generator", "an async generator"), or
+            None when ``fn`` itself is a generator function.
+    """
+    inner = fn
+    while isinstance(inner, functools.partial):
+        inner = inner.func
+    name = getattr(inner, "__qualname__", None) or getattr(inner, "__name__", None)
+    name = f"the {type(inner).__name__} object" if name is None else name
+    if inner is not fn:
+        name = f"functools.partial({name})"
+    if returned is None:
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+        what = f"{name} is {kind} function (it contains `yield`): calling it runs none of its code"
+    else:
+        what = (
+            f"calling {name} returned {returned} object, not its results or a coroutine: "
+            "a generator runs none of its code until it is iterated"
+        )
+    return TypeError(
+        f"Strategy.run expects a step function, but {what}, so no replica would run its "
+        "collectives.\n\n"
+        "Write the step as `async def` with `return` instead of `yield` (return a tuple "
+        "or a list for several values); to run several steps, call strategy.run once "
+        "per step from your own loop."
+    )

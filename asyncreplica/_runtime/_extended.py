@@ -15,11 +15,11 @@ from .._core._components import (
 )
 from .._core._devices import parse_device
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
-from .._core._signature import CollectiveKind, ReduceOp
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
-from ._context import DefaultReplicaContext, _check_args
+from ._context import DefaultReplicaContext, _check_args, _fn_name, _merge_fn_key
 from ._mode import current_mode
 from ._values import flatten_distributed
 
@@ -109,6 +109,26 @@ def _is_number(value: object) -> bool:
 _NUMBERS = (int, float, complex)
 
 
+def describe_components(
+    strategy: ContainerStrategy, components: Sequence[object]
+) -> list[LeafSpec]:
+    """The backend's spec of each replica's component; a refusal names that replica.
+
+    The cross-replica APIs (``Strategy.reduce``, ``gather``, ``extended.reduce_to``,
+    ``batch_reduce_to``) describe one component per replica, as a collective describes
+    each replica's value in that replica: the refusal says whose component it was.
+    """
+    describe = strategy.backend.describe
+    specs = []
+    for i, component in enumerate(components, strategy._replica_offset):
+        try:
+            specs.append(describe(component))
+        except Exception as error:
+            error.add_note(f"(in replica {i}'s component of the distributed value)")
+            raise
+    return specs
+
+
 async def reduce_leaf(
     strategy: ContainerStrategy, op: ReduceOp, leaf: object, axes: tuple[int, ...] | None
 ) -> object:
@@ -126,7 +146,7 @@ async def reduce_leaf(
     n = strategy._num_local
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
-        specs = [describe(c) for c in components]
+        specs = describe_components(strategy, components)
         group = strategy._group
         try:
             norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
@@ -188,6 +208,30 @@ def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:
         f"reduce op {op}: it is one value, not one per replica, so {op.value} across "
         f"{n} replicas is ambiguous. Pass a PerReplica value (for example the result "
         "of strategy.run) or use MEAN."
+    )
+
+
+def _refuse_different_vars(var: Any, first: int) -> None:
+    """Raise: the replicas' ``extended.update`` calls passed different ``var`` objects.
+
+    ``var`` is their regrouped ``var`` (one component per replica); ``first``: the
+    global id of its first component's replica.
+    """
+    components = var.values if isinstance(var, DistributedValues) else (var,)
+    groups: dict[int, tuple[object, list[int]]] = {}
+    for i, component in enumerate(components, first):
+        groups.setdefault(id(component), (component, []))[1].append(i)
+    passed = "; ".join(
+        f"replica{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} passed "
+        f"{type(obj).__name__} at {id(obj):#x}"
+        for obj, ids in groups.values()
+    )
+    raise ValueError(
+        "extended.update in replica context updates one var for every replica (it runs "
+        f"fn once per component of it), so every replica must pass the same object, but "
+        f"{passed}. Capture one distributed variable and pass it on every replica, or "
+        "update each value in cross-replica context (inside a merge_fn or outside "
+        "Strategy.run)."
     )
 
 
@@ -405,9 +449,8 @@ class StrategyExtended:
         strategy = self._strategy
         n = strategy._num_local
         per_replica = [[strategy._component(i, leaf) for leaf in batch] for i in range(n)]
-        describe = strategy.backend.describe
         for j in range(len(batch)):
-            specs = [describe(per_replica[i][j]) for i in range(n)]
+            specs = describe_components(strategy, [per_replica[i][j] for i in range(n)])
             check_components("extended.reduce_to", CollectiveKind.ALL_REDUCE, op, specs)
             shapes = [tuple(s.shape) for s in specs]
             if len(set(shapes)) > 1:
@@ -476,7 +519,9 @@ class StrategyExtended:
         with one replica), with the ``i``-th component of each distributed argument.
         In replica context the call goes through ``merge_call`` (so every replica must
         call it, and it is a collective); ``var`` must then be the same object on every
-        replica (captured, not a per-replica argument). ``fn`` may be ``async``.
+        replica (captured, not a per-replica argument), and ``fn`` the same code and
+        ``group`` the same value (compared as ``merge_call`` compares ``merge_fn``: never
+        replica 0's ``fn`` run for all). ``fn`` may be ``async``.
 
         Args:
             var: The distributed value to update.
@@ -492,7 +537,10 @@ class StrategyExtended:
         Raises:
             TypeError: ``fn`` is not callable, or ``var`` is not distributed on several
                 replicas.
-            ValueError: ``args`` is not a list or tuple, or a component count is wrong.
+            ValueError: ``args`` is not a list or tuple, or a component count is wrong,
+                or (in replica context) the replicas passed different ``var`` objects.
+            CollectiveMismatchError: In replica context, the replicas passed different
+                ``fn`` code or ``group``, or issued another collective at this position.
 
         Example:
             >>> import asyncio
@@ -520,11 +568,21 @@ class StrategyExtended:
                     f"{replica.strategy!r}: mixing strategies is not supported."
                 )
 
+            run = replica._require_current("extended.update")
+            mine = var
+
             def merge_fn(strategy: ContainerStrategy, var: Any, *a: Any, **k: Any) -> Any:
-                # Replica 0's closure runs, as in TensorFlow (every replica's has one code).
+                # Replica 0's closure runs, as in TensorFlow: the replicas agreed on fn's
+                # code and on group (the key below), and on var here.
+                if var is not mine:
+                    _refuse_different_vars(var, strategy._replica_offset)
                 return strategy.extended._update(var, fn, a, k, group)
 
-            return await replica.merge_call(merge_fn, args=(var, *args), kwargs=kwargs)
+            # What the replicas must agree on is the user's fn (by code, as merge_call's
+            # merge_fn) and group, not this closure, which is the same on every replica.
+            key = ("extended.update", _merge_fn_key(fn), group)
+            name = f"extended.update({_fn_name(fn)}{'' if group else ', group=False'})"
+            return await replica._merge_call(run, merge_fn, (var, *args), kwargs, key, name)
         return await self._update(var, fn, args, kwargs, group)
 
     async def _update(

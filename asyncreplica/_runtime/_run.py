@@ -51,7 +51,7 @@ from . import _inspect, _tasks
 from ._clock import loop_clock
 from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
 from ._deadlock import Watching
-from ._ending import stop_iteration_error
+from ._ending import refuse_generator_result, stop_iteration_error
 from ._mode import MODE, Mode
 from ._park import _add_note, _cancelled, _describe, _leaves, _retrieve
 from ._waiter import Waiter
@@ -805,6 +805,7 @@ class Run(Watching):
                 await self._jitter()
             called = True
             result = fn(*args, **kwargs)
+            refuse_generator_result(fn, result)
             if inspect.isawaitable(result):
                 result = await result
             self._check_awaited(replica)

@@ -36,10 +36,12 @@ from .._registry import (
 )
 from .._values import DistributedValues, PerReplica, ValueContext
 from ._context import DefaultReplicaContext, ReplicaContext, _check_args, result_fits
+from ._ending import generator_step, generator_step_error, refuse_generator_result
 from ._extended import (
     StrategyExtended,
     axis_tuple,
     check_components,
+    describe_components,
     normalize_axes,
     reduce_leaf,
 )
@@ -79,21 +81,6 @@ def _coroutine_error(fn: object) -> TypeError:
         f"    await strategy.run({name}(x))             # incorrect!\n\n"
         "Instead pass the function and its arguments (notice: no call parentheses):\n\n"
         f"    await strategy.run({name}, args=(x,))     # correct"
-    )
-
-
-def _generator_error(fn: object) -> TypeError:
-    # A stray ``yield`` makes the step a generator function: calling it runs nothing (no
-    # collective), so every replica would "return" an unstarted generator object.
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "step")
-    kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
-    return TypeError(
-        f"Strategy.run expects a step function, but {name} is {kind} function (it "
-        "contains `yield`): calling it runs none of its code, so no replica would run its "
-        "collectives.\n\n"
-        "Write the step as `async def` with `return` instead of `yield` (return a tuple "
-        "or a list for several values); to run several steps, call strategy.run once "
-        "per step from your own loop."
     )
 
 
@@ -268,7 +255,9 @@ class Strategy:
 
         Raises:
             TypeError: ``fn`` is a coroutine object, a generator or async generator
-                function, or not callable.
+                function (a ``@types.coroutine`` one is a coroutine function), or not
+                callable; or calling it returned a generator or an async generator (a
+                callable object, a lambda or a wrapper around one).
             ValueError: ``args`` is not a list or tuple, or a ``PerReplica`` argument
                 has the wrong number of components.
             ReplicaContextError: Called inside a replica (nested run) or inside another
@@ -283,8 +272,8 @@ class Strategy:
             raise _coroutine_error(fn)
         if not callable(fn):
             raise TypeError(f"Strategy.run expects a function, got {fn!r}")
-        if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
-            raise _generator_error(fn)
+        if generator_step(fn):
+            raise generator_step_error(fn)
         args, kwargs = _check_args(args, kwargs, "Strategy.run")
         mode = current_mode()
         if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
@@ -449,7 +438,7 @@ class Strategy:
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
-            specs = [self._backend.describe(c) for c in components]
+            specs = describe_components(self, components)
             rank = len(specs[0].shape)
             # all_gather's shape row needs the axis itself (a negative one counts from
             # the end of the first component's rank; out of range: refused below).
@@ -999,6 +988,7 @@ class DefaultStrategy(Strategy):
         token = MODE.set(Mode(self, False, self.default_replica_context))
         try:
             result = fn(*args, **kwargs)
+            refuse_generator_result(fn, result)
             if inspect.isawaitable(result):
                 result = await result
         finally:

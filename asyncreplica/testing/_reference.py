@@ -30,6 +30,10 @@ The rules, element by element:
 * ``Strategy.reduce`` of a plain (non-distributed) value: the value itself, no
   arithmetic (TensorFlow's rule; what a merge_fn receives at one replica is plain).
 * ``Strategy.gather``: ``all_gather``'s concatenation.
+* ``IndexedSlices`` (SUM, MEAN): values as :func:`slices_values`; indices concatenated
+  in replica order, in their dtype when every replica's is the same, else int64; an
+  index outside ``0 <= i < min(dense_shape[0], 2**63)`` is a ``ValueError`` on every
+  path (:func:`slices_indices`).
 * Packing (``bytes_per_pack``), the batch a leaf is in, the replicas' arrival order
   and the path taken never change a result.
 """
@@ -63,6 +67,7 @@ __all__ = [
     "reduce",
     "reduce_plain",
     "reduce_scatter",
+    "slices_indices",
     "slices_values",
 ]
 
@@ -173,6 +178,27 @@ def slices_values(op: ReduceOp, values: Sequence[Array]) -> Array:
         else:
             out[index] = _divide(rows[index], n)
     return out
+
+
+def slices_indices(indices: Sequence[Array], rows: int) -> Array:
+    """The indices of every replica's ``IndexedSlices`` reduced (SUM or MEAN).
+
+    Each index is a row number of the dense value, ``0 <= i < rows`` (``rows`` is
+    ``dense_shape[0]``), and fits int64, the dtype replicas' indices of different dtypes
+    are combined in. The result is the indices in replica order, as Python integers
+    first, then in the one dtype every replica's indices have, else int64.
+
+    Raises:
+        ValueError: An index is negative, not below ``rows``, or not below ``2**63``.
+    """
+    numbers: list[int] = []
+    for part in indices:
+        for index in part.tolist():
+            if not 0 <= index < min(rows, 2**63):
+                raise ValueError(f"IndexedSlices index {index} is not a row number below {rows}")
+            numbers.append(index)
+    dtypes = {part.dtype for part in indices}
+    return np.array(numbers, dtypes.pop() if len(dtypes) == 1 else np.int64)
 
 
 def all_reduce(op: ReduceOp, per_replica: Sequence[Sequence[Array]]) -> list[Array]:

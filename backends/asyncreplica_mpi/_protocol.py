@@ -165,9 +165,12 @@ def signature_fields(
             shape[gathered] = -1
         leaves.append([shape, spec.dtype, spec.sparse, spec.array_type])
     merge_fn = signature.merge_fn
-    code = getattr(merge_fn, "co_filename", None)
+    # merge_call's key is its merge_fn's code; a library API's (extended.update) is a
+    # tuple holding the user's fn's code, whose name tells the rest.
+    parts = merge_fn if isinstance(merge_fn, tuple) else (merge_fn,)
+    code = next((p for p in parts if getattr(p, "co_filename", None) is not None), None)
     if code is not None:
-        merge_fn = f"{signature.merge_fn_name} ({code}:{getattr(merge_fn, 'co_firstlineno', 0)})"
+        merge_fn = f"{signature.merge_fn_name} ({code.co_filename}:{code.co_firstlineno})"
     elif merge_fn is not None:
         merge_fn = signature.merge_fn_name
     site = signature.call_site

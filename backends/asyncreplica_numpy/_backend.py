@@ -30,6 +30,7 @@ from asyncreplica.abc import (
 )
 
 from ._combine import (
+    INDEX_LIMIT,
     _as_array,
     _binary,
     _combine,
@@ -1296,12 +1297,19 @@ def _check_slices(values: Array, indices: Array, dense_shape: tuple[int, ...]) -
         # later densify, one past dense_shape[0] fails there, and one above int64 would
         # wrap when replicas' index dtypes differ (they are combined as int64).
         low, high = int(indices.min()), int(indices.max())
-        if low < 0 or high >= dense_shape[0]:
+        rows = min(dense_shape[0], INDEX_LIMIT)
+        if low < 0 or high >= rows:
             bad = low if low < 0 else high
+            limit = (
+                f"{dense_shape[0]} (dense_shape {dense_shape})"
+                if rows == dense_shape[0]
+                else f"2**63 (int64, the dtype replicas' indices are combined in; "
+                f"dense_shape {dense_shape})"
+            )
             raise ValueError(
                 f"IndexedSlices.indices must be row numbers of the dense value, 0 <= i < "
-                f"{dense_shape[0]} (dense_shape {dense_shape}), got {bad}: every index must "
-                "name a row of the dense value (a negative index is not read from the end)"
+                f"{limit}, got {bad}: every index must name a row of the dense value (a "
+                "negative index is not read from the end)"
             )
 
 

@@ -33,6 +33,11 @@ Array = npt.NDArray[Any]
 # dtype kinds a value may have at all (bool and the numeric kinds); bfloat16 (kind "V")
 # is held and reduced too: see _holdable and _reducible_dtype.
 _HOLDABLE_KINDS = frozenset("biufc")
+
+# IndexedSlices row numbers stay below this bound on every path: replicas' indices of
+# different dtypes are combined as int64, where a larger uint64 index would wrap
+# (describe refuses one in the replica that passed it; _concat_slices holds to it).
+INDEX_LIMIT = 2**63
 try:  # ml_dtypes comes with JAX and TensorFlow; without it there are no bfloat16 arrays
     import ml_dtypes
 
@@ -303,6 +308,8 @@ def _concat_slices(op: ReduceOp, slices: Sequence[object]) -> tuple[Array, Array
     # Row numbers stay integers: int32 with int64 is int64, but numpy makes int64
     # with uint64 float64 (describe refused non-integer indices already).
     same = all(a.dtype == index_arrays[0].dtype for a in index_arrays)
+    if any(a.size and int(a.max()) >= INDEX_LIMIT for a in index_arrays if a.dtype.kind == "u"):
+        raise _internal("an IndexedSlices index does not fit int64 (describe refuses it)")
     indices = np.concatenate(index_arrays, axis=0, dtype=None if same else np.int64)
     if op is ReduceOp.MEAN:
         if values.dtype.kind in "iu":

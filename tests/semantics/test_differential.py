@@ -364,8 +364,28 @@ def test_a_dtype_mismatch_raises_the_same_error_on_every_path(seed: int, api: st
     assert info.value.fields == fields
 
 
-def draw_slices(rng: random.Random, dtype: np.dtype[Any], n: int) -> list[ar.IndexedSlices]:
-    """Each replica's IndexedSlices of ``dtype``: 0 to 3 rows of width 2, of (2**k)-ish values."""
+INDEX_DTYPES = [np.dtype(d) for d in ("int64", "int32", "uint64", "uint8")]
+# Row numbers of a dense value of 2**64 - 1 rows: near and above int64, where indices of
+# different dtypes are combined (an index of 2**63 or more is refused on every path).
+HUGE_INDICES = [0, 7, 2**62, 2**63 - 1, 2**63, 2**63 + 1, 2**64 - 1]
+
+
+def draw_indices(rng: random.Random, rows: int, huge: bool) -> np.ndarray:
+    """One replica's row numbers, of an index dtype drawn per replica."""
+    if huge:
+        picks = [rng.choice(HUGE_INDICES) for _ in range(rows)]
+        wide = "uint64" if any(p >= 2**63 for p in picks) else rng.choice(["int64", "uint64"])
+        return np.array(picks, wide)
+    return np.array([rng.randrange(5) for _ in range(rows)], rng.choice(INDEX_DTYPES))
+
+
+def draw_slices(
+    rng: random.Random, dtype: np.dtype[Any], n: int, huge: bool = False
+) -> list[ar.IndexedSlices]:
+    """Each replica's IndexedSlices of ``dtype``: 0 to 3 rows of width 2, of (2**k)-ish values.
+
+    ``huge``: of a dense value of 2**64 - 1 rows, indices near and above int64.
+    """
     out = []
     for _ in range(n):
         rows = rng.randrange(4)
@@ -379,8 +399,8 @@ def draw_slices(rng: random.Random, dtype: np.dtype[Any], n: int) -> list[ar.Ind
             for k in range(flat.size):
                 if rng.random() < 0.5:
                     flat[k] = rng.choice(edges)
-        indices = np.array([rng.randrange(5) for _ in range(rows)], np.int64)
-        out.append(ar.IndexedSlices(values, indices, (5, 2)))
+        indices = draw_indices(rng, rows, huge)
+        out.append(ar.IndexedSlices(values, indices, (2**64 - 1 if huge else 5, 2)))
     return out
 
 
@@ -390,9 +410,14 @@ def check_slices(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
     n = rng.choice([1, 2, 3, 4])
     op = rng.choice([ar.ReduceOp.SUM, ar.ReduceOp.MEAN])
     dtype = rng.choice([np.dtype(d) for d in ("int64", "uint64", "int32", "int8", "float64")])
-    slices = draw_slices(rng, dtype, n)
+    huge = rng.random() < 0.3
+    slices = draw_slices(rng, dtype, n, huge)
     want = ref.slices_values(op, [s.values for s in slices])
-    where = f"seed {seed}: n={n} {op.value} {dtype}"
+    try:
+        want_indices = ref.slices_indices([s.indices for s in slices], slices[0].dense_shape[0])
+    except ValueError:
+        want_indices = None  # refused, on every path
+    where = f"seed {seed}: n={n} {op.value} {dtype} indices {[s.indices for s in slices]}"
     strategy = ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
 
     async def step(x: ar.IndexedSlices) -> Any:
@@ -400,26 +425,47 @@ def check_slices(seed: int, loop: tuple[str, dict[str, Any]]) -> None:
         assert ctx is not None
         return await ctx.all_reduce(op, x)
 
+    per = ar.PerReplica(slices)
+
+    async def run_step() -> Any:
+        return strategy.experimental_local_results(await strategy.run(step, args=(per,)))
+
+    async def batch() -> Any:
+        return (await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")]))[0]
+
+    paths: dict[str, Callable[[], Any]] = {
+        "all_reduce": run_step,
+        "reduce": lambda: strategy.reduce(op, per, axis=None),
+        "reduce_to": lambda: strategy.extended.reduce_to(op, per, "CPU:0"),
+        "batch_reduce_to": batch,
+    }
+
     async def main() -> list[tuple[str, Any]]:
+        got: list[tuple[str, Any]] = []
         with anyio.fail_after(60):  # hang guard
-            per = ar.PerReplica(slices)
-            got: list[tuple[str, Any]] = [
-                (f"all_reduce replica {r}", x)
-                for r, x in enumerate(
-                    strategy.experimental_local_results(await strategy.run(step, args=(per,)))
-                )
-            ]
-            got.append(("reduce", await strategy.reduce(op, per, axis=None)))
-            got.append(("reduce_to", await strategy.extended.reduce_to(op, per, "CPU:0")))
-            batch = await strategy.extended.batch_reduce_to(op, [(per, "CPU:0")])
-            got.append(("batch_reduce_to", batch[0]))
-            return got
+            for name, call in paths.items():
+                try:
+                    result = await call()
+                except ValueError as error:
+                    got.append((name, error))
+                    continue
+                if name == "all_reduce":
+                    got += [(f"all_reduce replica {r}", x) for r, x in enumerate(result)]
+                else:
+                    got.append((name, result))
+        return got
 
     for path, result in anyio.run(main, backend=loop[0], backend_options=loop[1]):
+        if want_indices is None:
+            assert isinstance(result, ValueError), f"{where} {path}: not refused: {result!r}"
+            assert "0 <= i < 2**63" in str(result), f"{where} {path}: {result}"
+            continue
+        assert not isinstance(result, ValueError), f"{where} {path}: {result}"
         if n == 1 and not isinstance(result, ar.IndexedSlices):
             continue  # a single replica's all_reduce may hand the value back as is
         assert isinstance(result, ar.IndexedSlices), f"{where} {path}: {result!r}"
         assert_same(result.values, want, f"{where} {path}", strict=True)
+        assert_same(result.indices, want_indices, f"{where} {path} indices", strict=True)
 
 
 @pytest.mark.parametrize("loop", LOOPS)
