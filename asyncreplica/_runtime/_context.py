@@ -431,6 +431,8 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
     assert isinstance(merge_args, tuple | list)
     assert isinstance(merge_kwargs, Mapping)
     token = MODE.set(Mode(strategy, True, None))
+    rv = run._rv
+    rv.merging += 1  # an await in cross-replica context is refused meanwhile
     try:
         result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
         if inspect.isawaitable(result):
@@ -455,6 +457,7 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
             raise
         raise error from exc
     finally:
+        rv.merging -= 1
         MODE.reset(token)
     return [select_replica(i, result, _component(num)) for i in range(num)]
 

@@ -629,7 +629,6 @@ class Run(Watching):
         dispatching[key] = (slot, call)
         limit = call.timeout
         where_stuck = "unknown"
-        self._rv.merging += 1
         try:
             if limit is None or not limit:
                 return await merging
@@ -641,7 +640,6 @@ class Run(Watching):
                     raise
         finally:
             del dispatching[key]
-            self._rv.merging -= 1
         if self.failed:
             await anyio.lowlevel.checkpoint()  # the run is being torn down: cancelled here
         signature = call._signature
