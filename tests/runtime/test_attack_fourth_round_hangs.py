@@ -65,6 +65,33 @@ async def test_a_merge_fn_awaiting_a_collective_issued_before_merge_call_is_refu
     assert "Await the collective in the step function" in message
 
 
+async def test_a_merge_fn_awaiting_it_through_a_helper_task_is_refused_too() -> None:
+    # Held (a pin, not a before/after test): the same cycle through a task merge_fn starts
+    # (a task group) is refused as a task not of the replica, never a hang.
+    async def step() -> object:
+        ctx = _ctx()
+        pre = ctx.all_reduce("SUM", 1.0, name="pre")
+        if ctx.replica_id_in_sync_group == 0:
+            for _ in range(5):
+                await anyio.lowlevel.checkpoint()
+
+        async def merge_fn(strategy: ar.Strategy) -> None:
+            async def helper() -> None:
+                await pre
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(helper)
+
+        await ctx.merge_call(merge_fn)
+        return await pre
+
+    s = strategy()
+    with anyio.fail_after(10), pytest.raises(ar.ReplicaContextError) as info:
+        await s.run(step)
+    assert "replica 0" in str(info.value)
+    assert "name='pre'" in str(info.value)
+
+
 # -- C9: timeout_seconds bounds an async backend's combine, as it bounds merge_fn -----------
 
 
