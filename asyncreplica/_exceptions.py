@@ -27,7 +27,9 @@ Every kind of error has a stable code (:attr:`AsyncReplicaError.code`, ``"AR103"
 
 from __future__ import annotations
 
+import itertools
 import linecache
+import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
@@ -60,6 +62,31 @@ _INSTALL_HINTS = {
 }
 
 
+# Each error's mark: (this process's token, a count). The token is new in a forked
+# child, so an error that came from another process (pickled) is never compared.
+_MADE = itertools.count()
+_PROCESS = [object()]
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _PROCESS.__setitem__(0, object()))
+
+
+def made_mark() -> int:
+    """A mark: every ``AsyncReplicaError`` made after this call is :func:`made_before` it."""
+    return next(_MADE)
+
+
+def made_before(error: BaseException, mark: int) -> bool:
+    """Whether ``error`` is an ``AsyncReplicaError`` this process made before ``mark``."""
+    made = getattr(error, "_ar_made", None)
+    return (
+        isinstance(made, tuple)
+        and len(made) == 2
+        and made[0] is _PROCESS[0]
+        and isinstance(made[1], int)
+        and made[1] < mark
+    )
+
+
 class AsyncReplicaError(Exception):
     """The base class of every error that asyncreplica raises on purpose.
 
@@ -70,6 +97,12 @@ class AsyncReplicaError(Exception):
     """
 
     code: ClassVar[str] = CODES["AsyncReplicaError"]
+
+    def __init__(self, *args: object) -> None:
+        # When it was made (see made_before): a run tells its own errors from ones made
+        # before it began (an earlier run's, stored and raised again by a step).
+        BaseException.__setattr__(self, "_ar_made", (_PROCESS[0], next(_MADE)))
+        super().__init__(*args)
 
     def __str__(self) -> str:
         message = super().__str__()

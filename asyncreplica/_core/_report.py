@@ -27,6 +27,7 @@ __all__ = [
     "ended_message",
     "merge_fn_stall_message",
     "merge_fn_timeout_message",
+    "combine_timeout_message",
     "key_text",
     "mark_alike",
     "told_once",
@@ -690,6 +691,43 @@ def merge_fn_timeout_message(
             (
                 "Find what merge_fn waits for (an event, I/O, a lock) or raise timeout_seconds in "
                 "CommunicationOptions."
+            ),
+            _see("CollectiveTimeoutError"),
+        ]
+    )
+
+
+def combine_timeout_message(
+    where: str, timeout: float, combine: str, caller: int, whereabouts: str, num_replicas: int
+) -> str:
+    """The message of the ``CollectiveTimeoutError`` for a backend combine that did not return.
+
+    Args:
+        where: The collective, as :func:`key_text` names it.
+        timeout: The timeout in seconds (counted from when the combine started).
+        combine: The backend's method, as ``the 'numpy' backend's all_reduce (B.all_reduce)``.
+        caller: The replica in whose task the combine ran (the last to arrive).
+        whereabouts: Where the combine was awaiting when the time ran out (free text).
+        num_replicas: The number of replicas in sync.
+
+    Returns:
+        The full message.
+    """
+    everyone = format_replicas(range(num_replicas))
+    return "\n".join(
+        [
+            f"Timed out after {timeout:g} s waiting for {combine} to return at the {where}.",
+            "",
+            f"  * {everyone} arrived and waited for the combined values",
+            f"  * the combine ran in replica {caller}'s task, {whereabouts}",
+            "",
+            (
+                "Every replica arrived; the backend combines their values once for all of "
+                "them, and they resume only when it returns."
+            ),
+            (
+                "Find what the backend waits for (a peer, a device, a lock) or raise "
+                "timeout_seconds in CommunicationOptions."
             ),
             _see("CollectiveTimeoutError"),
         ]

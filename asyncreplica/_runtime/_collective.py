@@ -88,6 +88,9 @@ class Rendezvous:
         self.helpers: dict[int, int] = {}
         # Each replica's newest collective of each name (in flight until its slot is done).
         self.names: list[dict[str, Any]] = [{} for _ in range(num_replicas)]
+        # merge_fns running now: while one runs, an await is checked for cross-replica
+        # context (a replica's collective awaited inside merge_fn can never complete).
+        self.merging = 0
 
     def task(self) -> object:
         """The running task, or None off the run's thread (it may not touch collectives)."""
@@ -186,7 +189,10 @@ def _twin(exc: BaseException) -> BaseException:
     """A fresh copy of ``exc`` (``exc`` itself where it cannot be copied)."""
     try:
         twin = copy.copy(exc)
-    except Exception:
+    except BaseException:
+        # Whatever stops the copy (a KeyboardInterrupt from the class's __reduce_ex__
+        # included) must not stop the abort: a waiter left unwoken is a hang, and the
+        # copy's own error would be told as the replica's, losing the error itself.
         return exc
     if type(twin) is not type(exc):
         return exc
@@ -195,7 +201,7 @@ def _twin(exc: BaseException) -> BaseException:
         # Uncaught, a copy is the dispatching replica's error again, not a second root
         # cause (Run._recorded reads this).
         twin._ar_twin_of = exc  # type: ignore[attr-defined]
-    except Exception:
+    except BaseException:
         # A user's exception may refuse attributes (a __setattr__ that raises): every
         # waiter gets the error itself then, never our AttributeError, never a waiter
         # left unwoken (the abort wakes them one by one).
@@ -404,6 +410,8 @@ class Collective:
         task = rv.task()
         if task is not rv.mains[replica] and rv.helpers.get(id(task), -1) != replica:
             raise _ownership.foreign_await(rv, self, task)
+        if rv.merging and _ownership.in_merge_fn():
+            raise _ownership.awaited_in_merge_fn(rv, self)
         if rv.unawaited[replica] and self._signature[6] is None:
             error = _ownership.out_of_order(rv, self)
             if error is not None:
@@ -423,7 +431,7 @@ class Collective:
     def __await__(self) -> Generator[Any, None, Any]:
         if self._coro is None:
             rv = self._rv
-            if rv.fast_await and not self.timeout:
+            if rv.fast_await and not self.timeout and not rv.merging:
                 # The common case: arrive now; a waiter awaits its future directly.
                 # (_unregister, inline: this runs once per replica and collective.)
                 replica = self.replica

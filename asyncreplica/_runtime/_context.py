@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import threading
@@ -313,6 +314,11 @@ async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) 
     except Exception as exc:
         _blame(run, call, "all_reduce", exc)
         raise
+    except BaseException as exc:
+        error = _odd_ending(run, call, "all_reduce", exc)
+        if error is None:
+            raise
+        raise error from exc
     results = _checked(run, call, "all_reduce", results, payloads)
     _check_results(run, call, len(payloads), results, signature.leaves, op)
     return results
@@ -329,6 +335,11 @@ async def _dispatch_all_gather(run: Run, call: Collective, payloads: list[Any]) 
     except Exception as exc:
         _blame(run, call, "all_gather", exc)
         raise
+    except BaseException as exc:
+        error = _odd_ending(run, call, "all_gather", exc)
+        if error is None:
+            raise
+        raise error from exc
     results = _checked(run, call, "all_gather", results, payloads)
     specs = call._signature.leaves
     # Every replica receives the concatenation: the replicas' sizes along ``axis`` summed
@@ -359,6 +370,11 @@ async def _dispatch_broadcast(run: Run, call: Collective, payloads: list[Any]) -
     except Exception as exc:
         _blame(run, call, "broadcast", exc)
         raise
+    except BaseException as exc:
+        error = _odd_ending(run, call, "broadcast", exc)
+        if error is None:
+            raise
+        raise error from exc
     results = _checked(run, call, "broadcast", results, [sent] * len(payloads))
     _check_results(run, call, len(payloads), results, call._signature.leaves)
     return results
@@ -378,6 +394,11 @@ async def _dispatch_reduce_scatter(
     except Exception as exc:
         _blame(run, call, "reduce_scatter", exc)
         raise
+    except BaseException as exc:
+        error = _odd_ending(run, call, "reduce_scatter", exc)
+        if error is None:
+            raise
+        raise error from exc
     results = _checked(run, call, "reduce_scatter", results, payloads)
     specs = call._signature.leaves
     # Each replica receives its chunk of the reduced value: 1/n of ``axis``.
@@ -416,6 +437,37 @@ def _blame(run: Run, call: Collective, method: str, exc: Exception) -> None:
     if isinstance(exc, CollectiveError):
         return
     run.note(exc, f"(raised in {_backend_text(run, method, call)})")
+
+
+def _odd_ending(
+    run: Run, call: Collective, method: str, exc: BaseException
+) -> BaseException | None:
+    """A :class:`BackendError` for a combine that ended as only a cancellation should.
+
+    ``GeneratorExit``, or an ``asyncio.CancelledError`` that nothing asked for (a library
+    inside the backend raised it; on trio it is never the loop's), is the backend's
+    failure: told as a replica's cancellation, it would blame a replica nothing
+    cancelled. None for a true cancellation (and an interrupt): raised as it is.
+    """
+    if isinstance(exc, GeneratorExit):
+        pass
+    elif not isinstance(exc, asyncio.CancelledError) or _cancel_requested():
+        return None
+    error = BackendError(
+        f"The backend's combine ended with {type(exc).__name__}({str(exc)!r}) though "
+        f"nothing cancelled it, in {_backend_text(run, method, call)}. A backend's "
+        "combine returns its results or raises an Exception; this ending is a bug in the "
+        "backend (or in a library it calls), not in asyncreplica or in your program: "
+        "report it to the backend's authors."
+    )
+    run._noted.add(id(error))  # the message names the backend: no replica note
+    return error
+
+
+def _cancel_requested() -> bool:
+    """Whether the running asyncio task has a cancellation requested (never on trio)."""
+    task = _tasks.current_task()
+    return isinstance(task, asyncio.Task) and task.cancelling() > 0
 
 
 def _checked(
@@ -460,6 +512,8 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
     assert isinstance(merge_args, tuple | list)
     assert isinstance(merge_kwargs, Mapping)
     token = MODE.set(Mode(strategy, True, None))
+    rv = run._rv
+    rv.merging += 1  # an await in cross-replica context is refused meanwhile
     try:
         result = payloads[0][0](strategy, *merge_args, **merge_kwargs)
         if inspect.isawaitable(result):
@@ -484,6 +538,7 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
             raise
         raise error from exc
     finally:
+        rv.merging -= 1
         MODE.reset(token)
     return [select_replica(i, result, _component(num)) for i in range(num)]
 

@@ -46,6 +46,7 @@ __all__ = [
     "delivered_by",
     "event_of",
     "raised_by_library",
+    "raised_in_library",
     "requested",
     "scope_cancellation",
     "where_ended",
@@ -100,6 +101,12 @@ def _innermost(tb: TracebackType | None) -> TracebackType | None:
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     return tb
+
+
+def raised_in_library(error: BaseException) -> bool:
+    """Whether ``error``'s innermost frame is asyncreplica's own (not the user's ``raise``)."""
+    tb = _innermost(error.__traceback__)
+    return tb is not None and _own(tb.tb_frame)
 
 
 def raised_by_library(error: BaseException) -> bool:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._core._report import mark_alike, see_also
 from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextError
+from ._mode import MODE
 
 if TYPE_CHECKING:
     # What this module reads of a collective and its rendezvous (_collective, above).
@@ -397,5 +398,35 @@ def name_in_flight(rv: Rendezvous, replica: int, name: str, described: str) -> B
         report=run.ledger.report(),
     )
     run._fail(replica, error)
+    _reported(rv.task())  # the run raises it: a task that raises it again is not unread
+    return error
+
+
+def in_merge_fn() -> bool:
+    """Whether the running code is in cross-replica context (a merge_fn, while one runs)."""
+    mode = MODE.get()
+    return mode is not None and mode.cross_replica
+
+
+def awaited_in_merge_fn(rv: Rendezvous, call: Collective) -> BaseException:
+    """The error for awaiting a replica's collective inside a merge_fn.
+
+    merge_fn runs once for every replica while they all wait at merge_call: a collective
+    a replica issued before merge_call, awaited there, waits for peers that wait for the
+    merge_fn (a cycle: a hang without a timeout, a false "cancelled" story with one).
+    """
+    run: Any = rv.run
+    offset = run.strategy._replica_offset
+    replica = call.replica + offset
+    error = ReplicaContextError(
+        f"A merge_fn awaited a collective that replica {replica} issued before merge_call: "
+        f"{call.describe()}.\n\n"
+        "merge_fn runs once, in cross-replica context, while every replica waits at "
+        "merge_call, so no replica can arrive at that collective until merge_fn returns: "
+        "it could never complete. Await the collective in the step function, before "
+        "merge_call or after it returns; inside merge_fn, use the cross-replica APIs "
+        "(await strategy.reduce(...), await strategy.extended.reduce_to(...))."
+    )
+    run._fail(call.replica, error)
     _reported(rv.task())  # the run raises it: a task that raises it again is not unread
     return error

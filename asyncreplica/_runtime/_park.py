@@ -36,6 +36,7 @@ from .._exceptions import (
     CollectiveError,
     InternalError,
     ReplicaCancelledError,
+    made_before,
 )
 from . import _ending, _tasks
 from ._collective import Collective, Rendezvous, Slot, fail_waiters
@@ -129,6 +130,7 @@ class Parking:
     _pending_outside: set[int]
     _left_replicas: set[int]
     _noted: set[int]
+    _born: int
     _consequences: set[int]
     _forgotten: list[BaseException]
     _dispatching: dict[Key, tuple[Slot, Collective]]
@@ -642,9 +644,24 @@ class Parking:
             return once  # one refusal, raised alike by each replica: its message names them
         name = f"{type(self.strategy).__name__}.run"
         for replica, error in errors:
-            if isinstance(error, (CollectiveError, InternalError)) or id(error) in self._noted:
-                continue  # they name their replicas themselves (an InternalError, none)
-            if replica < 0:
+            stale = made_before(error, self._born)
+            if id(error) in self._noted or (
+                isinstance(error, (CollectiveError, InternalError))
+                and not stale
+                and _ending.raised_in_library(error)
+            ):
+                # This run's own: they name their replicas themselves (an InternalError,
+                # none). One the user's code made, or an earlier run's raised again, is
+                # the user's error like any other.
+                continue
+            if stale and replica >= 0:
+                _add_note(
+                    error,
+                    f"(raised in replica {replica + self.strategy._replica_offset} of "
+                    f"{self.strategy.num_replicas_in_sync} in {name}: an earlier run made "
+                    "this error, and the step raised it again)",
+                )
+            elif replica < 0:
                 _add_note(
                     error,
                     f"(raised while {name} waited for its {self.num_replicas} replicas, "

@@ -34,6 +34,7 @@ import anyio.lowlevel
 from .._core._ledger import Key, Ledger, key_index
 from .._core._lifecycle import Event, Lifecycle
 from .._core._report import (
+    combine_timeout_message,
     key_text,
     merge_fn_timeout_message,
     see_also,
@@ -44,6 +45,7 @@ from .._exceptions import (
     CollectiveTimeoutError,
     ReplicaCancelledError,
     ReplicaContextError,
+    made_mark,
 )
 from . import _inspect, _ownership, _tasks
 from ._clock import loop_clock
@@ -307,6 +309,8 @@ class Run(Watching):
         self.inspections = 0  # tasks inspected by deadlock checks (tests count them)
         self._ended = ""  # how the run ended ("failed", "was cancelled"), once closed
         self._errors: list[tuple[int, BaseException]] = rv.errors
+        # Every asyncreplica error this run makes is made after this mark (_root_cause).
+        self._born = made_mark()
         # Errors of replicas cancelled while waiting: root causes unless the run itself
         # was cancelled (then they are its consequences).
         self._abandonments: list[CollectiveError] = []
@@ -574,7 +578,11 @@ class Run(Watching):
                     raise
             else:
                 try:
-                    slot.results = await call.dispatch(self, call, slot.payloads)
+                    slot.results = await (
+                        self._combine(call, key, slot)
+                        if call.timeout
+                        else call.dispatch(self, call, slot.payloads)
+                    )
                 except Exception as exc:
                     fail_waiters(slot, exc)
                     raise
@@ -655,6 +663,48 @@ class Run(Watching):
                 where,
                 limit,
                 signature.merge_fn_name or "merge_fn",
+                call.replica,
+                where_stuck,
+                self.num_replicas,
+            ),
+        )
+        self._fail(call.replica, error)
+        raise error
+
+    async def _combine(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
+        """The backend's combine of a collective, bounded by its ``timeout_seconds``.
+
+        Counted from when the combine starts, as a ``merge_fn`` is (see :meth:`_merge`):
+        an ``async`` backend waiting for ever (on a peer, a device) is a hang every
+        replica shares.
+        """
+        limit = call.timeout
+        assert limit
+        where_stuck = "unknown"
+        with anyio.move_on_after(limit):
+            try:
+                return await call.dispatch(self, call, slot.payloads)
+            except anyio.get_cancelled_exc_class() as exc:
+                where_stuck = _tasks.where_raised(exc.__traceback__)
+                raise
+        if self.failed:
+            await anyio.lowlevel.checkpoint()  # the run is being torn down: cancelled here
+        signature = call._signature
+        backend = self.backend
+        method = signature.kind.value
+        name = getattr(backend, "name", "") or type(backend).__name__
+        where = key_text(key)
+        error = CollectiveTimeoutError(
+            key_index(key),
+            limit,
+            dict.fromkeys(range(self.num_replicas), signature),
+            {},
+            where=where,
+            report=self.ledger.report(),
+            message=combine_timeout_message(
+                where,
+                limit,
+                f"the {name!r} backend's {method} ({type(backend).__name__}.{method})",
                 call.replica,
                 where_stuck,
                 self.num_replicas,
