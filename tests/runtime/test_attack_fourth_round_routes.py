@@ -148,9 +148,10 @@ async def test_the_default_context_still_works_outside_a_run() -> None:
     assert await ctx.all_reduce("SUM", 2.0) == 2.0
 
 
+@pytest.mark.parametrize("limit", [None, 30.0])
 @pytest.mark.parametrize("how", ["gather", "shield_task", "wait", "wait_for"])
 async def test_a_shielded_replica_waiting_indirectly_gets_its_peers_error(
-    how: str, anyio_backend: object
+    how: str, limit: float | None, anyio_backend: object
 ) -> None:
     if _is_trio(anyio_backend):
         pytest.skip("asyncio's gather, shield, wait, wait_for")
@@ -173,9 +174,11 @@ async def test_a_shielded_replica_waiting_indirectly_gets_its_peers_error(
         await anyio.lowlevel.checkpoint()
         raise ValueError("peer failed")
 
+    options = ar.CommunicationOptions(timeout_seconds=limit)  # no false "2 replicas failed"
+    s = ar.MirroredStrategy(DEVICES, communication_options=options)
     with anyio.fail_after(30):  # a hang guard only
         with pytest.raises(ValueError, match="peer failed"):
-            await ar.MirroredStrategy(DEVICES).run(step)
+            await s.run(step)
 
 
 # -- C8: a collective's __await__() iterator driven by another replica's task ---------------
