@@ -149,11 +149,17 @@ def _check_results(
         run._noted.add(id(error))  # the message names the backend: no replica note
         return error
 
-    dues = []
-    for j, spec in enumerate(specs):
-        if shapes is not None:
-            spec = spec._replace(shape=shapes[j])
-        dues.append(spec if op is None else spec._replace(dtype=reduced_dtype(op, spec.dtype)))
+    dues = specs
+    if shapes is not None or (
+        op is not None and any(reduced_dtype(op, spec.dtype) != spec.dtype for spec in specs)
+    ):
+        dues = []
+        for j, spec in enumerate(specs):
+            if shapes is not None:
+                spec = spec._replace(shape=shapes[j])
+            if op is not None:
+                spec = spec._replace(dtype=reduced_dtype(op, spec.dtype))
+            dues.append(spec)
     hold_results(run.describe, wrong, results, count, dues, free_axis)
 
 
@@ -204,10 +210,10 @@ def hold_results(
             raise wrong(f"{got} leaves as replica {r}'s result, not {len(dues)}")
         for j, leaf in enumerate(leaves):
             due = dues[j]
-            of = "" if single else f" as leaf {j} of replica {r}'s result"
             base = getattr(leaf, "base", None)  # an array's memory (a view's owner)
             key = id(leaf if base is None else base)
             if key in seen and _writable(leaf):
+                of = "" if single else f" as leaf {j} of replica {r}'s result"
                 # One writable object (or memory) handed to two replicas (or twice to one):
                 # a write by one changes the other's result.
                 raise wrong(
@@ -234,6 +240,7 @@ def hold_results(
                     held.add(kind)  # the backend describes this type: checked fast next
                 continue
             got = str(now) if now is not None else f"a {type(leaf).__qualname__}"
+            of = "" if single else f" as leaf {j} of replica {r}'s result"
             text = str(due)
             if free_axis is not None:
                 text = f"{text} (any size along axis {free_axis})"
