@@ -667,3 +667,63 @@ def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:
     )
     refused = {"describe": "a refused cross-replica operation (TypeError: no)"}
     assert _exchange_text((None, refused)) == refused["describe"]
+
+
+# -- scale-out, third attack (programs/scaleout.py) ---------------------------------------
+
+SCALEOUT = PROGRAM.parent / "scaleout.py"
+
+
+@pytest.mark.parametrize("case", ["reduce_mean", "two_dtypes"])
+def test_np_seterr_differing_between_processes_stops_every_process_in_step(
+    case: str, tmp_path: Path
+) -> None:
+    # Process 0 raises on overflow, process 1 warns. Process 0 raised after the first of
+    # two exchanges (a MEAN's sum then its count; one transfer per dtype) while process 1
+    # went on to the second: both waited for ever. Now every transfer completes first,
+    # and every process raises, process 1 naming process 0's setting.
+    rc, logs, output = launch("fp_settings", "split", case, tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    for attempt in range(2):
+        assert f"{attempt} FloatingPointError: overflow encountered in add\n" in logs[0], output
+        assert (
+            f"{attempt} FloatingPointError: overflow encountered in add: process 0 raised for "
+            "it (np.seterr / np.errstate" in logs[1]
+        ), output
+    for rank in range(2):
+        assert logs[rank].endswith("after 2.0\ndone\n"), output
+
+
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("call", "Stop: errcall: overflow"),
+        ("werror", "RuntimeWarning: overflow encountered in add"),
+    ],
+)
+def test_a_raising_errcall_or_warnings_as_errors_alike_everywhere_keep_the_strategy_usable(
+    setting: str, error: str, tmp_path: Path
+) -> None:
+    # The same on every process: the user's exception was replayed unmarked, so the
+    # processes were declared out of step, every later run refused and the job aborted.
+    for case in ("reduce_mean", "two_dtypes"):
+        (tmp_path / case).mkdir()
+        rc, logs, output = launch(
+            "fp_settings", setting, case, tmp_path=tmp_path / case, program=SCALEOUT
+        )
+        assert rc == 0, output
+        assert "out of step" not in output, output
+        assert "aborting the MPI job" not in output, output
+        for rank in range(2):
+            assert logs[rank] == f"0 {error}\n1 {error}\nafter 2.0\ndone\n", output
+
+
+def test_concurrent_collectives_keep_their_own_floating_point_record(tmp_path: Path) -> None:
+    # Two strategies' large float16 all_reduces at once, only A's overflowing: the
+    # rank-order operation's record was one per (op, dtype) for the process, so B
+    # raised A's FloatingPointError (1.0 + 1.0 = 2.0 never overflows).
+    rc, logs, output = launch("shared_op", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    line = "A FloatingPointError: overflow encountered in add | B ok 2.0"
+    for rank in range(2):
+        assert logs[rank] == "".join(f"{r} {line}\n" for r in range(4)) + "done\n", output

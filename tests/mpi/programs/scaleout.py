@@ -1,0 +1,117 @@
+"""Scale-out lifecycle and floating-point cases (run under mpiexec, 2 or 3 processes).
+
+Usage: ``mpiexec -n 2 python scaleout.py <scenario> [args]``. Each scenario logs what
+each process saw (one line per attempt); the test reads the logs. No scenario orders
+events by sleeping; a hang guard dumps the stacks and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import warnings
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+from _report import RANK, report
+from mpi4py import MPI
+
+import asyncreplica as ar
+
+WORLD = MPI.COMM_WORLD
+
+
+def said(error: BaseException) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0]}"
+
+
+class Stop(Exception):
+    """A user's errcall raises this."""
+
+
+def _stop(kind: str, flag: int) -> None:
+    raise Stop(f"errcall: {kind}")
+
+
+async def fp_settings(setting: str, case: str) -> None:
+    """A float16 overflow under per-process floating-point settings, twice.
+
+    ``setting``: ``split`` (process 0 ``over="raise"``, the others the default),
+    ``call`` (a raising ``np.seterrcall`` on every process), ``werror`` (warnings as
+    errors on every process). ``case``: ``reduce_mean`` (``strategy.reduce("MEAN")``,
+    two exchanges), ``two_dtypes`` (a run's all_reduce of two large dtypes: two transfers).
+    """
+    if setting == "split" and RANK == 0:
+        np.seterr(over="raise")
+    elif setting == "call":
+        np.seterrcall(_stop)
+        np.seterr(over="call")
+    elif setting == "werror":
+        warnings.simplefilter("error")
+    strategy = ar.MultiWorkerMirroredStrategy(stall_warning_seconds=10)
+    n = 40000 if case == "two_dtypes" else 8
+
+    async def values() -> object:
+        return np.full(n, 60000.0, np.float16)
+
+    async def two() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce(
+            "SUM", {"a": np.full(n, 60000.0, np.float16), "b": np.ones(n, np.float32)}
+        )
+
+    for attempt in range(2):
+        try:
+            if case == "reduce_mean":
+                result = await strategy.reduce("MEAN", await strategy.run(values), axis=None)
+            else:
+                result = await strategy.run(two)
+            report(f"{attempt} ok {type(result).__name__}")
+        except Exception as error:
+            report(f"{attempt} {said(error)}")
+    # The strategy stays usable, in step.
+    warnings.simplefilter("ignore")
+    total = await strategy.reduce("SUM", await strategy.run(_one), axis=None)
+    report(f"after {float(np.asarray(total).ravel()[0])}")
+
+
+async def _one() -> object:
+    return np.ones(1)
+
+
+async def shared_op() -> None:
+    """Two strategies' large float16 all_reduces at once: only A's values overflow."""
+    np.seterr(over="raise")
+    a = ar.MultiWorkerMirroredStrategy()
+    b = ar.MultiWorkerMirroredStrategy()
+    n = 300000
+
+    def step(value: float) -> Callable[[], Awaitable[object]]:
+        async def run() -> object:
+            ctx = ar.get_replica_context()
+            assert ctx is not None
+            return await ctx.all_reduce("SUM", np.full(n, value, np.float16))
+
+        return run
+
+    for round_ in range(4):
+        got = await asyncio.gather(a.run(step(60000.0)), b.run(step(1.0)), return_exceptions=True)
+        seen = [
+            said(g) if isinstance(g, BaseException) else f"ok {float(np.asarray(g)[0])}"
+            for g in got
+        ]
+        report(f"{round_} A {seen[0]} | B {seen[1]}")
+
+
+SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
+    f.__name__: f for f in (fp_settings, shared_op)
+}
+
+if __name__ == "__main__":
+    import faulthandler
+
+    faulthandler.dump_traceback_later(float(os.environ.get("LIFECYCLE_GUARD_S", "60")), exit=True)
+    asyncio.run(SCENARIOS[sys.argv[1]](*sys.argv[2:]))
+    report("done")
