@@ -44,8 +44,10 @@ import numpy as np
 from asyncreplica import BackendError, ReplicaExitedError
 
 from ._arrival import (
+    _channels,
     _logger,
     _note_exit,
+    comm_key,
     complete_pending_notes,
     created_any,
     drain_exit_notes,
@@ -181,10 +183,10 @@ def goodbye_all(*, finalized: bool = False) -> None:
     # exception (or a finalize before any strategy) tells every communicator.
     if error is not None or (finalized and not created_any()):
         _note_exit(error, finalized)
-        noted = {g._base.py2f() for g in groups}
+        noted = {g._base_key for g in groups}
     else:
         noted = {
-            g._base.py2f()
+            g._base_key
             for g in groups
             if g.size > 1 and not g._departed and g._broken is None and not g._failed_here
         }
@@ -192,7 +194,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
             _note_exit(None, finalized, only=noted)
     for group in groups:
         acknowledge(group)
-    steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
+    steps = [(g, farewell(g, error, finalized, g._base_key in noted)) for g in groups]
     with _interrupts_counted() as interrupts:
         _drive_all(steps, interrupts)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
@@ -201,7 +203,9 @@ def goodbye_all(*, finalized: bool = False) -> None:
     noting: dict[int, tuple[Any, set[int]]] = {}
     for group in groups:
         if group._noted_peers:
-            _, ranks = noting.setdefault(group._base.py2f(), (group._base, set()))
+            _, ranks = noting.setdefault(
+                group._base_key, (_channels.get(group._base_key, group._base), set())
+            )
             ranks |= group._noted_peers
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
@@ -569,9 +573,9 @@ def release_dropped(base: Any) -> None:
     """
     if base.Get_size() == 1:
         return
-    handle = base.py2f()
+    handle = comm_key(base)
     mine = [
-        g for g in _groups if g._base.py2f() == handle and g.size == base.Get_size() and released(g)
+        g for g in _groups if g._base_key == handle and g.size == base.Get_size() and released(g)
     ][:_RELEASE_SLOTS]
     row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
     row[0] = len(mine)

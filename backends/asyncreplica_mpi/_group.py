@@ -46,7 +46,7 @@ from asyncreplica.abc import (
 )
 
 from . import _exit
-from ._arrival import _arrive, _created, agree_options
+from ._arrival import _arrive, _created, agree_options, comm_key
 from ._failures import _consequence, describe_failure
 from ._lifecycle import Event, Refusal, State
 from ._protocol import (
@@ -155,7 +155,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._refuse(Refusal.FINALIZED)
         _exit.install_hooks(finalize=True)
         self._base = base
-        self._base_serial = _created.get(base.py2f(), (base, 0))[1]
+        # The key of the user's communicator, which the program may free (see comm_key).
+        self._base_key = comm_key(base)
+        self._base_serial = _created.get(self._base_key, (base, 0))[1]
         self._holder: Callable[[], Any] | None = None  # the backend (see wrap)
         # Every process announces itself before the first collective call, so that a
         # process that never creates its strategy is named (and bounded by timeout)

@@ -727,3 +727,23 @@ def test_concurrent_collectives_keep_their_own_floating_point_record(tmp_path: P
     line = "A FloatingPointError: overflow encountered in add | B ok 2.0"
     for rank in range(2):
         assert logs[rank] == "".join(f"{r} {line}\n" for r in range(4)) + "done\n", output
+
+
+@pytest.mark.parametrize(("case", "processes"), [("reversed", 2), ("subset", 3)])
+def test_a_strategy_on_a_new_communicator_with_a_freed_ones_handle(
+    case: str, processes: int, tmp_path: Path
+) -> None:
+    # MPICH hands a new communicator the handle of one the program freed; the library
+    # kept its per-communicator state (creation serial, notes channel) by handle, so
+    # the second strategy's creation waited for ever ("process 0 ... for process 0"),
+    # or raised MPICH's raw "Invalid rank". It is keyed by the communicator now.
+    rc, logs, output = launch(
+        "freed_comm", case, tmp_path=tmp_path, program=SCALEOUT, processes=processes
+    )
+    assert rc == 0, output
+    if case == "reversed":
+        assert logs[0] == "A [3.0]\nB [6.0]\ndone\n", output
+        assert logs[1] == "A [3.0]\nB [6.0, 6.0]\ndone\n", output
+    else:
+        assert logs[0] == logs[1] == "A [3.0]\nB [6.0]\ndone\n", output
+        assert logs[2] == "B [6.0]\ndone\n", output

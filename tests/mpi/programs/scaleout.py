@@ -105,8 +105,40 @@ async def shared_op() -> None:
         report(f"{round_} A {seen[0]} | B {seen[1]}")
 
 
+async def _sum_of_ids() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    return await ctx.all_reduce("SUM", np.array([1.0 + ctx.replica_id_in_sync_group]))
+
+
+async def _use(comm: MPI.Intracomm, devices: list[str] | None = None) -> list[float]:
+    strategy = ar.MultiWorkerMirroredStrategy(devices, communicator=comm)
+    result = await strategy.run(_sum_of_ids)
+    return [float(np.asarray(r)[0]) for r in strategy.experimental_local_results(result)]
+
+
+async def freed_comm(case: str) -> None:
+    """A strategy on a communicator the program frees, then one on a new communicator.
+
+    MPICH gives the new communicator the freed one's handle. ``reversed`` (2 processes):
+    A = a Dup of COMM_WORLD, B = its ranks reversed, 1 and 2 replicas; ``subset`` (3):
+    A = processes 0 and 1, B = a Dup of COMM_WORLD.
+    """
+    a = WORLD.Split(0 if case == "reversed" or RANK < 2 else MPI.UNDEFINED, RANK)
+    if a != MPI.COMM_NULL:
+        report(f"A {await _use(a)}")
+        a.Free()
+    if case == "reversed":
+        b = WORLD.Split(0, -RANK)
+        report(f"B {await _use(b, [f'CPU:{i}' for i in range(RANK + 1)])}")
+    else:
+        b = WORLD.Dup()
+        report(f"B {await _use(b)}")
+    b.Free()
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
-    f.__name__: f for f in (fp_settings, shared_op)
+    f.__name__: f for f in (fp_settings, shared_op, freed_comm)
 }
 
 if __name__ == "__main__":
