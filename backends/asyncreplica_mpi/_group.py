@@ -21,6 +21,7 @@ yield to the loop, which is what makes the common case cheap.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import contextvars
@@ -774,6 +775,20 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return result
 
     async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
+        """The local run ended: tell the other processes (see :meth:`_end_run`).
+
+        Finished whatever cancels the caller meanwhile: its exchange, once posted, must
+        complete, and anyio's shields inside it do not stop asyncio's own cancellation of
+        the task (``asyncio.run``'s first Ctrl-C cancels the main task, which awaits
+        this): a cancellation that lands here takes effect once the exchange completed,
+        as in a collective's wait, instead of leaving the processes out of step.
+        """
+        if asyncio._get_running_loop() is None:
+            await self._end_run(error, report=report)
+        else:
+            await _to_the_end(self._end_run(error, report=report))
+
+    async def _end_run(self, error: BaseException | None, *, report: Any = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
 
         ``report``: the ledger of the failed run; with a refusal, the collective that
@@ -923,6 +938,29 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )
+
+
+async def _to_the_end(work: Awaitable[None]) -> None:
+    """Await ``work`` (asyncio) to its end; a cancellation of this task meanwhile after it.
+
+    ``work`` runs in a task of its own, which the cancellation does not reach; the
+    cancellation is raised once it finished (its outcome is then the cancelled
+    process's to ignore: it was interrupted).
+    """
+    inner = asyncio.ensure_future(work)
+    cancelled: BaseException | None = None
+    while not inner.done():
+        try:
+            await asyncio.shield(inner)
+        except asyncio.CancelledError as exc:
+            if inner.done():
+                break
+            cancelled = exc
+    if cancelled is not None:
+        if not inner.cancelled():
+            inner.exception()  # retrieved: the cancellation is this task's news
+        raise cancelled
+    inner.result()
 
 
 def _key_json(position: Hashable) -> Any:

@@ -747,3 +747,17 @@ def test_a_strategy_on_a_new_communicator_with_a_freed_ones_handle(
     else:
         assert logs[0] == logs[1] == "A [3.0]\nB [6.0]\ndone\n", output
         assert logs[2] == "B [6.0]\ndone\n", output
+
+
+def test_asyncio_runs_first_ctrl_c_in_the_run_end_exchange_is_deferred(tmp_path: Path) -> None:
+    # asyncio.run's first Ctrl-C cancels the main task, which awaits the run-end
+    # exchange: anyio's shields do not stop that cancellation, so process 0 left the
+    # exchange it had posted, process 1 raised "stopped waiting ... at the end of their
+    # run" and the job was aborted. The exchange now completes first, then the
+    # interruption takes effect: the processes stay in step.
+    rc, logs, output = launch("end_interrupt", tmp_path=tmp_path, program=SCALEOUT)
+    assert "aborting the MPI job" not in output, output
+    assert "out of step" not in output, output
+    assert logs[0] == "got CancelledError\n", output  # asyncio.run raises KeyboardInterrupt
+    assert logs[1].startswith("run returned\ngot ReplicaExitedError\n"), output
+    assert "KeyboardInterrupt" in output, output

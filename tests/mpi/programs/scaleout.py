@@ -12,6 +12,7 @@ import os
 import sys
 import warnings
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 from _report import RANK, report
@@ -137,8 +138,58 @@ async def freed_comm(case: str) -> None:
     b.Free()
 
 
+async def end_interrupt() -> None:
+    """asyncio.run's first Ctrl-C on process 0 while it waits in a run's end exchange.
+
+    Process 0's replica returns at once; process 1's waits for process 0's go, which
+    process 0 sends as it enters the wait of the run-end exchange, right after it
+    signalled itself (so the runner's cancellation lands in that wait, every time).
+    """
+    import signal
+
+    from asyncreplica_mpi import MPIProcessGroup
+    from asyncreplica_mpi._protocol import Status
+
+    agree, wait = MPIProcessGroup._agree, MPIProcessGroup._wait
+    at_end: list[bool] = []
+
+    async def agree_spy(self: Any, status: Status, *args: Any, **kwargs: Any) -> Any:
+        at_end[:] = [status is Status.FINISHED]
+        return await agree(self, status, *args, **kwargs)
+
+    async def wait_spy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if RANK == 0 and at_end == [True]:
+            at_end.clear()
+            os.kill(os.getpid(), signal.SIGINT)  # the runner cancels the main task
+            WORLD.send("go", dest=1, tag=78)
+        return await wait(self, *args, **kwargs)
+
+    MPIProcessGroup._agree = agree_spy  # type: ignore[method-assign]
+    MPIProcessGroup._wait = wait_spy  # type: ignore[method-assign]
+    strategy = ar.MultiWorkerMirroredStrategy()
+
+    first = [True]
+
+    async def step() -> object:
+        if RANK == 1 and first:
+            first.clear()
+            while not WORLD.Iprobe(source=0, tag=78):  # noqa: ASYNC110 -- MPI
+                await asyncio.sleep(0.001)
+            WORLD.recv(source=0, tag=78)
+        return RANK
+
+    try:
+        await strategy.run(step)
+        report("run returned")
+        await strategy.run(step)
+        report("second run returned")
+    except BaseException as error:
+        report(f"got {type(error).__name__}")
+        raise
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
-    f.__name__: f for f in (fp_settings, shared_op, freed_comm)
+    f.__name__: f for f in (fp_settings, shared_op, freed_comm, end_interrupt)
 }
 
 if __name__ == "__main__":
