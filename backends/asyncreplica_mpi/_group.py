@@ -29,7 +29,15 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Hashable,
+    Mapping,
+    Sequence,
+)
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -748,7 +756,16 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return self._parts[:, :nbytes]
 
     async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
-        """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
+        """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run.
+
+        Awaited by the program's own task (the main task, which ``asyncio.run``'s first
+        Ctrl-C cancels): finished first, as the run's end is (see :meth:`end_run`).
+        """
+        if asyncio._get_running_loop() is None:
+            return await self._cross(fields, local)
+        return await _to_the_end(self._cross(fields, local))
+
+    async def _cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
         await self._acquire()
         limit = _CALL_TIMEOUT.get()
@@ -940,7 +957,7 @@ _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 )
 
 
-async def _to_the_end(work: Awaitable[None]) -> None:
+async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
     """Await ``work`` (asyncio) to its end; a cancellation of this task meanwhile after it.
 
     ``work`` runs in a task of its own, which the cancellation does not reach; the
@@ -960,7 +977,7 @@ async def _to_the_end(work: Awaitable[None]) -> None:
         if not inner.cancelled():
             inner.exception()  # retrieved: the cancellation is this task's news
         raise cancelled
-    inner.result()
+    return inner.result()
 
 
 def _key_json(position: Hashable) -> Any:

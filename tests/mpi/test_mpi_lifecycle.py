@@ -749,15 +749,21 @@ def test_a_strategy_on_a_new_communicator_with_a_freed_ones_handle(
         assert logs[2] == "B [6.0]\ndone\n", output
 
 
-def test_asyncio_runs_first_ctrl_c_in_the_run_end_exchange_is_deferred(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["run_end", "reduce"])
+def test_asyncio_runs_first_ctrl_c_in_the_run_end_exchange_is_deferred(
+    where: str, tmp_path: Path
+) -> None:
     # asyncio.run's first Ctrl-C cancels the main task, which awaits the run-end
     # exchange: anyio's shields do not stop that cancellation, so process 0 left the
     # exchange it had posted, process 1 raised "stopped waiting ... at the end of their
     # run" and the job was aborted. The exchange now completes first, then the
     # interruption takes effect: the processes stay in step.
-    rc, logs, output = launch("end_interrupt", tmp_path=tmp_path, program=SCALEOUT)
+    # The same for strategy.reduce outside a run (where="reduce"), awaited by the main task.
+    rc, logs, output = launch("end_interrupt", where, tmp_path=tmp_path, program=SCALEOUT)
     assert "aborting the MPI job" not in output, output
     assert "out of step" not in output, output
     assert logs[0] == "got CancelledError\n", output  # asyncio.run raises KeyboardInterrupt
-    assert logs[1].startswith("run returned\ngot ReplicaExitedError\n"), output
+    assert rc != 0, output  # process 0's KeyboardInterrupt
+    first = "reduce 1" if where == "reduce" else "run returned"
+    assert logs[1].startswith(f"{first}\ngot ReplicaExitedError\n"), output
     assert "KeyboardInterrupt" in output, output

@@ -138,8 +138,9 @@ async def freed_comm(case: str) -> None:
     b.Free()
 
 
-async def end_interrupt() -> None:
-    """asyncio.run's first Ctrl-C on process 0 while it waits in a run's end exchange.
+async def end_interrupt(where: str = "run_end") -> None:
+    """asyncio.run's first Ctrl-C on process 0 while it waits in a run's end exchange
+    (``where="run_end"``) or in ``strategy.reduce``'s agreement (``"reduce"``).
 
     Process 0's replica returns at once; process 1's waits for process 0's go, which
     process 0 sends as it enters the wait of the run-end exchange, right after it
@@ -154,7 +155,12 @@ async def end_interrupt() -> None:
     at_end: list[bool] = []
 
     async def agree_spy(self: Any, status: Status, *args: Any, **kwargs: Any) -> Any:
-        at_end[:] = [status is Status.FINISHED]
+        fields = args[0] if args else None
+        at_end[:] = [
+            status is Status.FINISHED
+            if where == "run_end"
+            else isinstance(fields, dict) and fields.get("kind") == "reduce"
+        ]
         return await agree(self, status, *args, **kwargs)
 
     async def wait_spy(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -179,6 +185,14 @@ async def end_interrupt() -> None:
         return RANK
 
     try:
+        if where == "reduce":
+            first.clear()
+            values = await strategy.run(step)
+            if RANK == 1:
+                while not WORLD.Iprobe(source=0, tag=78):  # noqa: ASYNC110 -- MPI
+                    await asyncio.sleep(0.001)
+                WORLD.recv(source=0, tag=78)
+            report(f"reduce {await strategy.reduce('SUM', values, axis=None)}")
         await strategy.run(step)
         report("run returned")
         await strategy.run(step)
