@@ -30,6 +30,7 @@ __all__ = [
     "created_any",
     "complete_pending_notes",
     "drain_exit_notes",
+    "freed_keys",
     "interrupt_count",
     "interrupt_pending",
     "notes_comm",
@@ -66,6 +67,14 @@ _created: dict[int, tuple[Any, int]] = {}
 _channels: dict[int, Any] = {}
 _keyval: list[int] = []  # the MPI attribute that holds a communicator's comm_key
 _next_key = itertools.count(1)
+# The keys of the communicators the program freed (MPI deleted their attribute), in
+# order: their groups are released once every process dropped them (see _exit).
+freed_keys: list[int] = []
+
+
+def _deleted(comm: Any, keyval: int, key: Any) -> None:
+    """MPI deletes a communicator's comm_key (the program freed it): note the key."""
+    freed_keys.append(int(key))
 
 
 def comm_key(comm: Any) -> int:
@@ -80,7 +89,7 @@ def comm_key(comm: Any) -> int:
     from mpi4py import MPI
 
     if not _keyval:
-        _keyval.append(MPI.Comm.Create_keyval())
+        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_deleted))
     key = comm.Get_attr(_keyval[0])
     if key is None:
         key = next(_next_key)

@@ -186,6 +186,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._to(Event.ARRIVAL_FAILED)
             raise
         _exit.release_dropped(base)
+        _exit.release_freed()  # and those on communicators the program freed
         self._ctl = base.Dup()
         try:
             agree_options(self._ctl, options or {})

@@ -767,3 +767,19 @@ def test_asyncio_runs_first_ctrl_c_in_the_run_end_exchange_is_deferred(
     first = "reduce 1" if where == "reduce" else "run returned"
     assert logs[1].startswith(f"{first}\ngot ReplicaExitedError\n"), output
     assert "KeyboardInterrupt" in output, output
+
+
+def test_a_strategy_per_user_communicator_frees_its_communicators(tmp_path: Path) -> None:
+    # Each step: comm = COMM_WORLD.Dup(), a strategy on it, a run, comm.Free(), the
+    # strategy dropped. No later creation on that communicator ever released its group,
+    # so 4 communicators a step were kept (MPICH's "Too many communicators" at the
+    # 682nd, 515th with the notes' duplicate). Now released once every process dropped it.
+    rc, logs, output = launch("leak_dup", "40", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    for rank in range(2):
+        held = logs[rank].splitlines()[0]
+        groups, channels = (int(word) for word in re.findall(r"\d+", held))
+        # Not 40: the last step's, and the one before whose release exchange is in flight.
+        assert groups <= 2, held
+        assert channels <= 2, held
+    assert MPICH_LEAK not in output, output

@@ -202,8 +202,25 @@ async def end_interrupt(where: str = "run_end") -> None:
         raise
 
 
+async def leak_dup(count: str) -> None:
+    """A strategy per step on the program's own communicator: Dup, use, Free, drop."""
+    import gc
+
+    from asyncreplica_mpi import _arrival, _exit
+
+    for _ in range(int(count)):
+        comm = WORLD.Dup()
+        strategy = ar.MultiWorkerMirroredStrategy(communicator=comm)
+        await strategy.run(_sum_of_ids)
+        comm.Free()
+        del strategy
+        gc.collect()
+    report(f"held {len(_exit._groups)} groups, {len(_arrival._channels)} channels")
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
-    f.__name__: f for f in (fp_settings, shared_op, freed_comm, end_interrupt)
+    f.__name__: f
+    for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup)
 }
 
 if __name__ == "__main__":
