@@ -173,9 +173,9 @@ def goodbye_all(*, finalized: bool = False) -> None:
         return
     _said.append(True)
     error = uncaught_error()
-    if error is None:
-        # Every process posts its release exchange for the communicators it freed.
-        release_freed(at_exit=True)
+    # Every process posts its release exchanges for the communicators it freed (none
+    # is left pending on one side).
+    release_freed(at_exit=True)
     groups = [g for g in _groups if not g.is_closed()]
     # A peer still creating a strategy (or creating one later) learns that this process
     # will create none: its arrival notes end with an exit note. MPICH's MPI_Finalize
