@@ -967,13 +967,16 @@ async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
     """
     inner = asyncio.ensure_future(work)
     cancelled: BaseException | None = None
-    while not inner.done():
-        try:
-            await asyncio.shield(inner)
-        except asyncio.CancelledError as exc:
-            if inner.done():
-                break
-            cancelled = exc
+    # anyio's own cancellation (a run's scope, in a merge_fn) is not delivered here at
+    # all; asyncio's task.cancel() is, once, and caught.
+    with anyio.CancelScope(shield=True):
+        while not inner.done():
+            try:
+                await asyncio.shield(inner)
+            except asyncio.CancelledError as exc:
+                if inner.done():
+                    break
+                cancelled = exc
     if cancelled is not None:
         if not inner.cancelled():
             inner.exception()  # retrieved: the cancellation is this task's news
