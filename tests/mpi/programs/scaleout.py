@@ -219,8 +219,7 @@ async def leak_dup(count: str) -> None:
 
 
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
-    f.__name__: f
-    for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup)
+    f.__name__: f for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup)
 }
 
 if __name__ == "__main__":
