@@ -7,6 +7,7 @@ arrival notes below bound that wait and name the missing processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -154,6 +155,27 @@ def interrupt_pending() -> bool:
         return False
     cancelling = getattr(task, "cancelling", None)  # Python 3.11+
     return cancelling is None or cancelling() > 0
+
+
+_interrupts_raised: list[int] = [0]  # the runner's count when one was last raised late
+
+
+def interrupt_swallowed() -> bool:
+    """Whether asyncio's runner's latest Ctrl-C cancelled this task and never reached it.
+
+    The runner cancels its main task; a run's replicas finish their collectives first
+    (shielded), and anyio's task group then raises their error (a peer's exit) instead
+    of the cancellation: this process's own Ctrl-C would be lost. True once per Ctrl-C,
+    in the main task, while it is still being cancelled.
+    """
+    count, task = _runner_sigint()
+    if count <= _interrupts_raised[0] or task is None or task is not asyncio.current_task():
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    if cancelling is None or not cancelling():
+        return False
+    _interrupts_raised[0] = count
+    return True
 
 
 def take_interrupt() -> None:

@@ -55,7 +55,7 @@ from asyncreplica.abc import (
 )
 
 from . import _exit
-from ._arrival import _arrive, _created, agree_options, comm_key
+from ._arrival import _arrive, _created, agree_options, comm_key, interrupt_swallowed
 from ._failures import _consequence, describe_failure
 from ._lifecycle import Event, Refusal, State
 from ._protocol import (
@@ -803,8 +803,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         """
         if asyncio._get_running_loop() is None:
             await self._end_run(error, report=report)
-        else:
-            await _to_the_end(self._end_run(error, report=report))
+            return
+        await _to_the_end(self._end_run(error, report=report))
+        if not isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)) and (
+            interrupt_swallowed()
+        ):
+            # asyncio.run's Ctrl-C cancelled this (main) task while the run's replicas
+            # finished their collectives; the run ended without it (or with a peer's
+            # error): it takes effect now, as the interruption this process got.
+            raise asyncio.CancelledError("interrupted (SIGINT, Ctrl-C)") from error
 
     async def _end_run(self, error: BaseException | None, *, report: Any = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).

@@ -783,3 +783,15 @@ def test_a_strategy_per_user_communicator_frees_its_communicators(tmp_path: Path
         assert groups <= 2, held
         assert channels <= 2, held
     assert MPICH_LEAK not in output, output
+
+
+def test_a_processs_own_ctrl_c_is_not_replaced_by_a_peers_error(tmp_path: Path) -> None:
+    # Process 1's Ctrl-C (asyncio.run cancels its main task) as its run starts, while
+    # process 0 exits: the run's collective finished first (shielded) and raised the
+    # peer's ReplicaExitedError, which anyio's task group raised instead of the
+    # cancellation: the Ctrl-C was lost. It takes effect at the run's end now.
+    rc, logs, output = launch("own_interrupt", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc != 0, output  # process 1's KeyboardInterrupt
+    assert logs[0] == "exits\ndone\n", output
+    assert logs[1] == "got CancelledError (ReplicaExitedError)\n", output
+    assert "KeyboardInterrupt" in output, output

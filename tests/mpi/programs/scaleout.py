@@ -218,8 +218,27 @@ async def leak_dup(count: str) -> None:
     report(f"held {len(_exit._groups)} groups, {len(_arrival._channels)} channels")
 
 
+async def own_interrupt() -> None:
+    """Process 0 exits after a run; process 1 gets Ctrl-C (asyncio.run) as its next starts."""
+    import signal
+
+    strategy = ar.MultiWorkerMirroredStrategy()
+    await strategy.run(_sum_of_ids)
+    if RANK == 0:
+        report("exits")
+        return
+    os.kill(os.getpid(), signal.SIGINT)  # the runner cancels the main task
+    try:
+        await strategy.run(_sum_of_ids)
+        report("not reached")
+    except BaseException as error:
+        report(f"got {type(error).__name__} ({type(error.__cause__).__name__})")
+        raise
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
-    f.__name__: f for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup)
+    f.__name__: f
+    for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup, own_interrupt)
 }
 
 if __name__ == "__main__":
