@@ -47,7 +47,18 @@ running                    trace merge (refused)         merge_in_run
 failed                     begin run (refused)           exit_two
 joined                     release (dropped everywhere)  leak
 any                        ``os._exit`` (no hook runs)   os_exit
+created                    arrived (a freed              scaleout.py freed_comm
+                           communicator's handle reused)
+joined                     release (user communicator    scaleout.py leak_dup
+                           freed, dropped everywhere)
+running                    interrupted (runner) in the   scaleout.py end_interrupt
+                           run-end / reduce exchange
+running                    interrupted (runner), peer    scaleout.py own_interrupt
+                           exited
 =========================  ============================  =================================
+
+Floating-point errors alike on every process (np.seterr per process, a raising errcall,
+warnings as errors, concurrent strategies): scaleout.py fp_settings, shared_op.
 """
 
 from __future__ import annotations
