@@ -45,6 +45,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
+from asyncreplica import CollectiveError
 from asyncreplica.abc import (
     Backend,
     CollectiveKind,
@@ -854,7 +855,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )
+                    if type(error) is CollectiveError:
+                        # Its own ledger's (a collective issued while another is in
+                        # flight): every process raises the lowest rank's text.
+                        detail["ledger_error"] = str(error)
                 fp = 0
+                if "ledger_error" in detail:
+                    # Processes whose ledgers' texts differ compare them (see
+                    # _complete_error); where they agree the exchange is unanimous.
+                    fp = fingerprint({"ledger_error": detail["ledger_error"]})
                 if refused is not None:
                     # A collective one of this process's replicas refused as it issued
                     # it: every process raises the first process's (global ids), as one

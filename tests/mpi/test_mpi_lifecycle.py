@@ -806,3 +806,17 @@ def test_a_processs_own_ctrl_c_is_not_replaced_by_a_peers_error(tmp_path: Path) 
     assert logs[0] == "exits\ndone\n", output
     assert logs[1] == "got CancelledError (ReplicaExitedError)\n", output
     assert "KeyboardInterrupt" in output, output
+
+
+def test_a_collective_issued_while_one_is_in_flight_is_refused_alike(tmp_path: Path) -> None:
+    # Two replicas a process, each issuing two unnamed all_reduces at once: each
+    # process's ledger refused its own first replica (process 1: "Replica 2"); one
+    # process with 4 replicas names replica 0, so every process does now.
+    rc, logs, output = launch("two_in_flight", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    refused = (
+        "CollectiveError: Replica 0 issued a collective while its 1st collective "
+        "(position 0) is still in flight."
+    )
+    for rank in range(2):
+        assert logs[rank] == f"{refused}\nafter 4.0\ndone\n", output

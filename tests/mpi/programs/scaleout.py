@@ -236,9 +236,38 @@ async def own_interrupt() -> None:
         raise
 
 
+async def two_in_flight() -> None:
+    """Two replicas a process; each issues two unnamed all_reduces at once (refused)."""
+    strategy = ar.MultiWorkerMirroredStrategy(["CPU:0", "CPU:1"])
+
+    async def one() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("SUM", np.ones(4))
+
+    async def step() -> object:
+        return await asyncio.gather(one(), one())
+
+    try:
+        await strategy.run(step)
+        report("not refused")
+    except ar.CollectiveError as error:
+        report(f"{said(error)}")
+    total = await strategy.reduce("SUM", await strategy.run(_one), axis=None)
+    report(f"after {float(np.asarray(total).ravel()[0])}")
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
-    for f in (fp_settings, shared_op, freed_comm, end_interrupt, leak_dup, own_interrupt)
+    for f in (
+        fp_settings,
+        shared_op,
+        freed_comm,
+        end_interrupt,
+        leak_dup,
+        own_interrupt,
+        two_in_flight,
+    )
 }
 
 if __name__ == "__main__":
