@@ -85,7 +85,10 @@ _EXHAUSTION = (MemoryError, OSError)
 
 # numpy raises FloatingPointError only where the user's np.seterr/np.errstate asked for
 # it ("raise"): the user's error wherever the library combined the values, on every path.
-_ASKED = (FloatingPointError,)
+# A warning raised as an exception is the user's warnings filter's "error" action
+# (``python -W error``, pytest's ``filterwarnings = error``): numpy's RuntimeWarning of a
+# combine is the user's, as it is when the filter only prints it.
+_ASKED = (FloatingPointError, Warning)
 
 
 def _own(frame: FrameType) -> bool:

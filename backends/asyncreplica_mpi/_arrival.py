@@ -7,7 +7,9 @@ arrival notes below bound that wait and name the missing processes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import signal
@@ -25,9 +27,11 @@ __all__ = [
     "_arrive",
     "_note_exit",
     "agree_options",
+    "comm_key",
     "created_any",
     "complete_pending_notes",
     "drain_exit_notes",
+    "freed_keys",
     "interrupt_count",
     "interrupt_pending",
     "notes_comm",
@@ -53,15 +57,45 @@ _ANNOUNCE_SECONDS = 0.05  # a creation that waits this long is named to the peer
 _COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
 _INTERRUPTED = 1  # the value of a _GAVE_UP note: the process was interrupted (Ctrl-C)
 _logger = logging.getLogger("asyncreplica")
-# Per user communicator (by handle): the communicator, and how many groups this
+# Per user communicator (by comm_key): the communicator, and how many groups this
 # process created on it.
 _created: dict[int, tuple[Any, int]] = {}
-# Per user communicator (by handle): the library's own duplicate of it, made when the
+# Per user communicator (by comm_key): the library's own duplicate of it, made when the
 # first group on it is created (every process arrived). The notes of every later
 # creation, and the exit notes, travel there, never on the user's communicator: a note
 # left there would be received by the program's own ``comm.recv()`` (ANY_SOURCE,
 # ANY_TAG).
 _channels: dict[int, Any] = {}
+_keyval: list[int] = []  # the MPI attribute that holds a communicator's comm_key
+_next_key = itertools.count(1)
+# The keys of the communicators the program freed (MPI deleted their attribute), in
+# order: their groups are released once every process dropped them (see _exit).
+freed_keys: list[int] = []
+
+
+def _deleted(comm: Any, keyval: int, key: Any) -> None:
+    """MPI deletes a communicator's comm_key (the program freed it): note the key."""
+    freed_keys.append(int(key))
+
+
+def comm_key(comm: Any) -> int:
+    """This process's key for the communicator ``comm``, which no later one gets.
+
+    Not its handle (``py2f()``): MPICH gives a communicator the program freed and a new
+    one the same handle, and state kept by handle outlived the first (the second's
+    creation hung, waiting for itself). The key is an MPI attribute of the communicator
+    itself, set the first time it is seen: every Python object for it finds it, and a
+    new communicator starts without one.
+    """
+    from mpi4py import MPI
+
+    if not _keyval:
+        _keyval.append(MPI.Comm.Create_keyval(delete_fn=_deleted))
+    key = comm.Get_attr(_keyval[0])
+    if key is None:
+        key = next(_next_key)
+        comm.Set_attr(_keyval[0], key)
+    return int(key)
 
 
 def notes_comm(base: Any) -> Any:
@@ -70,7 +104,7 @@ def notes_comm(base: Any) -> Any:
     The library's duplicate of it once a group was created on it, else ``base``
     itself (its first creation).
     """
-    return _channels.get(base.py2f(), base)
+    return _channels.get(comm_key(base), base)
 
 
 def _note_to_all(
@@ -123,6 +157,27 @@ def interrupt_pending() -> bool:
     return cancelling is None or cancelling() > 0
 
 
+_interrupts_raised: list[int] = [0]  # the runner's count when one was last raised late
+
+
+def interrupt_swallowed() -> bool:
+    """Whether asyncio's runner's latest Ctrl-C cancelled this task and never reached it.
+
+    The runner cancels its main task; a run's replicas finish their collectives first
+    (shielded), and anyio's task group then raises their error (a peer's exit) instead
+    of the cancellation: this process's own Ctrl-C would be lost. True once per Ctrl-C,
+    in the main task, while it is still being cancelled.
+    """
+    count, task = _runner_sigint()
+    if count <= _interrupts_raised[0] or task is None or task is not asyncio.current_task():
+        return False
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    if cancelling is None or not cancelling():
+        return False
+    _interrupts_raised[0] = count
+    return True
+
+
 def take_interrupt() -> None:
     """The pending Ctrl-C was acted on (raised, or said): it is not pending any more."""
     _interrupts_taken[0] = _runner_sigint()[0]
@@ -164,7 +219,7 @@ def _arrive(
     from mpi4py import MPI
 
     rank, size = base.Get_rank(), base.Get_size()
-    handle = base.py2f()
+    handle = comm_key(base)
     serial = _created.get(handle, (base, 0))[1]
     _created[handle] = (base, serial + 1)
     counts = [0] * size
@@ -354,7 +409,7 @@ def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) 
         # nothing here waits for them any more: received at this process's exit, since
         # MPICH's MPI_Finalize stalls on the sender's side (the job then ends with
         # status 0, although that process died of its exception).
-        _, peers = _gave_up_peers.setdefault(base.py2f(), (base, set()))
+        _, peers = _gave_up_peers.setdefault(comm_key(base), (base, set()))
         peers.update(gave_up)
     if interrupted:
         r = interrupted[0]
@@ -440,7 +495,7 @@ def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
     """A peer's exit note arrived where its arrival note was expected: raise at once."""
     from mpi4py import MPI
 
-    _consumed.add((base.py2f(), source))
+    _consumed.add((comm_key(base), source))
     status = MPI.Status()
     base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
     buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
@@ -471,7 +526,7 @@ def drain_exit_notes(base: Any, sources: Sequence[int], seconds: float = 2.0) ->
     from mpi4py import MPI
 
     base = notes_comm(base)
-    handle = base.py2f()
+    handle = comm_key(base)
     status = MPI.Status()
     for source in sources:
         if (handle, source) in _consumed:
@@ -507,7 +562,7 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
-    bases = dict(_created) or {world.py2f(): (world, 0)}
+    bases = dict(_created) or {comm_key(world): (world, 0)}
     if only is not None:
         keep = set(only)
         bases = {handle: entry for handle, entry in bases.items() if handle in keep}
@@ -521,9 +576,9 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         else "exited"
     )
     text = np.frombuffer(why.encode(), np.uint8)
-    for user_base, serial in bases.values():
+    for key, (user_base, serial) in bases.items():
         with contextlib.suppress(Exception):  # a freed communicator: nobody to tell
-            base = notes_comm(user_base)
+            base = _channels.get(key, user_base)
             if base.Get_size() == 1:
                 continue
             _pending_notes.extend(_note_to_all(base, _EXITED, serial, text.size))
@@ -561,7 +616,7 @@ def _cancel(requests: Iterable[Any]) -> None:
 
 
 _pending_notes: list[Any] = []
-# Per communicator handle (notes_comm's): the peers whose give-up note this process
+# Per communicator (notes_comm's comm_key): the peers whose give-up note this process
 # received while it created a strategy, whose exit notes it receives at exit.
 _gave_up_peers: dict[int, tuple[Any, set[int]]] = {}
 
@@ -592,5 +647,5 @@ def complete_pending_notes(seconds: float = 2.0) -> None:
             time.sleep(1e-3)
 
 
-# (communicator handle, rank): the exit notes this process received.
+# (communicator's comm_key, rank): the exit notes this process received.
 _consumed: set[tuple[int, int]] = set()

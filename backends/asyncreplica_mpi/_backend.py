@@ -22,12 +22,13 @@ that moves the data, and no second thread competes with it for a core.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import sys
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import anyio.lowlevel
 import numpy as np
@@ -52,6 +53,8 @@ from ._group import MPIProcessGroup
 from ._protocol import cross_fields
 
 __all__ = ["GATHER_BYTES", "MPIBackend"]
+
+_T = TypeVar("_T")
 
 # DLPack device types the CPU reads: CPU, CUDA pinned host, CUDA managed.
 _HOST_DLPACK = frozenset((1, 3, 13))
@@ -82,7 +85,7 @@ def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarra
     log = _FPLog()
     with np.errstate(all="log", call=log):
         result = np.asarray(_local_combine(ReduceOp.SUM if op is ReduceOp.MEAN else op, parts))
-    _replay_fp(log.bits)
+    _met(log.bits)
     return result
 
 
@@ -92,6 +95,23 @@ def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarra
 _FP_KINDS = ("divide by zero", "overflow", "underflow", "invalid value")
 _FP_SETTINGS = ("divide", "over", "under", "invalid")
 _FP_UFUNCS = ("add", "subtract", "multiply", "minimum", "maximum", "divide")
+
+
+def _raised_elsewhere(bits: int, processes: list[int]) -> FloatingPointError:
+    """The error of a process whose floating-point settings did not raise where others did."""
+    kinds = [
+        f"{kind} encountered in {name}"
+        for k, kind in enumerate(_FP_KINDS)
+        for u, name in enumerate(_FP_UFUNCS)
+        if (bits >> (k * len(_FP_UFUNCS) + u)) & 1
+    ]
+    which = ", ".join(map(str, processes))
+    return FloatingPointError(
+        f"{kinds[0]}: process{'es' if len(processes) > 1 else ''} {which} raised for it "
+        "(np.seterr / np.errstate, an np.seterrcall or a warnings filter there), while "
+        "this process's settings do not raise: every process stops here, in step. Set the "
+        "same floating-point error handling on every process."
+    )
 
 
 class _FPLog:
@@ -141,8 +161,14 @@ def _replay_fp(bits: int) -> None:
                 sys.stdout.write(f"Warning: {message}\n")  # as numpy prints it
 
 
-class _CallbackState:
-    """What the rank-order operation met while MPI ran it (see :func:`_rank_order_op`)."""
+class _FPRecord:
+    """What one collective's combines met: floating-point error bits, interruptions.
+
+    Every process computes the same bits (they are OR-ed across processes), so every
+    process acts on them at the same point: once all of the collective's data moved
+    (see :meth:`MPIBackend._alike`), never between two of its transfers, where a
+    process that raised would leave the others waiting in the next one.
+    """
 
     __slots__ = ("bits", "pending")
 
@@ -151,12 +177,29 @@ class _CallbackState:
         self.pending: list[BaseException] = []
 
 
-# Rank-order MPI reductions (see _rank_order_op): one per (op, dtype), for the process.
-_RANK_ORDER_OPS: dict[tuple[ReduceOp, str], tuple[Any, Any, _CallbackState]] = {}
+# The record of the collective this task is moving data for (see MPIBackend._alike).
+_RECORD: contextvars.ContextVar[_FPRecord | None] = contextvars.ContextVar(
+    "asyncreplica_mpi_fp_record", default=None
+)
 
 
-def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, Any, _CallbackState]:
-    """An MPI reduction by the local backend's own rule, its element type, and its state.
+def _met(bits: int) -> None:
+    """Floating-point errors met by a combine: kept for the collective's end, or replayed."""
+    record = _RECORD.get()
+    if record is None:
+        _replay_fp(bits)
+    else:
+        record.bits |= bits
+
+
+# Rank-order MPI reductions (see _rank_order_op): one per op, for the process; each
+# transfer's element type is its own, and keys the transfer's record (_TRANSFERS).
+_RANK_ORDER_OPS: dict[ReduceOp, Any] = {}
+_TRANSFERS: dict[int, tuple[np.dtype[Any], _FPRecord]] = {}
+
+
+def _rank_order_op(MPI: Any, op: ReduceOp) -> Any:
+    """An MPI reduction by the local backend's own rule (see :func:`_transfer_type`).
 
     MPI's own ``MIN``/``MAX`` drop NaN (``a > b ? a : b``) where numpy's
     ``np.minimum``/``np.maximum``, which one process uses, propagate it, and they order
@@ -169,24 +212,27 @@ def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, A
     replicas: the bits one process computes.
 
     It never raises into MPI (an exception there is a "Fatal Python error" and an
-    abort): numpy's floating-point errors are recorded as bits in the state, and an
-    asynchronous exception (a signal handler's ``KeyboardInterrupt``/``SystemExit``)
-    is kept there while the combine is finished; the caller raises it once the MPI call
-    returned (see :meth:`MPIBackend._combine`).
+    abort): numpy's floating-point errors are recorded as bits in the transfer's
+    record, and an asynchronous exception (a signal handler's
+    ``KeyboardInterrupt``/``SystemExit``) is kept there while the combine is finished;
+    the caller raises it once the MPI call returned (see :meth:`MPIBackend._combine`).
 
-    The element type is a contiguous run of ``dtype.itemsize`` bytes, so MPI never cuts
-    an element when it splits the buffer. Created once per process (MPI frees them at
-    finalize); the operation reinterprets the bytes as ``dtype``.
+    Created once per process (MPI frees them at finalize; mpi4py allows 32). The
+    operation finds the transfer's dtype and record by the transfer's own element type
+    (:func:`_transfer_type`), so concurrent transfers (two strategies' collectives)
+    never write into each other's record.
     """
     if op is ReduceOp.MEAN:
         op = ReduceOp.SUM  # the sum; the caller divides
-    key = (op, dtype.str)
-    found = _RANK_ORDER_OPS.get(key)
+    found = _RANK_ORDER_OPS.get(op)
     if found is not None:
         return found
-    state = _CallbackState()
 
     def combine(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+        found = _TRANSFERS.get(datatype.handle)
+        if found is None:  # not a transfer of ours any more: nothing to write into
+            return
+        dtype, record = found
         log = _FPLog()
         work: list[Any] = [None]  # the combined values, once computed
         while True:
@@ -200,15 +246,31 @@ def _rank_order_op(MPI: Any, op: ReduceOp, dtype: np.dtype[Any]) -> tuple[Any, A
                             op, [np.frombuffer(inbuf, dtype), np.frombuffer(inoutbuf, dtype)]
                         )
                 np.frombuffer(inoutbuf, dtype)[...] = work[0]
-                state.bits |= log.bits
+                record.bits |= log.bits
                 break
             except BaseException as error:  # never into MPI: kept, raised after it
-                state.pending.append(error)
+                record.pending.append(error)
 
+    found = _RANK_ORDER_OPS[op] = MPI.Op.Create(combine, commute=False)
+    return found
+
+
+def _transfer_type(MPI: Any, dtype: np.dtype[Any], record: _FPRecord) -> Any:
+    """A new element type for one rank-order transfer: ``dtype.itemsize`` bytes in a row.
+
+    MPI never cuts an element when it splits the buffer. Its handle keys the
+    transfer's dtype and record while the transfer runs (no other live type has it);
+    the caller frees it (:func:`_free_transfer_type`) once the transfer completed.
+    """
     element = MPI.BYTE.Create_contiguous(dtype.itemsize)
     element.Commit()
-    found = _RANK_ORDER_OPS[key] = (MPI.Op.Create(combine, commute=False), element, state)
-    return found
+    _TRANSFERS[element.handle] = (dtype, record)
+    return element
+
+
+def _free_transfer_type(element: Any) -> None:
+    _TRANSFERS.pop(element.handle, None)
+    element.Free()
 
 
 def _native(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -392,6 +454,54 @@ class MPIBackend(Backend):
             now = clock()
         await group.wait_data(request)
 
+    async def _alike(self, work: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``work`` (a collective's data movement), then act on what its combines met.
+
+        numpy's floating-point errors (and an interruption inside the rank-order
+        operation) are kept until every transfer of the collective completed (a MEAN's
+        count, a second dtype's buffer), so no process stops between two of them. Then
+        each process replays them under its own ``np.errstate`` (see :func:`_replay_fp`);
+        where that raises on some processes only (``np.seterr`` or a warnings filter
+        differ between them), every process raises, in step (see :meth:`_raise_alike`).
+        """
+        if _RECORD.get() is not None:  # inside another collective's (reduce_scatter)
+            return await work()
+        record = _FPRecord()
+        token = _RECORD.set(record)
+        try:
+            result = await work()
+        finally:
+            _RECORD.reset(token)
+        if record.bits or record.pending:
+            with self.group.committed():  # its exchange, once posted, must complete
+                await self._raise_alike(record)
+        return result
+
+    async def _raise_alike(self, record: _FPRecord) -> None:
+        """Replay ``record`` here; if any process raised for it, raise on every process.
+
+        The bits are the same on every process, so each process that met any makes the
+        one small exchange here (whether its replay raised). An interruption (Ctrl-C) is
+        this process's own: it is raised after the exchange, and a run's end tells the
+        others.
+        """
+        error: BaseException | None = None
+        try:
+            _replay_fp(record.bits)  # numpy's texts, under this process's settings
+        except Exception as raised:  # FloatingPointError, an errcall's, a warning as error
+            error = raised
+        if record.bits and self.group.size > 1:
+            flags = await self._allgather(np.array([error is not None], np.int64))
+            raising = [r for r in range(self.group.size) if flags[r, 0]]
+            if error is None and raising:
+                error = _raised_elsewhere(record.bits, raising)
+        if record.pending:
+            error = record.pending[0]
+        if error is not None:
+            # Every process raises here, once the data moved: in step (_failures.in_step).
+            setattr(error, IN_STEP, True)
+            raise error
+
     async def _allgather(self, flat: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Every process's equal-sized ``flat`` buffer, stacked in rank order."""
         out = np.empty((self.group.size, flat.size), flat.dtype)
@@ -435,27 +545,31 @@ class MPIBackend(Backend):
             if op in (ReduceOp.MIN, ReduceOp.MAX) or dtype.kind in "fc":
                 # By the local backend's rule, in rank order (MPI's MIN/MAX drop NaN,
                 # its SUM/PROD swap operands: another replica's NaN; see _rank_order_op).
-                mpi_op, element, state = _rank_order_op(self._MPI, op, dtype)
+                mpi_op = _rank_order_op(self._MPI, op)
+                mine_record = _FPRecord()
+                element = _transfer_type(self._MPI, dtype, mine_record)
                 if mine is None:
                     send = [flat, flat.size, element]
-                state.bits = 0
-                state.pending = []
                 await self._move(
                     flat.nbytes, "Allreduce", send, [out, out.size, element], op=mpi_op
-                )
-                bits, pending = state.bits, state.pending
-                state.pending = []
+                )  # if it raises, the element type stays: MPI may still run the operation
+                _free_transfer_type(element)
                 # Each process combined a part of the buffer: their floating-point
                 # errors together are the combine's, the same on every process.
-                flags = np.array([bits], np.int64)
+                flags = np.array([mine_record.bits], np.int64)
                 every = np.empty(1, np.int64)
                 await self._move(8, "Allreduce", flags, every, op=self._MPI.BOR)
-                if pending:
-                    # An interruption inside the operation, raised once the data moved:
-                    # the processes are in step, and the run's end tells the others.
-                    setattr(pending[0], IN_STEP, True)
-                    raise pending[0]
-                _replay_fp(int(every[0]))
+                record = _RECORD.get()
+                if record is not None:
+                    record.bits |= int(every[0])
+                    record.pending += mine_record.pending
+                else:
+                    if mine_record.pending:
+                        # An interruption inside the operation, raised once the data
+                        # moved: the processes are in step, the run's end tells the others.
+                        setattr(mine_record.pending[0], IN_STEP, True)
+                        raise mine_record.pending[0]
+                    _replay_fp(int(every[0]))
             else:
                 await self._move(flat.nbytes, "Allreduce", send, out, op=self._ops[op])
             return out
@@ -542,6 +656,13 @@ class MPIBackend(Backend):
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
+        combined = await self._alike(lambda: self._all_reduce_leaves(op, leaves))
+        return [[c.view() for c in combined] for _ in values]  # read-only, as c is
+
+    async def _all_reduce_leaves(
+        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
+    ) -> list[np.ndarray[Any, Any]]:
+        """all_reduce's partial results across processes: inline, or agreed then moved."""
         combined = await self._combine_inline(op, leaves)  # read-only already
         if combined is None:
             with self.group.committed():  # the data must move once agreed
@@ -549,7 +670,7 @@ class MPIBackend(Backend):
                 combined = await self._combine_leaves(op, leaves, owned=True)
             for c in combined:
                 c.flags.writeable = False  # a new array, or a new view of a pooled buffer
-        return [[c.view() for c in combined] for _ in values]  # read-only, as c is
+        return combined
 
     async def _exact_mean(
         self, values: Sequence[Sequence[object]], bytes_per_pack: int
@@ -569,11 +690,7 @@ class MPIBackend(Backend):
         ]
         local = await self.inner.all_reduce(ReduceOp.SUM, split, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
-        sums = await self._combine_inline(ReduceOp.SUM, leaves)
-        if sums is None:
-            with self.group.committed():
-                await self.group.settle()
-                sums = await self._combine_leaves(ReduceOp.SUM, leaves, owned=True)
+        sums = await self._alike(lambda: self._all_reduce_leaves(ReduceOp.SUM, leaves))
         count = self.group.num_replicas
         out: list[np.ndarray[Any, Any]] = []
         k = 0
@@ -732,7 +849,7 @@ class MPIBackend(Backend):
                 result = divide_mean(np.array(result), total)
             return np.array(result)
 
-        return await self.group.cross(fields, work)
+        return await self.group.cross(fields, lambda: self._alike(work))
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate the local components, then every process's, along ``axis``.

@@ -44,8 +44,10 @@ import numpy as np
 from asyncreplica import BackendError, ReplicaExitedError
 
 from ._arrival import (
+    _channels,
     _logger,
     _note_exit,
+    comm_key,
     complete_pending_notes,
     created_any,
     drain_exit_notes,
@@ -171,6 +173,9 @@ def goodbye_all(*, finalized: bool = False) -> None:
         return
     _said.append(True)
     error = uncaught_error()
+    # Every process posts its release exchanges for the communicators it freed (none
+    # is left pending on one side).
+    release_freed(at_exit=True)
     groups = [g for g in _groups if not g.is_closed()]
     # A peer still creating a strategy (or creating one later) learns that this process
     # will create none: its arrival notes end with an exit note. MPICH's MPI_Finalize
@@ -181,10 +186,10 @@ def goodbye_all(*, finalized: bool = False) -> None:
     # exception (or a finalize before any strategy) tells every communicator.
     if error is not None or (finalized and not created_any()):
         _note_exit(error, finalized)
-        noted = {g._base.py2f() for g in groups}
+        noted = {g._base_key for g in groups}
     else:
         noted = {
-            g._base.py2f()
+            g._base_key
             for g in groups
             if g.size > 1 and not g._departed and g._broken is None and not g._failed_here
         }
@@ -192,7 +197,7 @@ def goodbye_all(*, finalized: bool = False) -> None:
             _note_exit(None, finalized, only=noted)
     for group in groups:
         acknowledge(group)
-    steps = [(g, farewell(g, error, finalized, g._base.py2f() in noted)) for g in groups]
+    steps = [(g, farewell(g, error, finalized, g._base_key in noted)) for g in groups]
     with _interrupts_counted() as interrupts:
         _drive_all(steps, interrupts)
     # The exit notes the peers sent (their goodbye said so), received: MPICH's finalize
@@ -201,7 +206,9 @@ def goodbye_all(*, finalized: bool = False) -> None:
     noting: dict[int, tuple[Any, set[int]]] = {}
     for group in groups:
         if group._noted_peers:
-            _, ranks = noting.setdefault(group._base.py2f(), (group._base, set()))
+            _, ranks = noting.setdefault(
+                group._base_key, (_channels.get(group._base_key, group._base), set())
+            )
             ranks |= group._noted_peers
     for base, ranks in noting.values():
         with contextlib.suppress(Exception):
@@ -569,9 +576,9 @@ def release_dropped(base: Any) -> None:
     """
     if base.Get_size() == 1:
         return
-    handle = base.py2f()
+    handle = comm_key(base)
     mine = [
-        g for g in _groups if g._base.py2f() == handle and g.size == base.Get_size() and released(g)
+        g for g in _groups if g._base_key == handle and g.size == base.Get_size() and released(g)
     ][:_RELEASE_SLOTS]
     row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
     row[0] = len(mine)
@@ -586,6 +593,68 @@ def release_dropped(base: Any) -> None:
     for group in mine:
         if group._base_serial in common:
             release(group)
+
+
+# Per communicator the program freed (its comm_key): the release exchange posted on
+# the library's duplicate of it (see release_freed): (request, rows, this process's
+# dropped groups listed there).
+_freed_releases: dict[int, tuple[Any, Any, list[MPIProcessGroup]]] = {}
+_freed_seen = [0]  # how many of _arrival.freed_keys were looked at
+_freed_waiting: list[int] = []  # freed, not posted: a strategy on it is still held here
+
+
+def release_freed(*, at_exit: bool = False) -> None:
+    """Release the groups on communicators the program freed, once every process dropped them.
+
+    A strategy per step on the program's own communicator (Dup, use, Free) never meets a
+    later creation on that communicator, where :func:`release_dropped` frees them, so its
+    groups and the library's duplicate of the communicator were kept for ever (MPICH's
+    "Too many communicators" at the 682nd). For each communicator the program freed,
+    every process posts one exchange on the library's duplicate of it (the only
+    collective ever made there) listing the groups it dropped: at a creation once it
+    dropped every strategy on it, or at exit. Once complete, the groups every process
+    dropped are freed, and the duplicate too once no group on that communicator is
+    left. Never blocks (at exit, for up to a second).
+    """
+    from ._arrival import _channels, _created, freed_keys
+
+    _freed_waiting.extend(freed_keys[_freed_seen[0] :])
+    _freed_seen[0] = len(freed_keys)
+    for key in list(_freed_waiting):
+        channel = _channels.get(key)
+        if channel is None or key in _freed_releases:
+            _freed_waiting.remove(key)
+            continue
+        if not at_exit and any(g._base_key == key and not released(g) for g in _groups):
+            continue  # posted once this process dropped them all (or at exit)
+        _freed_waiting.remove(key)
+        with contextlib.suppress(Exception):  # best effort: it only frees
+            size = channel.Get_size()
+            mine = [g for g in _groups if g._base_key == key and released(g)][:_RELEASE_SLOTS]
+            row = np.full(_RELEASE_SLOTS + 1, -1, np.int64)
+            row[0] = len(mine)
+            row[1 : 1 + len(mine)] = [g._base_serial for g in mine]
+            rows = np.empty((size, _RELEASE_SLOTS + 1), np.int64)
+            _freed_releases[key] = (channel.Iallgather(row, rows), (row, rows), mine)
+    until = time.monotonic() + (1.0 if at_exit else 0.0)
+    while _freed_releases:
+        for key, (request, (_, rows), mine) in list(_freed_releases.items()):
+            if not request.Test():
+                continue
+            del _freed_releases[key]
+            common = {int(v) for v in rows[0, 1 : 1 + int(rows[0, 0])]}
+            for r in range(1, rows.shape[0]):
+                common &= {int(v) for v in rows[r, 1 : 1 + int(rows[r, 0])]}
+            for group in mine:
+                if group._base_serial in common and released(group):
+                    release(group)
+            if not any(g._base_key == key for g in _groups):
+                _created.pop(key, None)
+                with contextlib.suppress(Exception):
+                    _channels.pop(key).Free()
+        if not _freed_releases or time.monotonic() >= until:
+            break
+        time.sleep(_POLL_SECONDS / 10)
 
 
 #: How long the exit hook lets the launcher forward what it just wrote before aborting:

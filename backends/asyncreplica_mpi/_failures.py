@@ -24,6 +24,7 @@ import numpy as np
 from asyncreplica import (
     BackendError,
     CollectiveDeadlockError,
+    CollectiveError,
     CollectiveMismatchError,
     CollectiveTimeoutError,
     ReplicaContextError,
@@ -665,6 +666,13 @@ class Failures:
                 self._raise_for(details)
             except Exception as alike:
                 raise alike from error
+        if type(error) is CollectiveError:
+            # Each process's ledger found it in its own replicas (global ids): one
+            # process finds the lowest replica's, so every process raises the lowest
+            # rank's (the same class, the same replica named).
+            first = next((d for d in details if d.get("ledger_error")), None)
+            if first is not None and first["ledger_error"] != str(error):
+                raise CollectiveError(first["ledger_error"], report=error.report) from error
         found = collective_error(error)
         fields = error_fields(error, check_call_sites=self.check_call_sites)
         if found is None or fields is None:

@@ -21,6 +21,7 @@ yield to the loop, which is what makes the common case cheap.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import contextvars
@@ -28,7 +29,15 @@ import functools
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Generator, Hashable, Mapping, Sequence
+from collections.abc import (
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generator,
+    Hashable,
+    Mapping,
+    Sequence,
+)
 from typing import Any, NoReturn, TypeVar
 
 import anyio
@@ -36,6 +45,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
+from asyncreplica import CollectiveError
 from asyncreplica.abc import (
     Backend,
     CollectiveKind,
@@ -46,7 +56,7 @@ from asyncreplica.abc import (
 )
 
 from . import _exit
-from ._arrival import _arrive, _created, agree_options
+from ._arrival import _arrive, _created, agree_options, comm_key, interrupt_swallowed
 from ._failures import _consequence, describe_failure
 from ._lifecycle import Event, Refusal, State
 from ._protocol import (
@@ -155,7 +165,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._refuse(Refusal.FINALIZED)
         _exit.install_hooks(finalize=True)
         self._base = base
-        self._base_serial = _created.get(base.py2f(), (base, 0))[1]
+        # The key of the user's communicator, which the program may free (see comm_key).
+        self._base_key = comm_key(base)
+        self._base_serial = _created.get(self._base_key, (base, 0))[1]
         self._holder: Callable[[], Any] | None = None  # the backend (see wrap)
         # Every process announces itself before the first collective call, so that a
         # process that never creates its strategy is named (and bounded by timeout)
@@ -175,6 +187,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._to(Event.ARRIVAL_FAILED)
             raise
         _exit.release_dropped(base)
+        _exit.release_freed()  # and those on communicators the program freed
         self._ctl = base.Dup()
         try:
             agree_options(self._ctl, options or {})
@@ -745,7 +758,16 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return self._parts[:, :nbytes]
 
     async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
-        """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run."""
+        """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run.
+
+        Awaited by the program's own task (the main task, which ``asyncio.run``'s first
+        Ctrl-C cancels): finished first, as the run's end is (see :meth:`end_run`).
+        """
+        if asyncio._get_running_loop() is None:
+            return await self._cross(fields, local)
+        return await _to_the_end(self._cross(fields, local))
+
+    async def _cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
         await self._acquire()
         limit = _CALL_TIMEOUT.get()
@@ -772,6 +794,27 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return result
 
     async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
+        """The local run ended: tell the other processes (see :meth:`_end_run`).
+
+        Finished whatever cancels the caller meanwhile: its exchange, once posted, must
+        complete, and anyio's shields inside it do not stop asyncio's own cancellation of
+        the task (``asyncio.run``'s first Ctrl-C cancels the main task, which awaits
+        this): a cancellation that lands here takes effect once the exchange completed,
+        as in a collective's wait, instead of leaving the processes out of step.
+        """
+        if asyncio._get_running_loop() is None:
+            await self._end_run(error, report=report)
+            return
+        await _to_the_end(self._end_run(error, report=report))
+        if not isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)) and (
+            interrupt_swallowed()
+        ):
+            # asyncio.run's Ctrl-C cancelled this (main) task while the run's replicas
+            # finished their collectives; the run ended without it (or with a peer's
+            # error): it takes effect now, as the interruption this process got.
+            raise asyncio.CancelledError("interrupted (SIGINT, Ctrl-C)") from error
+
+    async def _end_run(self, error: BaseException | None, *, report: Any = None) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
 
         ``report``: the ledger of the failed run; with a refusal, the collective that
@@ -812,7 +855,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )
+                    if type(error) is CollectiveError:
+                        # Its own ledger's (a collective issued while another is in
+                        # flight): every process raises the lowest rank's text.
+                        detail["ledger_error"] = str(error)
                 fp = 0
+                if "ledger_error" in detail:
+                    # Processes whose ledgers' texts differ compare them (see
+                    # _complete_error); where they agree the exchange is unanimous.
+                    fp = fingerprint({"ledger_error": detail["ledger_error"]})
                 if refused is not None:
                     # A collective one of this process's replicas refused as it issued
                     # it: every process raises the first process's (global ids), as one
@@ -921,6 +972,32 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )
+
+
+async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:
+    """Await ``work`` (asyncio) to its end; a cancellation of this task meanwhile after it.
+
+    ``work`` runs in a task of its own, which the cancellation does not reach; the
+    cancellation is raised once it finished (its outcome is then the cancelled
+    process's to ignore: it was interrupted).
+    """
+    inner = asyncio.ensure_future(work)
+    cancelled: BaseException | None = None
+    # anyio's own cancellation (a run's scope, in a merge_fn) is not delivered here at
+    # all; asyncio's task.cancel() is, once, and caught.
+    with anyio.CancelScope(shield=True):
+        while not inner.done():
+            try:
+                await asyncio.shield(inner)
+            except asyncio.CancelledError as exc:
+                if inner.done():
+                    break
+                cancelled = exc
+    if cancelled is not None:
+        if not inner.cancelled():
+            inner.exception()  # retrieved: the cancellation is this task's news
+        raise cancelled
+    return inner.result()
 
 
 def _key_json(position: Hashable) -> Any:

@@ -27,7 +27,7 @@ import numpy as np
 from asyncreplica import CollectiveDeadlockError
 
 from . import _exit
-from ._arrival import _logger, interrupt_pending, take_interrupt
+from ._arrival import _logger, comm_key, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
 
@@ -90,9 +90,9 @@ def peers_waiting_on(base: Any, ranks: list[int]) -> dict[int, str]:
     reached, told so (its "waiting" note): ``"at <what> of <label>"`` by rank.
     """
     found: dict[int, str] = {}
-    handle = base.py2f()
+    handle = comm_key(base)
     for group in _exit._groups:
-        if group.size == 1 or group._state not in _LIVE or group._base.py2f() != handle:
+        if group.size == 1 or group._state not in _LIVE or group._base_key != handle:
             continue
         with contextlib.suppress(Exception):  # a peer's failure is raised by its next use
             group._read_notes()
@@ -171,6 +171,7 @@ class Waiting(Failures):
     _seen_waiting: dict[int, set[int]]
     _peer_at: dict[int, tuple[int, str]]
     _base: Any
+    _base_key: int
     _peer_failure: dict[str, Any] | None
     _failed_peers: set[int]
     _acks: set[int]

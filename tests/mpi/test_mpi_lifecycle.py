@@ -47,7 +47,18 @@ running                    trace merge (refused)         merge_in_run
 failed                     begin run (refused)           exit_two
 joined                     release (dropped everywhere)  leak
 any                        ``os._exit`` (no hook runs)   os_exit
+created                    arrived (a freed              scaleout.py freed_comm
+                           communicator's handle reused)
+joined                     release (user communicator    scaleout.py leak_dup
+                           freed, dropped everywhere)
+running                    interrupted (runner) in the   scaleout.py end_interrupt
+                           run-end / reduce exchange
+running                    interrupted (runner), peer    scaleout.py own_interrupt
+                           exited
 =========================  ============================  =================================
+
+Floating-point errors alike on every process (np.seterr per process, a raising errcall,
+warnings as errors, concurrent strategies): scaleout.py fp_settings, shared_op.
 """
 
 from __future__ import annotations
@@ -667,3 +678,145 @@ def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:
     )
     refused = {"describe": "a refused cross-replica operation (TypeError: no)"}
     assert _exchange_text((None, refused)) == refused["describe"]
+
+
+# -- scale-out, third attack (programs/scaleout.py) ---------------------------------------
+
+SCALEOUT = PROGRAM.parent / "scaleout.py"
+
+
+@pytest.mark.parametrize("case", ["reduce_mean", "two_dtypes"])
+def test_np_seterr_differing_between_processes_stops_every_process_in_step(
+    case: str, tmp_path: Path
+) -> None:
+    # Process 0 raises on overflow, process 1 warns. Process 0 raised after the first of
+    # two exchanges (a MEAN's sum then its count; one transfer per dtype) while process 1
+    # went on to the second: both waited for ever. Now every transfer completes first,
+    # and every process raises, process 1 naming process 0's setting.
+    rc, logs, output = launch("fp_settings", "split", case, tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    for attempt in range(2):
+        assert f"{attempt} FloatingPointError: overflow encountered in add\n" in logs[0], output
+        assert (
+            f"{attempt} FloatingPointError: overflow encountered in add: process 0 raised for "
+            "it (np.seterr / np.errstate" in logs[1]
+        ), output
+    for rank in range(2):
+        assert logs[rank].endswith("after 2.0\ndone\n"), output
+
+
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("call", "Stop: errcall: overflow"),
+        ("werror", "RuntimeWarning: overflow encountered in add"),
+    ],
+)
+def test_a_raising_errcall_or_warnings_as_errors_alike_everywhere_keep_the_strategy_usable(
+    setting: str, error: str, tmp_path: Path
+) -> None:
+    # The same on every process: the user's exception was replayed unmarked, so the
+    # processes were declared out of step, every later run refused and the job aborted.
+    for case in ("reduce_mean", "two_dtypes"):
+        (tmp_path / case).mkdir()
+        rc, logs, output = launch(
+            "fp_settings", setting, case, tmp_path=tmp_path / case, program=SCALEOUT
+        )
+        assert rc == 0, output
+        assert "out of step" not in output, output
+        assert "aborting the MPI job" not in output, output
+        for rank in range(2):
+            assert logs[rank] == f"0 {error}\n1 {error}\nafter 2.0\ndone\n", output
+
+
+def test_concurrent_collectives_keep_their_own_floating_point_record(tmp_path: Path) -> None:
+    # Two strategies' large float16 all_reduces at once, only A's overflowing: the
+    # rank-order operation's record was one per (op, dtype) for the process, so B
+    # raised A's FloatingPointError (1.0 + 1.0 = 2.0 never overflows).
+    rc, logs, output = launch("shared_op", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    line = "A FloatingPointError: overflow encountered in add | B ok 2.0"
+    for rank in range(2):
+        assert logs[rank] == "".join(f"{r} {line}\n" for r in range(4)) + "done\n", output
+
+
+@pytest.mark.parametrize(("case", "processes"), [("reversed", 2), ("subset", 3)])
+def test_a_strategy_on_a_new_communicator_with_a_freed_ones_handle(
+    case: str, processes: int, tmp_path: Path
+) -> None:
+    # MPICH hands a new communicator the handle of one the program freed; the library
+    # kept its per-communicator state (creation serial, notes channel) by handle, so
+    # the second strategy's creation waited for ever ("process 0 ... for process 0"),
+    # or raised MPICH's raw "Invalid rank". It is keyed by the communicator now.
+    rc, logs, output = launch(
+        "freed_comm", case, tmp_path=tmp_path, program=SCALEOUT, processes=processes
+    )
+    assert rc == 0, output
+    if case == "reversed":
+        assert logs[0] == "A [3.0]\nB [6.0]\ndone\n", output
+        assert logs[1] == "A [3.0]\nB [6.0, 6.0]\ndone\n", output
+    else:
+        assert logs[0] == logs[1] == "A [3.0]\nB [6.0]\ndone\n", output
+        assert logs[2] == "B [6.0]\ndone\n", output
+
+
+@pytest.mark.parametrize("where", ["run_end", "reduce"])
+def test_asyncio_runs_first_ctrl_c_in_the_run_end_exchange_is_deferred(
+    where: str, tmp_path: Path
+) -> None:
+    # asyncio.run's first Ctrl-C cancels the main task, which awaits the run-end
+    # exchange: anyio's shields do not stop that cancellation, so process 0 left the
+    # exchange it had posted, process 1 raised "stopped waiting ... at the end of their
+    # run" and the job was aborted. The exchange now completes first, then the
+    # interruption takes effect: the processes stay in step.
+    # The same for strategy.reduce outside a run (where="reduce"), awaited by the main task.
+    rc, logs, output = launch("end_interrupt", where, tmp_path=tmp_path, program=SCALEOUT)
+    assert "aborting the MPI job" not in output, output
+    assert "out of step" not in output, output
+    assert logs[0] == "got CancelledError\n", output  # asyncio.run raises KeyboardInterrupt
+    assert rc != 0, output  # process 0's KeyboardInterrupt
+    first = "reduce 1" if where == "reduce" else "run returned"
+    assert logs[1].startswith(f"{first}\ngot ReplicaExitedError\n"), output
+    assert "KeyboardInterrupt" in output, output
+
+
+def test_a_strategy_per_user_communicator_frees_its_communicators(tmp_path: Path) -> None:
+    # Each step: comm = COMM_WORLD.Dup(), a strategy on it, a run, comm.Free(), the
+    # strategy dropped. No later creation on that communicator ever released its group,
+    # so 4 communicators a step were kept (MPICH's "Too many communicators" at the
+    # 682nd, 515th with the notes' duplicate). Now released once every process dropped it.
+    rc, logs, output = launch("leak_dup", "40", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    for rank in range(2):
+        held = logs[rank].splitlines()[0]
+        groups, channels = (int(word) for word in re.findall(r"\d+", held))
+        # Not 40: the last step's, and the one before whose release exchange is in flight.
+        assert groups <= 2, held
+        assert channels <= 2, held
+    assert MPICH_LEAK not in output, output
+
+
+def test_a_processs_own_ctrl_c_is_not_replaced_by_a_peers_error(tmp_path: Path) -> None:
+    # Process 1's Ctrl-C (asyncio.run cancels its main task) as its run starts, while
+    # process 0 exits: the run's collective finished first (shielded) and raised the
+    # peer's ReplicaExitedError, which anyio's task group raised instead of the
+    # cancellation: the Ctrl-C was lost. It takes effect at the run's end now.
+    rc, logs, output = launch("own_interrupt", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc != 0, output  # process 1's KeyboardInterrupt
+    assert logs[0] == "exits\ndone\n", output
+    assert logs[1] == "got CancelledError (ReplicaExitedError)\n", output
+    assert "KeyboardInterrupt" in output, output
+
+
+def test_a_collective_issued_while_one_is_in_flight_is_refused_alike(tmp_path: Path) -> None:
+    # Two replicas a process, each issuing two unnamed all_reduces at once: each
+    # process's ledger refused its own first replica (process 1: "Replica 2"); one
+    # process with 4 replicas names replica 0, so every process does now.
+    rc, logs, output = launch("two_in_flight", tmp_path=tmp_path, program=SCALEOUT)
+    assert rc == 0, output
+    refused = (
+        "CollectiveError: Replica 0 issued a collective while its 1st collective "
+        "(position 0) is still in flight."
+    )
+    for rank in range(2):
+        assert logs[rank] == f"{refused}\nafter 4.0\ndone\n", output
