@@ -79,6 +79,9 @@ class ContainerStrategy(Protocol):
     def _component(self, replica_id: int, leaf: object) -> object:
         """Replica ``replica_id``'s component of ``leaf``."""
 
+    def _is_process_value(self, leaf: object) -> bool:
+        """Whether plain ``leaf`` is a value this process's one replica handed out."""
+
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
     ) -> Any:
@@ -146,35 +149,47 @@ async def reduce_leaf(
                 return await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
             return await backend.reduce(op, components, None)
         return await backend.reduce(op, components, norm)
-    spec = describe(leaf)
-    # SUM along an axis is N times the value's sum, as in TF; SUM without an axis and
-    # PROD of one value on several replicas are ambiguous.
-    ambiguous = n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None))
     group = strategy._group
-    if group is not None and min(group.replica_counts) == 1:
-        # Under MPI a process with one replica holds plain values (run unwraps them,
-        # as TensorFlow's multi-worker strategy does): wherever one process has one
-        # replica, a plain value stands for this process's value on each of its
-        # replicas, and the reduction crosses processes (docs/scale-out.md).
-        plain_axes = None if axes is None else normalize_axes(axes, spec.shape)
-        if ambiguous:
-            await group.refuse(_ambiguous(leaf, op, n))  # raises on every process
-        return await backend.reduce(op, [leaf] * n, plain_axes)
-    if ambiguous:
-        raise _ambiguous(leaf, op, n)
-    # A plain value is one value, as in one process (under MPI too, where every process
-    # has several replicas): the local backend copies or reduces it, nothing crosses.
+    if group is not None and strategy._is_process_value(leaf):
+        # With one replica per process, run (or merge_call) handed this process's
+        # replica's value out unwrapped, where one process holds a PerReplica: it is
+        # that replica's component, reduced across processes (docs/scale-out.md).
+        plain_axes = None if axes is None else normalize_axes(axes, describe(leaf).shape)
+        return await backend.reduce(op, [leaf], plain_axes)
+    # Any other plain value is one value, as in one process. Where some process has one
+    # replica, another process may hold its replica's value here and take part in the
+    # reduction: this process takes part too (with its value on each of its replicas,
+    # what one process holds for a value every replica returned), and refuses in the
+    # agreement what it cannot reduce, so that every process raises it and none waits.
+    crossing = group is not None and min(group.replica_counts) == 1
+    norm = None
+    try:
+        spec = describe(leaf)
+        # SUM along an axis is N times the value's sum, as in TF; SUM without an axis
+        # and PROD of one value on several replicas are ambiguous (N: every process's).
+        total = strategy.num_replicas_in_sync
+        if total > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None)):
+            raise _ambiguous(leaf, op, total)
+        if axes is not None:
+            norm = normalize_axes(axes, spec.shape)
+            empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
+            if empty is not None:
+                raise empty
+    except (TypeError, ValueError) as error:
+        if crossing:
+            assert group is not None
+            await group.refuse(error)
+        raise
+    if crossing:
+        await backend.reduce(op, [leaf] * n, norm)
+    # The one value's result: the local backend copies or reduces it.
     local = strategy._local_backend
-    if axes is None:
+    if norm is None:
         if isinstance(leaf, IndexedSlices):
             return leaf  # not an array
         # The value itself, as a new writable array (never the caller's own object): no
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
         return await local.reduce(ReduceOp.SUM, [leaf], None)
-    norm = normalize_axes(axes, spec.shape)
-    empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
-    if empty is not None:
-        raise empty
     if op is ReduceOp.SUM:
         # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
         # (N of every process: the same number as in one process).

@@ -41,16 +41,15 @@ pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not ins
 @pytest.mark.parametrize(
     ("n", "counts", "want"),
     [
-        # Every process has several replicas: a plain value is one value, as in one
-        # process (MEAN of 0.5 is 0.5, not 0.5 * processes; SUM is ambiguous).
+        # A plain value is one value, as in one process, on every layout (MEAN of 0.5
+        # is 0.5, not 0.5 * processes; SUM is ambiguous); run's results are the
+        # replicas' values (with one replica per process, plain ones).
         (2, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
         (3, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
-        # One replica per process: run unwraps its value, which stands for that replica.
-        (2, "1", {"mean": "0.5", "max": "1.0", "sum": "2.0"}),
-        (3, "1", {"mean": "0.5", "max": "2.0", "sum": "3.0"}),
-        # 2 + 1: the process of one replica makes it per-replica; SUM raises ValueError
-        # on every process (never a false "reduce op differs").
-        (2, "2,1", {"mean": "0.5", "max": "1.0", "merge": "2.0", "sum": "raised ValueError"}),
+        (2, "1", {"mean": "0.5", "sum": "raised ValueError", "max_run": "1.0", "sum_run": "1.0"}),
+        (3, "1", {"mean": "0.5", "sum": "raised ValueError", "max_run": "2.0", "sum_run": "3.0"}),
+        # 2 + 1: SUM raises ValueError on every process (never a false "reduce op differs").
+        (2, "2,1", {"mean": "0.5", "merge": "2.0", "sum": "raised ValueError", "max_run": "2.0"}),
     ],
 )
 def test_plain_values_reduce_as_in_one_process(
@@ -63,6 +62,13 @@ def test_plain_values_reduce_as_in_one_process(
         for what, result in want.items():
             assert lines[what] == result, (rank, what, logs[rank])
         assert lines["bcast"] == "[1.0, 1.0]", logs[rank]  # a copy, not summed over processes
+        total = n * int(counts) if "," not in counts else sum(map(int, counts.split(",")))
+        sum_run = str(float(sum(range(total))))
+        assert lines["sum_run"] == sum_run, logs[rank]
+        assert lines["sum_run_to"] == sum_run, logs[rank]
+        # inside a merge_fn: the replica's argument sums, a constant is ambiguous
+        # (before: one replica per process summed the constant, P x 0.5)
+        assert lines["merge_sum"] == f"{sum_run} raised ValueError", logs[rank]
         # a dtype the local backend refuses: TypeError everywhere, the processes in step
         assert lines["bool"] == "raised TypeError", logs[rank]
         assert logs[rank].endswith("done\n"), logs[rank]
