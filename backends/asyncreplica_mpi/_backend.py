@@ -696,13 +696,21 @@ class MPIBackend(Backend):
         if library is not None:
             result = await self.reduce(op, host, axis)
             return place_like(from_host_shared([result], library), components[:1])[0]
-        exact = op is ReduceOp.MEAN and bool(components) and _integer(components[0])
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         # This process's part first, by the local backend's rules (a dtype it refuses
         # raises here): a process that cannot take part refuses in the agreement, so
         # that every process raises that error and none waits for its data.
         try:
             specs = [self.describe(c) for c in components]
+            # Distributed Python numbers are a collective's values, of the dtype the
+            # backend describes them in (numpy: int64, float64), as one process reduces
+            # them (reduce_leaf): never the float32 of a plain number, whatever the
+            # other processes' components are (a 0-d array on one, 1.0 on another).
+            components = [
+                np.asarray(c, np.dtype(s.dtype)) if type(c) in (int, float, complex) else c
+                for c, s in zip(components, specs, strict=True)
+            ]
+            exact = op is ReduceOp.MEAN and bool(components) and _integer(components[0])
             if any(s.sparse for s in specs):
                 raise NotImplementedError(
                     "Strategy.reduce of IndexedSlices across processes is not supported; "

@@ -163,6 +163,7 @@ def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -
                 "dataset",
                 "large",
                 "mismatch",
+                "number",
             )
         )
         if kind == "plain":
@@ -311,6 +312,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 if kind == "large"
                 else deviant(dt, c, kind, g, case, j, n)
                 if kind == "mismatch"
+                else number(dt, g, case, j)
+                if kind == "number"
                 else make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
                 for kind, j, dt, c, _ in case.posts
             ]
@@ -318,6 +321,13 @@ def step_fn(case: Case) -> Callable[[], Any]:
         return out
 
     return step
+
+
+def number(dtype: str, g: int, case: Case, j: int) -> Any:
+    """Replica ``g``'s value of a ``number`` post: a Python number, or (odd replicas) a
+    0-d array of the dtype the backend describes it in (int64, float64)."""
+    value = make("int64" if dtype in INTS else "float64", (), case.number, j, g)
+    return value if g % 2 else value.item()
 
 
 def deviation(case: Case, j: int, total: int) -> tuple[int, str, int | None]:
@@ -370,6 +380,9 @@ async def posts(
             out.append(await cross(strategy, kind, op, value))
         elif kind == "large":
             out.append({EXACT: await cross(strategy, "reduce", op, value)})
+        elif kind == "number":
+            # Python numbers (and 0-d arrays on other replicas): float64 / int64
+            out.append(await cross(strategy, "reduce", op, value))
         elif kind == "mismatch":
             # one replica's component differs (shape, rank or dtype): one process raises
             _, _, axis = deviation(case, j, strategy.num_replicas_in_sync)
