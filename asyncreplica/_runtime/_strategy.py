@@ -17,7 +17,7 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import device_type, parse_device
-from .._core._nest import is_nest, regroup, select_replica, unflatten
+from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._report import format_replicas
 from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import (
@@ -345,7 +345,9 @@ class Strategy:
                 exc.report = run.ledger.report()
             raise
         try:
-            await group.end_run(None)
+            # (the processes compare their replicas' structures, as regroup compares
+            # one process's replicas', before any of them regroups its own)
+            await group.end_run(None, structures=[flatten(r)[1] for r in results])
         except CollectiveError as exc:
             if exc.report is None:
                 exc.report = run.ledger.report()

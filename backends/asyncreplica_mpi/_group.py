@@ -43,6 +43,9 @@ from asyncreplica.abc import (
     ProcessGroup,
     ReduceOp,
     Signature,
+    structure_message,
+    treedef_key,
+    treedef_str,
 )
 
 from . import _exit
@@ -771,7 +774,13 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._release()
         return result
 
-    async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
+    async def end_run(
+        self,
+        error: BaseException | None,
+        *,
+        report: Any = None,
+        structures: Sequence[Any] = (),
+    ) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
 
         ``report``: the ledger of the failed run; with a refusal, the collective that
@@ -813,6 +822,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                         error, check_call_sites=self.check_call_sites
                     )
                 fp = 0
+                if error is None and structures:
+                    # The structures of the run's values: where replicas returned
+                    # different ones, every process raises regroup's ValueError (below).
+                    detail["structure"] = _structure_detail(structures)
+                    fp = fingerprint({"structure": detail["structure"]})
                 if refused is not None:
                     # A collective one of this process's replicas refused as it issued
                     # it: every process raises the first process's (global ids), as one
@@ -835,6 +849,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             if self._state is State.RUNNING:
                 self._to(Event.END_RUN)
         if details is not None and error is None:
+            self._raise_for_structure(details)
             self._raise_for(details)
         if details is not None and refused is not None:
             try:
@@ -843,6 +858,26 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _raise_for_structure(self, details: Sequence[Mapping[str, Any]]) -> None:
+        """Raise regroup's ValueError where every process finished, with other structures.
+
+        One process compares each replica's value with replica 0's and names the first
+        that differs, in replica order: so do the processes, from each one's first
+        replica's structure and the first of its replicas that differs from that.
+        """
+        if any(Status(d["status"]) is not Status.FINISHED for d in details):
+            return
+        if any(d.get("structure") is None for d in details):
+            return
+        key, text, _ = details[0]["structure"]
+        for d in details:
+            first = self.offsets[int(d["rank"])]
+            other_key, other_text, local = d["structure"]
+            if other_key != key:
+                raise ValueError(structure_message(text, 0, other_text, first))
+            if local is not None:
+                raise ValueError(structure_message(text, 0, local[1], first + int(local[0])))
 
     def _issued_before(self, report: Any) -> dict[str, Any] | None:
         """The collective this process's replicas issued before the one that refused its.
@@ -947,3 +982,15 @@ def _light(signature: Signature) -> bool:
             return False
         nbytes += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
     return nbytes <= INLINE_BYTES
+
+
+def _structure_detail(structures: Sequence[Any]) -> list[Any]:
+    """``[key, text, local]`` of a run's structures (one treedef per local replica).
+
+    ``key`` and ``text``: the first replica's (``treedef_key``, ``treedef_str``);
+    ``local``: ``[i, text]`` of the first local replica whose structure differs from it,
+    or None.
+    """
+    first = structures[0]
+    local = next(([i, treedef_str(t)] for i, t in enumerate(structures) if t != first), None)
+    return [treedef_key(first), treedef_str(first), local]

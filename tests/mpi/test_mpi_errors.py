@@ -86,6 +86,30 @@ def test_gather_of_a_run_result_crosses_processes(n: int, counts: str, tmp_path:
         assert f"gather {want}\n" in logs[rank], logs[rank]
 
 
+@pytest.mark.parametrize(("n", "counts"), [(2, "1"), (3, "1"), (2, "2,1"), (2, "2")])
+def test_values_of_other_structures_on_other_processes_raise_everywhere(
+    n: int, counts: str, tmp_path: Path
+) -> None:
+    # The last process's replicas return [x], the others {"a": x}: one process's run
+    # raises regroup's ValueError naming the first replica that differs; so must every
+    # process (before, each got its own structure, and reduce summed x under "a" with
+    # x in a list), and the next run works.
+    rc, logs, output = launch(n, "structure.py", counts, tmp_path=tmp_path)
+    assert rc == 0, output
+    layout = [int(k) for k in counts.split(",")] if "," in counts else [int(counts)] * n
+    first = sum(layout[:-1])
+    want = (
+        "raised ValueError: replicas returned values of different structure: replica 0 "
+        f"gave {{'a': *}} but replica {first} gave [*]; every replica must return the same "
+        "structure (same containers, lengths and keys)"
+    )
+    for rank in range(n):
+        lines = logs[rank].splitlines()
+        assert lines[0] == want, logs[rank]
+        assert lines[1] == f"after {[float(sum(layout)) * k for k in range(3)]}", logs[rank]
+        assert lines[-1] == "done", logs[rank]
+
+
 # -- errors: the same class and attributes on every process ----------------------------
 
 

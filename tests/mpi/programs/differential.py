@@ -214,6 +214,10 @@ def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -
         # 1.. ("1,3"), that process sends with its refusal the collective its replicas
         # issued before it, so the mismatch with replica 0 is found first, as in one.
         case.fault = ("refuse2", 0, total - 1, pick(("shape", "bool")))
+    elif roll < 0.45 and total > 1:
+        # the last replica returns another structure (a tuple where the others return
+        # a list): one process's run raises regroup's ValueError, so must every process
+        case.fault = ("structure", -1, total - 1)
     return case
 
 
@@ -318,6 +322,8 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 for kind, j, dt, c, _ in case.posts
             ]
         )
+        if case.fault is not None and case.fault[0] == "structure" and g == case.fault[2]:
+            return tuple(out)
         return out
 
     return step
@@ -437,6 +443,8 @@ def describe_error(error: BaseException | None, *, ids: bool = False) -> tuple[A
     first = str(error).partition("\n")[0]
     if isinstance(error, TypeError) and first.startswith("replica "):
         return (name, first)  # a refused value: which replica, and why
+    if isinstance(error, ValueError) and first.startswith("replicas returned values"):
+        return (name, first)  # regroup's: the first replica whose structure differs
     return (name,)
 
 
