@@ -15,7 +15,7 @@ from .._core._components import (
 )
 from .._core._devices import parse_device
 from .._core._nest import flatten, is_nest, map_structure, regroup, select_replica, unflatten
-from .._core._signature import CollectiveKind, ReduceOp
+from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import CollectiveMismatchError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import DistributedValues, IndexedSlices, Mirrored
@@ -129,16 +129,18 @@ async def reduce_leaf(
     n = strategy._num_local
     if isinstance(leaf, DistributedValues):
         components = [strategy._component(i, leaf) for i in range(n)]
-        specs = [describe(c) for c in components]
         group = strategy._group
+        specs: list[LeafSpec] | None = None
         try:
+            specs = [describe(c) for c in components]
             norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
-        except (CollectiveMismatchError, ValueError) as error:
+        except (CollectiveMismatchError, TypeError, ValueError) as error:
             if group is None:
                 raise
-            # Found by this process's replicas alone: every process raises it (in the
-            # agreement the others make for this reduce), none waits for this one.
-            await group.refuse(error, components=(op, axes, specs))
+            # Found by this process's replicas alone (a value it cannot describe, too):
+            # every process raises it (in the agreement the others make for this
+            # reduce), none waits for this one.
+            await group.refuse(error, components=None if specs is None else (op, axes, specs))
         if norm is None:
             if strategy._group is None and all(type(c) in _NUMBERS for c in components):
                 # Distributed Python numbers are a collective's values, described as

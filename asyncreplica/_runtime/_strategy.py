@@ -470,12 +470,12 @@ class Strategy:
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
-            specs = [self._backend.describe(c) for c in components]
-            rank = len(specs[0].shape)
-            # all_gather's shape row needs the axis itself (a negative one counts from
-            # the end of the first component's rank; out of range: refused below).
-            along = axis % rank if rank and -rank <= axis < rank else None
             try:
+                specs = [self._backend.describe(c) for c in components]
+                rank = len(specs[0].shape)
+                # all_gather's shape row needs the axis itself (a negative one counts
+                # from the end of the first component's rank; out of range: below).
+                along = axis % rank if rank and -rank <= axis < rank else None
                 check_components(
                     "Strategy.gather",
                     CollectiveKind.ALL_GATHER,
@@ -484,20 +484,25 @@ class Strategy:
                     along,
                     0 if group is None else group.offset,
                 )
-            except CollectiveMismatchError as error:
+                axes = set()
+                for spec in specs:
+                    shape = spec.shape
+                    if not shape:
+                        raise ValueError(
+                            "gather needs values of rank >= 1; reshape scalars to (1,)"
+                        )
+                    axes.add(normalize_axes((axis,), shape)[0])
+                if len(axes) > 1:
+                    raise ValueError(
+                        f"gather: axis {axis} means different axes for components of different rank"
+                    )
+            except (CollectiveMismatchError, TypeError, ValueError) as error:
                 if group is None:
                     raise
-                await group.refuse(error)  # every process raises it, none waits
-            axes = set()
-            for spec in specs:
-                shape = spec.shape
-                if not shape:
-                    raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
-                axes.add(normalize_axes((axis,), shape)[0])
-            if len(axes) > 1:
-                raise ValueError(
-                    f"gather: axis {axis} means different axes for components of different rank"
-                )
+                # Found by this process alone (a value it cannot describe, a scalar, a
+                # dtype that differs between its replicas): every process raises it in
+                # the agreement the others make for this gather, none waits.
+                await group.refuse(error)
             gathered = await self._backend.gather(components, axes.pop())
             out.append(leaf if one_value else gathered)
         return unflatten(treedef, out)

@@ -700,8 +700,9 @@ class MPIBackend(Backend):
         # This process's part first, by the local backend's rules (a dtype it refuses
         # raises here): a process that cannot take part refuses in the agreement, so
         # that every process raises that error and none waits for its data.
+        described: list[LeafSpec] | None = None
         try:
-            specs = [self.describe(c) for c in components]
+            specs = described = [self.describe(c) for c in components]
             # Distributed Python numbers are a collective's values, of the dtype the
             # backend describes them in (numpy: int64, float64), as one process reduces
             # them (reduce_leaf): never the float32 of a plain number, whatever the
@@ -722,7 +723,12 @@ class MPIBackend(Backend):
             else:
                 parts = [_native(np.asarray(await self.inner.reduce(local_op, components, axis)))]
         except Exception as error:
-            await self.group.refuse(error)
+            # Its components travel with the refusal: where the processes' components
+            # differ (a bool here, float64 there), every process raises what one
+            # process's check of every replica's component raises first (check_reduced).
+            await self.group.refuse(
+                error, components=None if described is None else (op, axis, described)
+            )
         fields = cross_fields("reduce", op, axis, specs[:1])
         count = len(components)
         if op is ReduceOp.MEAN and axis is not None:

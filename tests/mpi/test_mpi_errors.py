@@ -110,6 +110,29 @@ def test_values_of_other_structures_on_other_processes_raise_everywhere(
         assert lines[-1] == "done", logs[rank]
 
 
+@pytest.mark.parametrize(("n", "k"), [(2, 1), (3, 1), (2, 2)])
+def test_a_value_one_process_refuses_in_a_cross_replica_call_is_refused_everywhere(
+    n: int, k: int, tmp_path: Path
+) -> None:
+    # One process's error for the whole call (its class as MirroredStrategy(n * k)
+    # raises it) on every process; before, the other processes raised
+    # ReplicaExitedError (gather of a str array), or TypeError where one process finds
+    # the dtypes differ (a bool component among float64 ones).
+    rc, logs, output = launch(n, "refusals.py", str(k), tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {
+        "str_gather": "TypeError",
+        "str_reduce": "TypeError",
+        "bool_reduce": "CollectiveMismatchError",
+        "bool_reduce_to": "CollectiveMismatchError",
+        "gather": f"({n * k}, 2)",
+    }
+    for rank in range(n):
+        lines = dict(line.split(" ", 1) for line in logs[rank].splitlines() if " " in line)
+        assert lines == want, (rank, logs[rank])
+        assert logs[rank].endswith("done\n"), logs[rank]
+
+
 # -- errors: the same class and attributes on every process ----------------------------
 
 
