@@ -127,9 +127,13 @@ async def reduce_leaf(
     backend = strategy.backend
     describe = backend.describe
     n = strategy._num_local
-    if isinstance(leaf, DistributedValues):
-        components = [strategy._component(i, leaf) for i in range(n)]
-        group = strategy._group
+    group = strategy._group
+    # With one replica per process, run (or merge_call) handed this process's replica's
+    # value out unwrapped, where one process holds a PerReplica: it is that replica's
+    # component, checked and reduced across processes as one (docs/scale-out.md).
+    replicas = isinstance(leaf, DistributedValues)
+    if replicas or (group is not None and strategy._is_process_value(leaf)):
+        components = [strategy._component(i, leaf) for i in range(n)] if replicas else [leaf]
         specs: list[LeafSpec] | None = None
         try:
             specs = [describe(c) for c in components]
@@ -151,13 +155,6 @@ async def reduce_leaf(
                 return await backend.reduce(ReduceOp.SUM, [reduced[0][0]], None)
             return await backend.reduce(op, components, None)
         return await backend.reduce(op, components, norm)
-    group = strategy._group
-    if group is not None and strategy._is_process_value(leaf):
-        # With one replica per process, run (or merge_call) handed this process's
-        # replica's value out unwrapped, where one process holds a PerReplica: it is
-        # that replica's component, reduced across processes (docs/scale-out.md).
-        plain_axes = None if axes is None else normalize_axes(axes, describe(leaf).shape)
-        return await backend.reduce(op, [leaf], plain_axes)
     # Any other plain value is one value, as in one process. Where some process has one
     # replica, another process may hold its replica's value here and take part in the
     # reduction: this process takes part too (with its value on each of its replicas,

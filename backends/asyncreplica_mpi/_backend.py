@@ -743,7 +743,13 @@ class MPIBackend(Backend):
             result = (await self._combine_leaves(local_op, parts))[0]
             if op is ReduceOp.MEAN:
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
-                result = divide_mean(np.array(result), total)
+                if axis is None:
+                    result = divide_mean(np.array(result), total)
+                else:
+                    # As the local backend divides along axes: no elements give NaN
+                    # silently, as TF (and one process) does.
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        result = divide_mean(np.array(result), total)
             return np.array(result)
 
         return await self.group.cross(fields, work)

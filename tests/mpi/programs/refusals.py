@@ -10,6 +10,7 @@ case, then ``done`` (the strategy is still usable: a last gather crosses).
 from __future__ import annotations
 
 import sys
+import warnings
 
 import anyio
 import numpy as np
@@ -25,6 +26,8 @@ CASES = {
     "str_reduce": (lambda g: np.array(["a", "b"]) if g == LAST else np.ones(2), "reduce"),
     "bool_reduce": (lambda g: np.ones(2, bool) if g == LAST else np.ones(2), "reduce"),
     "bool_reduce_to": (lambda g: np.ones(2, bool) if g == LAST else np.ones(2), "reduce_to"),
+    # MIN along an axis where replica 1 has no rows: the runtime's ValueError naming it
+    "empty_min": (lambda g: np.ones((0 if g == 1 else 2, 3)), "min0"),
 }
 
 
@@ -39,11 +42,20 @@ async def main(k: int) -> None:
                 await strategy.gather(value, axis=0)
             elif call == "reduce":
                 await strategy.reduce("SUM", value, axis=None)
+            elif call == "min0":
+                await strategy.reduce("MIN", value, axis=0)
             else:
                 await strategy.extended.reduce_to("SUM", value, "CPU:0")
             report(f"{case} None")
         except Exception as error:  # logged for the test
-            report(f"{case} {type(error).__name__}")
+            detail = f": {str(error)[:42]}" if case == "empty_min" else ""
+            report(f"{case} {type(error).__name__}{detail}")
+    # MEAN along an axis of no rows anywhere: NaN, silently, as in one process
+    empty = await strategy.run(lambda: np.ones((0, 3)) + 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mean = await strategy.reduce("MEAN", empty, axis=0)
+    report(f"empty_mean {mean.tolist()} warnings={len(caught)}")
     rows = await strategy.run(lambda: np.ones((1, 2)))
     report(f"gather {np.asarray(await strategy.gather(rows, axis=0)).shape}")
     report("done")
