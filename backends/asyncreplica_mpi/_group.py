@@ -493,10 +493,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             # ledger error is (see _global_error).
             detail["refused_error"] = found
         await self._acquire()
+        # A per-call timeout bounds this wait too, as it bounds the cross-replica
+        # operation the others make (see cross).
+        limit = _CALL_TIMEOUT.get()
+        self._limit = self.timeout if limit is None else limit
         try:
             with anyio.CancelScope(shield=True):
                 details = await self._agree(Status.COLLECTIVE, fields, detail, fingerprint(fields))
         finally:
+            self._limit = self.timeout
             self._release()
         if details is not None:
             self._raise_for(details)
