@@ -126,6 +126,7 @@ def test_a_value_one_process_refuses_in_a_cross_replica_call_is_refused_everywhe
         "str_reduce": "TypeError",
         "bool_reduce": "CollectiveMismatchError",
         "bool_reduce_to": "CollectiveMismatchError",
+        "fp_raise": "FloatingPointError",
         "empty_min": "ValueError: Strategy.reduce(MIN, axis=(0,)): replica 1",
         "empty_mean": "[nan, nan, nan] warnings=0",
         "gather": f"({n * k}, 2)",

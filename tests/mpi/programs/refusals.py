@@ -26,6 +26,8 @@ CASES = {
     "str_reduce": (lambda g: np.array(["a", "b"]) if g == LAST else np.ones(2), "reduce"),
     "bool_reduce": (lambda g: np.ones(2, bool) if g == LAST else np.ones(2), "reduce"),
     "bool_reduce_to": (lambda g: np.ones(2, bool) if g == LAST else np.ones(2), "reduce_to"),
+    # inf - inf under np.errstate(all="raise"): in one process's own combine at k=2
+    "fp_raise": (lambda g: np.full(2, np.inf if g == 0 else -np.inf if g == 1 else 0.0), "raise"),
     # MIN along an axis where replica 1 has no rows: the runtime's ValueError naming it
     "empty_min": (lambda g: np.ones((0 if g == 1 else 2, 3)), "min0"),
 }
@@ -42,6 +44,9 @@ async def main(k: int) -> None:
                 await strategy.gather(value, axis=0)
             elif call == "reduce":
                 await strategy.reduce("SUM", value, axis=None)
+            elif call == "raise":
+                with np.errstate(all="raise"):
+                    await strategy.reduce("SUM", value, axis=None)
             elif call == "min0":
                 await strategy.reduce("MIN", value, axis=0)
             else:
