@@ -437,23 +437,14 @@ class DistributedDataset(_Distributed):
         num_replicas: int,
         local: range | None = None,
         describe: Describe | None = None,
-        note: Callable[[object], None] | None = None,
     ) -> None:
         self._source = _Source(dataset, "experimental_distribute_dataset")
-        # Told each element (the strategy knows its plain leaves as its replica's values).
-        self._note = note
         self._num_replicas = num_replicas
         # The global ids of this process's replicas: it keeps only their slices.
         self._local = range(num_replicas) if local is None else local
         self._describe = _describe_default if describe is None else describe
 
     def _split(self, batch: Any) -> Any:
-        element = self._split_batch(batch)
-        if self._note is not None:
-            self._note(element)
-        return element
-
-    def _split_batch(self, batch: Any) -> Any:
         n = self._num_replicas
         if n == 1:
             # TF's one replica: the element as it is (batched or not), its arrays as
@@ -617,10 +608,8 @@ class DistributedDatasetsFromFunction(_Distributed):
         dataset: Iterable[Any] | AsyncIterable[Any],
         num_local: int,
         describe: Describe | None = None,
-        note: Callable[[object], None] | None = None,
     ) -> None:
         self._source = _Source(dataset, "distribute_datasets_from_function")
-        self._note = note  # told each step's element (see DistributedDataset)
         self._num_local = num_local
         self._describe = _describe_default if describe is None else describe
 
@@ -634,10 +623,7 @@ class DistributedDatasetsFromFunction(_Distributed):
                     f"this step has {treedef!r} but batch {i} has {t!r}"
                 )
         leaves = [_wrap([f[0][j] for f in flat]) for j in range(len(flat[0][0]))]
-        element = unflatten(treedef, leaves)
-        if self._note is not None:
-            self._note(element)
-        return element
+        return unflatten(treedef, leaves)
 
     def _pass(self) -> Iterator[Any]:
         epoch = _Epoch(self._num_local)

@@ -585,7 +585,6 @@ class Strategy:
             self.num_replicas_in_sync,
             range(self._replica_offset, self._replica_offset + self._num_local),
             self._backend.describe,
-            note=self._note_process_values,
         )
 
     def distribute_datasets_from_function(
@@ -650,9 +649,7 @@ class Strategy:
                 f"dataset_fn must return an iterable of per-replica batches, got "
                 f"{type(dataset).__name__}"
             )
-        return DistributedDatasetsFromFunction(
-            dataset, self._num_local, self._backend.describe, note=self._note_process_values
-        )
+        return DistributedDatasetsFromFunction(dataset, self._num_local, self._backend.describe)
 
     def experimental_distribute_datasets_from_function(
         self, dataset_fn: Callable[[InputContext], Any], options: object = None

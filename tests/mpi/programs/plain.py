@@ -73,10 +73,6 @@ async def main(counts: list[int]) -> None:
         mine = np.array(float(ctx.replica_id_in_sync_group))
         return await ctx.merge_call(merge_sum, args=(mine,))
 
-    # a dataset's elements are the replicas' values too (with one replica, plain)
-    batch = np.arange(2.0 * strategy.num_replicas_in_sync)
-    for element in strategy.experimental_distribute_dataset([batch]):
-        await attempt("dataset_sum", strategy.reduce("SUM", element, axis=0))
     sums = strategy.experimental_local_results(await strategy.run(sum_step))[0]
     report(f"merge_sum {' '.join(sums)}")
     report(
