@@ -318,8 +318,6 @@ async def _dispatch_merge_call(run: Run, call: Collective, payloads: list[Any]) 
     first = strategy._replica_offset
     merge_args = regroup([p[1] for p in payloads], PerReplica, first)
     merge_kwargs = regroup([p[2] for p in payloads], PerReplica, first)
-    # (with one replica per process, plain: this process's replica's values)
-    strategy._note_process_values((merge_args, merge_kwargs))
     assert isinstance(merge_args, tuple | list)
     assert isinstance(merge_kwargs, Mapping)
     token = MODE.set(Mode(strategy, True, None))

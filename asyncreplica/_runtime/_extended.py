@@ -156,10 +156,10 @@ async def reduce_leaf(
             return await backend.reduce(op, components, None)
         return await backend.reduce(op, components, norm)
     # Any other plain value is one value, as in one process. Where some process has one
-    # replica, another process may hold its replica's value here and take part in the
-    # reduction: this process takes part too (with its value on each of its replicas,
-    # what one process holds for a value every replica returned), and refuses in the
-    # agreement what it cannot reduce, so that every process raises it and none waits.
+    # replica (its plain values stand for its replica), a plain value here stands for
+    # this process's value on each of its replicas, and the reduction crosses processes:
+    # this process refuses in the agreement what it cannot reduce, so that every process
+    # raises it and none waits.
     crossing = group is not None and min(group.replica_counts) == 1
     norm = None
     try:
@@ -180,7 +180,7 @@ async def reduce_leaf(
             await group.refuse(error)
         raise
     if crossing:
-        await backend.reduce(op, [leaf] * n, norm)
+        return await backend.reduce(op, [leaf] * n, norm)
     # The one value's result: the local backend copies or reduces it.
     local = strategy._local_backend
     if norm is None:

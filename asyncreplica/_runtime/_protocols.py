@@ -110,9 +110,6 @@ class RunStrategy(Protocol):
     def extended(self) -> _WorkerDevices:
         """``strategy.extended`` (its devices)."""
 
-    def _note_process_values(self, value: object) -> None:
-        """Know ``value``'s plain leaves as this process's one replica's values."""
-
 
 class OwnedCollective(Protocol):
     """What the ownership checks read of a collective (``_collective.Collective``)."""

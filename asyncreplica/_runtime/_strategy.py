@@ -49,7 +49,7 @@ from ._mode import MODE, Mode, current_mode, set_default_mode
 from ._preload import preload_async_backends
 from ._run import Run
 from ._traceback import hide_library_frames
-from ._values import ProcessValues, component, flatten_distributed, regroup_always_wrap
+from ._values import component, flatten_distributed, regroup_always_wrap
 
 if TYPE_CHECKING:
     from os import PathLike
@@ -135,7 +135,6 @@ class Strategy:
         self._replica_offset = 0
         # With one replica per process, the plain values run and merge_call handed out:
         # they stand for this process's replica in a cross-replica call (_extended.py).
-        self._process_values = ProcessValues()
 
     # -- look-ups ---------------------------------------------------------------------
 
@@ -353,17 +352,20 @@ class Strategy:
                 exc.report = run.ledger.report()
             raise
         result = regroup(results, PerReplica, self._replica_offset)
-        self._note_process_values(result)
         return result
 
-    def _note_process_values(self, value: object) -> None:
-        """Know ``value``'s plain leaves as this process's replica's (one replica here)."""
-        if self._group is not None and self._num_local == 1:
-            self._process_values.add(value)
-
     def _is_process_value(self, leaf: object) -> bool:
-        """Whether plain ``leaf`` is a value this process's one replica handed out."""
-        return leaf in self._process_values
+        """Whether plain ``leaf`` stands for this process's one replica's value.
+
+        With one replica per process, ``run`` returns that replica's value unwrapped and a
+        ``merge_fn`` gets it as its argument (TensorFlow's one-replica rule), where one
+        process holds a ``PerReplica``: every plain value there is this process's
+        replica's value, as TensorFlow's multi-worker strategy counts each worker's host
+        tensor as one contribution. Told by the layout, never by the object: a value
+        derived from a run's result (``loss * 2``) means the same as the result.
+        """
+        del leaf  # the layout decides, the same way for every value
+        return self._group is not None and self._num_local == 1
 
     def _next_shuffle(self) -> random.Random | None:
         self._runs += 1
@@ -456,17 +458,13 @@ class Strategy:
         out: list[object] = []
         for leaf in leaves:
             group = self._group
-            one_value = False
             if isinstance(leaf, DistributedValues):
                 components = [self._component(i, leaf) for i in range(self._num_local)]
             elif group is not None and min(group.replica_counts) == 1:
-                # A process with one replica holds plain values (run unwraps them): its
-                # replica's value is gathered across processes. Any other plain value is
-                # one value, returned unchanged as in one process, but this process
-                # takes part (its value on each of its replicas), as another process
-                # may hold its replica's value here (see reduce_leaf).
+                # A process with one replica holds plain values (run unwraps them): a
+                # plain value stands for this process's value on each of its replicas
+                # and is gathered across processes (docs/scale-out.md, "Plain values").
                 components = [leaf] * self._num_local
-                one_value = not self._is_process_value(leaf)
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
@@ -504,7 +502,7 @@ class Strategy:
                 # the agreement the others make for this gather, none waits.
                 await group.refuse(error)
             gathered = await self._backend.gather(components, axes.pop())
-            out.append(leaf if one_value else gathered)
+            out.append(gathered)
         return unflatten(treedef, out)
 
     def experimental_local_results(self, value: Any) -> tuple[Any, ...]:

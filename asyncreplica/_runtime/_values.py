@@ -2,52 +2,12 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Sequence
 
 from .._core._nest import TreeDef, flatten, is_nest, treedef_str, unflatten
 from .._values import DistributedValues, PerReplica
 
-__all__ = ["ProcessValues", "component", "flatten_distributed", "regroup_always_wrap"]
-
-#: How many leaves that hold no weak reference (Python and numpy scalars) a
-#: ``ProcessValues`` keeps; an older one is forgotten (it is then one value again).
-_STRONG_LIMIT = 4096
-
-
-class ProcessValues:
-    """The leaves a process's single replica handed out unwrapped (``MultiWorkerMirroredStrategy``).
-
-    With one replica per process, ``run`` returns that replica's value itself and a
-    ``merge_fn`` gets it as its argument (TensorFlow's one-replica rule): where one
-    process would hold a ``PerReplica``, this process holds a plain value. Only those
-    values stand for this process's replica in a cross-replica call; any other plain
-    value is one value, as in one process (``strategy.reduce("SUM", 0.5)`` is ambiguous
-    on any layout). Leaves are known by identity: arrays by a weak reference, scalars
-    (which take none) by the last ``_STRONG_LIMIT`` of them.
-    """
-
-    def __init__(self) -> None:
-        self._weak: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
-        self._strong: dict[int, object] = {}
-
-    def add(self, value: object) -> None:
-        """Know every plain leaf of ``value`` as this process's replica's value."""
-        for leaf in flatten(value)[0]:
-            if isinstance(leaf, DistributedValues):
-                continue
-            key = id(leaf)
-            try:
-                self._weak[key] = leaf
-            except TypeError:  # no weak reference (a Python or numpy scalar)
-                self._strong.pop(key, None)
-                self._strong[key] = leaf
-                if len(self._strong) > _STRONG_LIMIT:
-                    del self._strong[next(iter(self._strong))]
-
-    def __contains__(self, leaf: object) -> bool:
-        key = id(leaf)
-        return self._weak.get(key) is leaf or self._strong.get(key) is leaf
+__all__ = ["component", "flatten_distributed", "regroup_always_wrap"]
 
 
 def component(replica_id: int, leaf: object, *, num_replicas: int) -> object:

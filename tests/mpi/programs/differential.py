@@ -361,17 +361,15 @@ def deviant(dtype: str, cols: int, how: str, g: int, case: Case, j: int, total: 
 def layout_plain(
     counts: tuple[int, ...], dtype: str, cols: int, op: str, *key: int
 ) -> tuple[Any, Any]:
-    """A plain value of this process, and what the oracle reduces for it.
-
-    A plain value that no replica returned is one value, as in one process, on every
-    layout (SUM or PROD of it: the oracle's ValueError on every process), also with
-    one replica per process; ``strategy.reduce`` and ``gather`` of it return this
-    process's value. (``run``'s plain results, with one replica per process, are the
-    replicas' values: the ``reduce`` and ``gather`` posts.)
-    """
-    del counts, op
+    """A plain value of this process, and what the oracle reduces for it."""
     mine = make(dtype, (2, cols), *key, RANK)
-    return mine, mine
+    if min(counts) > 1 or (max(counts) > 1 and op in ("SUM", "PROD")):
+        # one value, as in one process (SUM or PROD of it: the oracle's ValueError)
+        return mine, mine
+    # wherever a process has one replica, a plain value stands for its value on each of
+    # its replicas (TensorFlow's multi-worker rule: a worker's host value counts once)
+    per = [make(dtype, (2, cols), *key, r) for r, k in enumerate(counts) for _ in range(k)]
+    return mine, ar.PerReplica(per)
 
 
 async def posts(

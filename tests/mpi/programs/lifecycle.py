@@ -473,8 +473,9 @@ async def reduce_to_timeout() -> None:
             "batch_reduce_to",
             lambda: b.extended.batch_reduce_to("MEAN", [(np.float64(1), "CPU:0")], options=one),
         ),
-        # (a SUM of one plain value: refused in the agreement, which the option bounds too)
-        ("refused", lambda: c.extended.reduce_to("SUM", np.float64(1), "CPU:0", options=one)),
+        # (a bool MAX the local backend refuses: refused in the agreement, which the
+        # option bounds too)
+        ("refused", lambda: c.extended.reduce_to("MAX", np.ones(2, bool), "CPU:0", options=one)),
     ):
         start = time.perf_counter()
         try:
