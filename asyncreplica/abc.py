@@ -55,7 +55,7 @@ from ._core._dtypes import (
 from ._core._ledger import Report
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
-from ._core._nest import treedef_key
+from ._core._nest import TreeDef, structure_message, treedef_key, treedef_str
 from ._core._report import key_text, value_text
 from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
@@ -82,7 +82,9 @@ __all__ = [
     "register_backend",
     "signature_differences",
     "sparse_op_message",
+    "structure_message",
     "treedef_key",
+    "treedef_str",
     "value_text",
 ]
 
@@ -285,16 +287,29 @@ class ProcessGroup(abc.ABC):
         """A ``Strategy.run`` starts on this process."""
 
     @abc.abstractmethod
-    async def end_run(self, error: BaseException | None, *, report: Report | None = None) -> None:
+    async def end_run(
+        self,
+        error: BaseException | None,
+        *,
+        report: Report | None = None,
+        structures: Sequence[TreeDef] = (),
+    ) -> None:
         """This process's run ended, with ``error`` or without: tell the other processes.
 
         ``report``: this process's ledger when the run failed (what each replica was
         waiting at), so that the group can tell the other processes the collective its
         replicas issued before one of them refused its own (see ``is_refusal``).
 
+        ``structures``: when the run finished, the nest (treedef) of each local
+        replica's return value. Processes compare them (``treedef_key``) with global
+        replica 0's, as one process's ``regroup`` compares its replicas' values, and
+        raise that ``ValueError`` (``structure_message``, naming the first replica
+        that differs) on every process where they differ.
+
         Raises:
             CollectiveError: This process finished, but another failed or issued more
                 collectives.
+            ValueError: The processes' replicas returned values of different structure.
         """
 
     @abc.abstractmethod

@@ -360,10 +360,23 @@ def regroup(
 
 
 def _structure_error(v0: object, v: object, replica: int, first_replica: int) -> str:
+    return structure_message(
+        treedef_str(flatten(v0)[1]),
+        first_replica,
+        treedef_str(flatten(v)[1]),
+        first_replica + replica,
+    )
+
+
+def structure_message(first: str, first_replica: int, other: str, replica: int) -> str:
+    """``regroup``'s error text: replica ``replica``'s structure differs from the first's.
+
+    ``first`` and ``other`` are :func:`treedef_str` texts (under MPI, processes compare
+    their first replicas' structures with it, as one process compares its replicas').
+    """
     return (
         f"replicas returned values of different structure: replica {first_replica} gave "
-        f"{treedef_str(flatten(v0)[1])} but replica {first_replica + replica} gave "
-        f"{treedef_str(flatten(v)[1])}; "
+        f"{first} but replica {replica} gave {other}; "
         "every replica must return the same structure (same containers, lengths and keys)"
     )
 

@@ -88,6 +88,9 @@ class ContainerStrategy(Protocol):
     def _component(self, replica_id: int, leaf: object) -> object:
         """Replica ``replica_id``'s component of ``leaf``."""
 
+    def _is_process_value(self, leaf: object) -> bool:
+        """Whether plain ``leaf`` is a value this process's one replica handed out."""
+
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
     ) -> Any:
@@ -153,20 +156,27 @@ async def reduce_leaf(
     backend = strategy.backend
     describe = backend.describe
     n = strategy._num_local
+    group = strategy._group
     where = f"the {backend.name!r} backend's reduce ({type(backend).__name__}.reduce), for "
     where += f"{op.value} along axis {axes}" if axes is not None else f"{op.value}"
-    if isinstance(leaf, DistributedValues):
-        components = [strategy._component(i, leaf) for i in range(n)]
-        specs = describe_components(strategy, components)
-        group = strategy._group
+    # With one replica per process, run (or merge_call) handed this process's replica's
+    # value out unwrapped, where one process holds a PerReplica: it is that replica's
+    # component, checked and reduced across processes as one (docs/scale-out.md).
+    replicas = isinstance(leaf, DistributedValues)
+    if replicas or (group is not None and strategy._is_process_value(leaf)):
+        components = [strategy._component(i, leaf) for i in range(n)] if replicas else [leaf]
+        specs: list[LeafSpec] | None = None
         try:
+            specs = describe_components(strategy, components)
             norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
-        except (CollectiveMismatchError, ValueError) as error:
+        except (CollectiveMismatchError, TypeError, ValueError) as error:
             if group is None:
                 raise
-            # Found by this process's replicas alone: every process raises it (in the
-            # agreement the others make for this reduce), none waits for this one.
-            await group.refuse(error, components=(op, axes, specs))
+            # Found by this process's replicas alone (a value it cannot describe, too):
+            # every process raises it (in the agreement the others make for this
+            # reduce), none waits for this one.
+            await group.refuse(error, components=None if specs is None else (op, axes, specs))
+        assert specs is not None  # refuse raises
         if norm is None:
             if strategy._group is None and all(type(c) in _NUMBERS for c in components):
                 # Distributed Python numbers are a collective's values, described as
@@ -188,39 +198,44 @@ async def reduce_leaf(
             return hold_result(backend, where, result, reduced_spec(op, specs[0], None))
         result = await backend.reduce(op, components, norm)
         return hold_result(backend, where, result, reduced_spec(op, specs[0], norm))
-    spec = describe(leaf)
-    if type(leaf) in _NUMBERS:
-        # A plain Python number reduces in TensorFlow's dtype for it (int32, float32).
-        spec = spec._replace(dtype=number_dtype(leaf))  # type: ignore[arg-type]
-    # SUM along an axis is N times the value's sum, as in TF; SUM without an axis and
-    # PROD of one value on several replicas are ambiguous.
-    ambiguous = n > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None))
-    group = strategy._group
-    if group is not None and min(group.replica_counts) == 1:
-        # Under MPI a process with one replica holds plain values (run unwraps them,
-        # as TensorFlow's multi-worker strategy does): wherever one process has one
-        # replica, a plain value stands for this process's value on each of its
-        # replicas, and the reduction crosses processes (docs/scale-out.md).
-        plain_axes = None if axes is None else normalize_axes(axes, spec.shape)
-        if ambiguous:
-            await group.refuse(_ambiguous(leaf, op, n))  # raises on every process
-        result = await backend.reduce(op, [leaf] * n, plain_axes)
-        return hold_result(backend, where, result, reduced_spec(op, spec, plain_axes))
-    if ambiguous:
-        raise _ambiguous(leaf, op, n)
-    # A plain value is one value, as in one process (under MPI too, where every process
-    # has several replicas): the local backend copies or reduces it, nothing crosses.
+    # Any other plain value is one value, as in one process. Where some process has one
+    # replica (its plain values stand for its replica), a plain value here stands for
+    # this process's value on each of its replicas, and the reduction crosses processes:
+    # this process refuses in the agreement what it cannot reduce, so that every process
+    # raises it and none waits.
+    crossing = group is not None and min(group.replica_counts) == 1
+    norm = None
+    try:
+        spec = describe(leaf)
+        if type(leaf) in _NUMBERS:
+            # A plain Python number reduces in TensorFlow's dtype for it (int32, float32).
+            spec = spec._replace(dtype=number_dtype(leaf))  # type: ignore[arg-type]
+        # SUM along an axis is N times the value's sum, as in TF; SUM without an axis
+        # and PROD of one value on several replicas are ambiguous (N: every process's).
+        total = strategy.num_replicas_in_sync
+        if total > 1 and (op is ReduceOp.PROD or (op is ReduceOp.SUM and axes is None)):
+            raise _ambiguous(leaf, op, total)
+        if axes is not None:
+            norm = normalize_axes(axes, spec.shape)
+            empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
+            if empty is not None:
+                raise empty
+    except (TypeError, ValueError) as error:
+        if crossing:
+            assert group is not None
+            await group.refuse(error)
+        raise
+    if crossing:
+        result = await backend.reduce(op, [leaf] * n, norm)
+        return hold_result(backend, where, result, reduced_spec(op, spec, norm))
+    # The one value's result: the local backend copies or reduces it.
     local = strategy._local_backend
-    if axes is None:
+    if norm is None:
         if isinstance(leaf, IndexedSlices):
             return leaf  # not an array
         # The value itself, as a new writable array (never the caller's own object): no
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
         return hold_result(local, where, await local.reduce(ReduceOp.SUM, [leaf], None), spec)
-    norm = normalize_axes(axes, spec.shape)
-    empty = empty_extremum_error(op, [tuple(spec.shape)], norm, plain=True)
-    if empty is not None:
-        raise empty
     if op is ReduceOp.SUM:
         # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
         # (N of every process: the same number as in one process).

@@ -17,7 +17,7 @@ from collections.abc import (
 from typing import TYPE_CHECKING, Any, cast, final
 
 from .._core._devices import device_type, parse_device
-from .._core._nest import is_nest, regroup, select_replica, unflatten
+from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
 from .._core._report import format_replicas
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp
 from .._exceptions import (
@@ -126,6 +126,8 @@ class Strategy:
         self._group: ProcessGroup | None = None
         # The global id of this process's first replica (MultiWorkerMirroredStrategy).
         self._replica_offset = 0
+        # With one replica per process, the plain values run and merge_call handed out:
+        # they stand for this process's replica in a cross-replica call (_extended.py).
 
     # -- look-ups ---------------------------------------------------------------------
 
@@ -337,12 +339,28 @@ class Strategy:
                 exc.report = run.ledger.report()
             raise
         try:
-            await group.end_run(None)
+            # (the processes compare their replicas' structures, as regroup compares
+            # one process's replicas', before any of them regroups its own)
+            await group.end_run(None, structures=[flatten(r)[1] for r in results])
         except CollectiveError as exc:
             if exc.report is None:
                 exc.report = run.ledger.report()
             raise
-        return regroup(results, PerReplica, self._replica_offset)
+        result = regroup(results, PerReplica, self._replica_offset)
+        return result
+
+    def _is_process_value(self, leaf: object) -> bool:
+        """Whether plain ``leaf`` stands for this process's one replica's value.
+
+        With one replica per process, ``run`` returns that replica's value unwrapped and a
+        ``merge_fn`` gets it as its argument (TensorFlow's one-replica rule), where one
+        process holds a ``PerReplica``: every plain value there is this process's
+        replica's value, as TensorFlow's multi-worker strategy counts each worker's host
+        tensor as one contribution. Told by the layout, never by the object: a value
+        derived from a run's result (``loss * 2``) means the same as the result.
+        """
+        del leaf  # the layout decides, the same way for every value
+        return self._group is not None and self._num_local == 1
 
     def _next_shuffle(self) -> random.Random | None:
         self._runs += 1
@@ -439,17 +457,18 @@ class Strategy:
                 components = [self._component(i, leaf) for i in range(self._num_local)]
             elif group is not None and min(group.replica_counts) == 1:
                 # A process with one replica holds plain values (run unwraps them): a
-                # plain value is this process's value on each of its replicas.
+                # plain value stands for this process's value on each of its replicas
+                # and is gathered across processes (docs/scale-out.md, "Plain values").
                 components = [leaf] * self._num_local
             else:
                 out.append(leaf)  # one value, as in one process
                 continue
-            specs = describe_components(self, components)
-            rank = len(specs[0].shape)
-            # all_gather's shape row needs the axis itself (a negative one counts from
-            # the end of the first component's rank; out of range: refused below).
-            along = axis % rank if rank and -rank <= axis < rank else None
             try:
+                specs = describe_components(self, components)
+                rank = len(specs[0].shape)
+                # all_gather's shape row needs the axis itself (a negative one counts
+                # from the end of the first component's rank; out of range: below).
+                along = axis % rank if rank and -rank <= axis < rank else None
                 check_components(
                     "Strategy.gather",
                     CollectiveKind.ALL_GATHER,
@@ -458,20 +477,25 @@ class Strategy:
                     along,
                     0 if group is None else group.offset,
                 )
-            except CollectiveMismatchError as error:
+                axes = set()
+                for spec in specs:
+                    shape = spec.shape
+                    if not shape:
+                        raise ValueError(
+                            "gather needs values of rank >= 1; reshape scalars to (1,)"
+                        )
+                    axes.add(normalize_axes((axis,), shape)[0])
+                if len(axes) > 1:
+                    raise ValueError(
+                        f"gather: axis {axis} means different axes for components of different rank"
+                    )
+            except (CollectiveMismatchError, TypeError, ValueError) as error:
                 if group is None:
                     raise
-                await group.refuse(error)  # every process raises it, none waits
-            axes = set()
-            for spec in specs:
-                shape = spec.shape
-                if not shape:
-                    raise ValueError("gather needs values of rank >= 1; reshape scalars to (1,)")
-                axes.add(normalize_axes((axis,), shape)[0])
-            if len(axes) > 1:
-                raise ValueError(
-                    f"gather: axis {axis} means different axes for components of different rank"
-                )
+                # Found by this process alone (a value it cannot describe, a scalar, a
+                # dtype that differs between its replicas): every process raises it in
+                # the agreement the others make for this gather, none waits.
+                await group.refuse(error)
             along = axes.pop()
             gathered = await self._backend.gather(components, along)
             self._check_gathered(gathered, specs, along)

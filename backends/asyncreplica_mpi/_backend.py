@@ -813,13 +813,22 @@ class MPIBackend(Backend):
         if library is not None:
             result = await self.reduce(op, host, axis)
             return place_like(from_host_shared([result], library), components[:1])[0]
-        exact = op is ReduceOp.MEAN and bool(components) and _integer(components[0])
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
         # This process's part first, by the local backend's rules (a dtype it refuses
         # raises here): a process that cannot take part refuses in the agreement, so
         # that every process raises that error and none waits for its data.
+        described: list[LeafSpec] | None = None
         try:
-            specs = [self.describe(c) for c in components]
+            specs = described = [self.describe(c) for c in components]
+            # Distributed Python numbers are a collective's values, of the dtype the
+            # backend describes them in (numpy: int64, float64), as one process reduces
+            # them (reduce_leaf): never the float32 of a plain number, whatever the
+            # other processes' components are (a 0-d array on one, 1.0 on another).
+            components = [
+                np.asarray(c, np.dtype(s.dtype)) if type(c) in (int, float, complex) else c
+                for c, s in zip(components, specs, strict=True)
+            ]
+            exact = op is ReduceOp.MEAN and bool(components) and _integer(components[0])
             if any(s.sparse for s in specs):
                 raise NotImplementedError(
                     "Strategy.reduce of IndexedSlices across processes is not supported; "
@@ -831,7 +840,12 @@ class MPIBackend(Backend):
             else:
                 parts = [_native(np.asarray(await self.inner.reduce(local_op, components, axis)))]
         except Exception as error:
-            await self.group.refuse(error)
+            # Its components travel with the refusal: where the processes' components
+            # differ (a bool here, float64 there), every process raises what one
+            # process's check of every replica's component raises first (check_reduced).
+            await self.group.refuse(
+                error, components=None if described is None else (op, axis, described)
+            )
         fields = cross_fields("reduce", op, axis, specs[:1])
         count = len(components)
         if op is ReduceOp.MEAN and axis is not None:
@@ -846,7 +860,13 @@ class MPIBackend(Backend):
             result = (await self._combine_leaves(local_op, parts))[0]
             if op is ReduceOp.MEAN:
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
-                result = divide_mean(np.array(result), total)
+                if axis is None:
+                    result = divide_mean(np.array(result), total)
+                else:
+                    # As the local backend divides along axes: no elements give NaN
+                    # silently, as TF (and one process) does.
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        result = divide_mean(np.array(result), total)
             return np.array(result)
 
         return await self.group.cross(fields, lambda: self._alike(work))

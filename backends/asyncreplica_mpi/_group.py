@@ -53,6 +53,9 @@ from asyncreplica.abc import (
     ProcessGroup,
     ReduceOp,
     Signature,
+    structure_message,
+    treedef_key,
+    treedef_str,
 )
 
 from . import _exit
@@ -503,10 +506,15 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             # ledger error is (see _global_error).
             detail["refused_error"] = found
         await self._acquire()
+        # A per-call timeout bounds this wait too, as it bounds the cross-replica
+        # operation the others make (see cross).
+        limit = _CALL_TIMEOUT.get()
+        self._limit = self.timeout if limit is None else limit
         try:
             with anyio.CancelScope(shield=True):
                 details = await self._agree(Status.COLLECTIVE, fields, detail, fingerprint(fields))
         finally:
+            self._limit = self.timeout
             self._release()
         if details is not None:
             self._raise_for(details)
@@ -793,7 +801,13 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._release()
         return result
 
-    async def end_run(self, error: BaseException | None, *, report: Any = None) -> None:
+    async def end_run(
+        self,
+        error: BaseException | None,
+        *,
+        report: Any = None,
+        structures: Sequence[Any] = (),
+    ) -> None:
         """The local run ended: tell the other processes (see :meth:`_end_run`).
 
         Finished whatever cancels the caller meanwhile: its exchange, once posted, must
@@ -803,9 +817,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         as in a collective's wait, instead of leaving the processes out of step.
         """
         if asyncio._get_running_loop() is None:
-            await self._end_run(error, report=report)
+            await self._end_run(error, report=report, structures=structures)
             return
-        await _to_the_end(self._end_run(error, report=report))
+        await _to_the_end(self._end_run(error, report=report, structures=structures))
         if not isinstance(error, (asyncio.CancelledError, KeyboardInterrupt)) and (
             interrupt_swallowed()
         ):
@@ -814,7 +828,13 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             # error): it takes effect now, as the interruption this process got.
             raise asyncio.CancelledError("interrupted (SIGINT, Ctrl-C)") from error
 
-    async def _end_run(self, error: BaseException | None, *, report: Any = None) -> None:
+    async def _end_run(
+        self,
+        error: BaseException | None,
+        *,
+        report: Any = None,
+        structures: Sequence[Any] = (),
+    ) -> None:
         """The local run ended: tell the other processes (the run's last exchange).
 
         ``report``: the ledger of the failed run; with a refusal, the collective that
@@ -864,6 +884,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     # Processes whose ledgers' texts differ compare them (see
                     # _complete_error); where they agree the exchange is unanimous.
                     fp = fingerprint({"ledger_error": detail["ledger_error"]})
+                if error is None and structures:
+                    # The structures of the run's values: where replicas returned
+                    # different ones, every process raises regroup's ValueError (below).
+                    detail["structure"] = _structure_detail(structures)
+                    fp = fingerprint({"structure": detail["structure"]})
                 if refused is not None:
                     # A collective one of this process's replicas refused as it issued
                     # it: every process raises the first process's (global ids), as one
@@ -886,6 +911,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             if self._state is State.RUNNING:
                 self._to(Event.END_RUN)
         if details is not None and error is None:
+            self._raise_for_structure(details)
             self._raise_for(details)
         if details is not None and refused is not None:
             try:
@@ -894,6 +920,26 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _raise_for_structure(self, details: Sequence[Mapping[str, Any]]) -> None:
+        """Raise regroup's ValueError where every process finished, with other structures.
+
+        One process compares each replica's value with replica 0's and names the first
+        that differs, in replica order: so do the processes, from each one's first
+        replica's structure and the first of its replicas that differs from that.
+        """
+        if any(Status(d["status"]) is not Status.FINISHED for d in details):
+            return
+        if any(d.get("structure") is None for d in details):
+            return
+        key, text, _ = details[0]["structure"]
+        for d in details:
+            first = self.offsets[int(d["rank"])]
+            other_key, other_text, local = d["structure"]
+            if other_key != key:
+                raise ValueError(structure_message(text, 0, other_text, first))
+            if local is not None:
+                raise ValueError(structure_message(text, 0, local[1], first + int(local[0])))
 
     def _issued_before(self, report: Any) -> dict[str, Any] | None:
         """The collective this process's replicas issued before the one that refused its.
@@ -1024,3 +1070,15 @@ def _light(signature: Signature) -> bool:
             return False
         nbytes += int(np.prod(spec.shape, dtype=np.int64)) * itemsize
     return nbytes <= INLINE_BYTES
+
+
+def _structure_detail(structures: Sequence[Any]) -> list[Any]:
+    """``[key, text, local]`` of a run's structures (one treedef per local replica).
+
+    ``key`` and ``text``: the first replica's (``treedef_key``, ``treedef_str``);
+    ``local``: ``[i, text]`` of the first local replica whose structure differs from it,
+    or None.
+    """
+    first = structures[0]
+    local = next(([i, treedef_str(t)] for i, t in enumerate(structures) if t != first), None)
+    return [treedef_key(first), treedef_str(first), local]

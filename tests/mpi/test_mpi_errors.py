@@ -45,9 +45,10 @@ pytest.importorskip("mpi4py", reason="the [mpi] extra (mpi4py, mpich) is not ins
         # process (MEAN of 0.5 is 0.5, not 0.5 * processes; SUM is ambiguous).
         (2, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
         (3, "2", {"mean": "0.5", "merge": "2.0", "reduce_to": "0.5", "sum": "raised ValueError"}),
-        # One replica per process: run unwraps its value, which stands for that replica.
-        (2, "1", {"mean": "0.5", "max": "1.0", "sum": "2.0"}),
-        (3, "1", {"mean": "0.5", "max": "2.0", "sum": "3.0"}),
+        # One replica per process: a plain value stands for that replica (run unwraps its
+        # value; TensorFlow's multi-worker strategy counts a worker's host value once).
+        (2, "1", {"mean": "0.5", "max": "1.0", "sum": "2.0", "max_run": "1.0"}),
+        (3, "1", {"mean": "0.5", "max": "2.0", "sum": "3.0", "max_run": "2.0"}),
         # 2 + 1: the process of one replica makes it per-replica; SUM raises ValueError
         # on every process (never a false "reduce op differs").
         (2, "2,1", {"mean": "0.5", "max": "1.0", "merge": "2.0", "sum": "raised ValueError"}),
@@ -63,6 +64,16 @@ def test_plain_values_reduce_as_in_one_process(
         for what, result in want.items():
             assert lines[what] == result, (rank, what, logs[rank])
         assert lines["bcast"] == "[1.0, 1.0]", logs[rank]  # a copy, not summed over processes
+        total = n * int(counts) if "," not in counts else sum(map(int, counts.split(",")))
+        sum_run = str(float(sum(range(total))))
+        assert lines["sum_run"] == sum_run, logs[rank]
+        assert lines["sum_run_to"] == sum_run, logs[rank]
+        # inside a merge_fn: the replica's argument sums; a constant is ambiguous where
+        # every process has several replicas, and one contribution per process with one
+        if counts == "1":
+            assert lines["merge_sum"] == f"{sum_run} {0.5 * n}", logs[rank]
+        else:
+            assert lines["merge_sum"] == f"{sum_run} raised ValueError", logs[rank]
         # a dtype the local backend refuses: TypeError everywhere, the processes in step
         assert lines["bool"] == "raised TypeError", logs[rank]
         assert logs[rank].endswith("done\n"), logs[rank]
@@ -78,6 +89,56 @@ def test_gather_of_a_run_result_crosses_processes(n: int, counts: str, tmp_path:
     want = [[g] * 3 for g in range(total) for _ in range(2)]
     for rank in range(n):
         assert f"gather {want}\n" in logs[rank], logs[rank]
+
+
+@pytest.mark.parametrize(("n", "counts"), [(2, "1"), (3, "1"), (2, "2,1"), (2, "2")])
+def test_values_of_other_structures_on_other_processes_raise_everywhere(
+    n: int, counts: str, tmp_path: Path
+) -> None:
+    # The last process's replicas return [x], the others {"a": x}: one process's run
+    # raises regroup's ValueError naming the first replica that differs; so must every
+    # process (before, each got its own structure, and reduce summed x under "a" with
+    # x in a list), and the next run works.
+    rc, logs, output = launch(n, "structure.py", counts, tmp_path=tmp_path)
+    assert rc == 0, output
+    layout = [int(k) for k in counts.split(",")] if "," in counts else [int(counts)] * n
+    first = sum(layout[:-1])
+    want = (
+        "raised ValueError: replicas returned values of different structure: replica 0 "
+        f"gave {{'a': *}} but replica {first} gave [*]; every replica must return the same "
+        "structure (same containers, lengths and keys)"
+    )
+    for rank in range(n):
+        lines = logs[rank].splitlines()
+        assert lines[0] == want, logs[rank]
+        assert lines[1] == f"after {[float(sum(layout)) * k for k in range(3)]}", logs[rank]
+        assert lines[-1] == "done", logs[rank]
+
+
+@pytest.mark.parametrize(("n", "k"), [(2, 1), (3, 1), (2, 2)])
+def test_a_value_one_process_refuses_in_a_cross_replica_call_is_refused_everywhere(
+    n: int, k: int, tmp_path: Path
+) -> None:
+    # One process's error for the whole call (its class as MirroredStrategy(n * k)
+    # raises it) on every process; before, the other processes raised
+    # ReplicaExitedError (gather of a str array), or TypeError where one process finds
+    # the dtypes differ (a bool component among float64 ones).
+    rc, logs, output = launch(n, "refusals.py", str(k), tmp_path=tmp_path)
+    assert rc == 0, output
+    want = {
+        "str_gather": "TypeError",
+        "str_reduce": "TypeError",
+        "bool_reduce": "CollectiveMismatchError",
+        "bool_reduce_to": "CollectiveMismatchError",
+        "fp_raise": "FloatingPointError",
+        "empty_min": "ValueError: Strategy.reduce(MIN, axis=(0,)): replica 1",
+        "empty_mean": "[nan, nan, nan] warnings=0",
+        "gather": f"({n * k}, 2)",
+    }
+    for rank in range(n):
+        lines = dict(line.split(" ", 1) for line in logs[rank].splitlines() if " " in line)
+        assert lines == want, (rank, logs[rank])
+        assert logs[rank].endswith("done\n"), logs[rank]
 
 
 # -- errors: the same class and attributes on every process ----------------------------

@@ -490,7 +490,7 @@ def test_the_options_timeout_of_reduce_to_bounds_the_wait_for_other_processes(
     tmp_path: Path,
 ) -> None:
     _, logs, output = launch("reduce_to_timeout", tmp_path=tmp_path)
-    for name in ("reduce_to", "batch_reduce_to"):
+    for name in ("reduce_to", "batch_reduce_to", "refused"):
         line = next(x for x in logs[0].splitlines() if x.startswith(f"{name}:"))
         assert "CollectiveTimeoutError after" in line, output
         assert float(line.split("after ")[1]) < 5.0, line  # 1 s, not the strategy's 20 s

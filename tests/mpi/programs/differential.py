@@ -163,6 +163,7 @@ def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -
                 "dataset",
                 "large",
                 "mismatch",
+                "number",
             )
         )
         if kind == "plain":
@@ -213,6 +214,10 @@ def generate(seed: int, number: int, total: int, counts: tuple[int, ...] = ()) -
         # 1.. ("1,3"), that process sends with its refusal the collective its replicas
         # issued before it, so the mismatch with replica 0 is found first, as in one.
         case.fault = ("refuse2", 0, total - 1, pick(("shape", "bool")))
+    elif roll < 0.45 and total > 1:
+        # the last replica returns another structure (a tuple where the others return
+        # a list): one process's run raises regroup's ValueError, so must every process
+        case.fault = ("structure", -1, total - 1)
     return case
 
 
@@ -311,13 +316,24 @@ def step_fn(case: Case) -> Callable[[], Any]:
                 if kind == "large"
                 else deviant(dt, c, kind, g, case, j, n)
                 if kind == "mismatch"
+                else number(dt, g, case, j)
+                if kind == "number"
                 else make(dt, (2, c) if kind in ELEMENTWISE else (2 + g % 2, c), case.number, j, g)
                 for kind, j, dt, c, _ in case.posts
             ]
         )
+        if case.fault is not None and case.fault[0] == "structure" and g == case.fault[2]:
+            return tuple(out)
         return out
 
     return step
+
+
+def number(dtype: str, g: int, case: Case, j: int) -> Any:
+    """Replica ``g``'s value of a ``number`` post: a Python number, or (odd replicas) a
+    0-d array of the dtype the backend describes it in (int64, float64)."""
+    value = make("int64" if dtype in INTS else "float64", (), case.number, j, g)
+    return value if g % 2 else value.item()
 
 
 def deviation(case: Case, j: int, total: int) -> tuple[int, str, int | None]:
@@ -351,7 +367,7 @@ def layout_plain(
         # one value, as in one process (SUM or PROD of it: the oracle's ValueError)
         return mine, mine
     # wherever a process has one replica, a plain value stands for its value on each of
-    # its replicas
+    # its replicas (TensorFlow's multi-worker rule: a worker's host value counts once)
     per = [make(dtype, (2, cols), *key, r) for r, k in enumerate(counts) for _ in range(k)]
     return mine, ar.PerReplica(per)
 
@@ -368,6 +384,9 @@ async def posts(
             out.append(await cross(strategy, kind, op, value))
         elif kind == "large":
             out.append({EXACT: await cross(strategy, "reduce", op, value)})
+        elif kind == "number":
+            # Python numbers (and 0-d arrays on other replicas): float64 / int64
+            out.append(await cross(strategy, "reduce", op, value))
         elif kind == "mismatch":
             # one replica's component differs (shape, rank or dtype): one process raises
             _, _, axis = deviation(case, j, strategy.num_replicas_in_sync)
@@ -422,6 +441,8 @@ def describe_error(error: BaseException | None, *, ids: bool = False) -> tuple[A
     first = str(error).partition("\n")[0]
     if isinstance(error, TypeError) and first.startswith("replica "):
         return (name, first)  # a refused value: which replica, and why
+    if isinstance(error, ValueError) and first.startswith("replicas returned values"):
+        return (name, first)  # regroup's: the first replica whose structure differs
     return (name,)
 
 

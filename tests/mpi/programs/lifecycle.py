@@ -463,15 +463,19 @@ async def reduce_to_timeout() -> None:
     options = ar.CommunicationOptions(timeout_seconds=20)
     a = ar.MultiWorkerMirroredStrategy(communication_options=options)
     b = ar.MultiWorkerMirroredStrategy(communication_options=options)
+    c = ar.MultiWorkerMirroredStrategy(communication_options=options)
     one = ar.CommunicationOptions(timeout_seconds=1)
     if RANK == 1:
         await wait_for_go()  # late until process 0 has timed out on both
     for name, call in (
-        ("reduce_to", lambda: a.extended.reduce_to("SUM", np.float64(1), "CPU:0", options=one)),
+        ("reduce_to", lambda: a.extended.reduce_to("MEAN", np.float64(1), "CPU:0", options=one)),
         (
             "batch_reduce_to",
-            lambda: b.extended.batch_reduce_to("SUM", [(np.float64(1), "CPU:0")], options=one),
+            lambda: b.extended.batch_reduce_to("MEAN", [(np.float64(1), "CPU:0")], options=one),
         ),
+        # (a bool MAX the local backend refuses: refused in the agreement, which the
+        # option bounds too)
+        ("refused", lambda: c.extended.reduce_to("MAX", np.ones(2, bool), "CPU:0", options=one)),
     ):
         start = time.perf_counter()
         try:

@@ -49,6 +49,32 @@ async def main(counts: list[int]) -> None:
     )
     await attempt("gather", strategy.gather(rows, axis=0))
     await attempt("sum", strategy.reduce("SUM", np.array(1.0), axis=None))
+    # run's results (with one replica per process, plain: that replica's values)
+    ids = await strategy.run(
+        lambda: np.array(float(ar.get_replica_context().replica_id_in_sync_group))
+    )
+    await attempt("max_run", strategy.reduce("MAX", ids, axis=None))
+    await attempt("sum_run", strategy.reduce("SUM", ids, axis=None))
+    await attempt("sum_run_to", strategy.extended.reduce_to("SUM", ids, "CPU:0"))
+
+    async def merge_sum(s: ar.Strategy, mine: object) -> list[str]:
+        # merge_call's argument is this replica's value; a constant is one value
+        out = []
+        for value in (mine, 0.5):
+            try:
+                out.append(str(np.asarray(await s.reduce("SUM", value, axis=None)).tolist()))
+            except ValueError as error:
+                out.append(f"raised {type(error).__name__}")
+        return out
+
+    async def sum_step() -> object:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        mine = np.array(float(ctx.replica_id_in_sync_group))
+        return await ctx.merge_call(merge_sum, args=(mine,))
+
+    sums = strategy.experimental_local_results(await strategy.run(sum_step))[0]
+    report(f"merge_sum {' '.join(sums)}")
     report(
         f"bcast {np.asarray(await strategy.extended.broadcast_to(np.ones(2), 'CPU:0')).tolist()}"
     )
