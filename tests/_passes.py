@@ -9,7 +9,8 @@ the docs site, file checks) checks nothing more the second time, and is marked
 ``out_of_process`` by tests/conftest.py from this module's reading of its source.
 
 The reading is conservative: a test counts as running the library in process unless its
-source, the module-level helpers and fixtures it uses (transitively), and its decorators
+source, the module-level helpers and fixtures it uses (transitively; a helper imported
+from another ``test_`` module of its folder is read in that module), and its decorators
 reference nothing that could reach it: no name imported from a module outside the
 standard library and pytest, no import inside a function, no dynamic import or ``exec``,
 no fixture other than ``tmp_path``, ``tmp_path_factory``, ``capsys``, ``capfd`` and
@@ -49,6 +50,9 @@ class _Module:
     usefixtures: bool  # its pytestmark adds fixtures by name
     unsafe: frozenset[str]  # module-level names that may reach the library
     runners: frozenset[str]  # module-level names bound to subprocess
+    # names imported from another test module of the same folder (``from test_mpi import
+    # launch``): read there, by the same rules, as that module's own helpers
+    helpers: dict[str, tuple[Path, str]]
 
 
 def _root(module: str | None) -> str:
@@ -74,6 +78,7 @@ def _module(path: Path) -> _Module:
     runners: set[str] = set()
     autouse: set[str] = set()
     usefixtures = False
+    helpers: dict[str, tuple[Path, str]] = {}
     assigned: list[tuple[list[str], ast.AST]] = []
     for node in tree.body:
         if isinstance(node, ast.Import | ast.ImportFrom):
@@ -81,8 +86,17 @@ def _module(path: Path) -> _Module:
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
                 source = module if module is not None else alias.name
+                sibling = path.parent / f"{source}.py" if source else None
                 if isinstance(node, ast.ImportFrom) and node.level:
                     unsafe.add(bound)  # a relative import: a helper of the suite
+                elif (
+                    isinstance(node, ast.ImportFrom)
+                    and sibling is not None
+                    and source is not None
+                    and source.startswith("test_")
+                    and sibling.is_file()
+                ):
+                    helpers[bound] = (sibling, alias.name)
                 elif alias.name in ALLOWED.get(source or "", ()):
                     continue
                 elif _root(source) in RUNNERS:
@@ -120,7 +134,7 @@ def _module(path: Path) -> _Module:
                 unsafe.update(names)
                 changed = True
     return _Module(
-        functions, frozenset(autouse), usefixtures, frozenset(unsafe), frozenset(runners)
+        functions, frozenset(autouse), usefixtures, frozenset(unsafe), frozenset(runners), helpers
     )
 
 
@@ -159,15 +173,18 @@ def classify(path: Path, name: str) -> str:
         return (
             "in process"  # a method, defined elsewhere (a shared test class), or fixtures by name
         )
-    seen: set[tuple[str, bool]] = set()
-    # (function, whether pytest calls it: its parameters are fixtures)
-    todo = [(name, True), *((fixture, True) for fixture in module.autouse)]
+    seen: set[tuple[Path, str, bool]] = set()
+    # (module, function, whether pytest calls it: its parameters are fixtures)
+    todo = [(path, name, True), *((path, fixture, True) for fixture in module.autouse)]
     uses_runner = False
     while todo:
-        current, by_pytest = todo.pop()
-        if (current, by_pytest) in seen:
+        where, current, by_pytest = todo.pop()
+        if (where, current, by_pytest) in seen:
             continue
-        seen.add((current, by_pytest))
+        seen.add((where, current, by_pytest))
+        module = _module(where)
+        if current not in module.functions:
+            return "in process"  # an imported name that is not a function of its module
         function = module.functions[current]
         for node in ast.walk(function):
             if isinstance(node, ast.Import | ast.ImportFrom) and not all(
@@ -185,8 +202,9 @@ def classify(path: Path, name: str) -> str:
             fixtures = params - _parametrized(function) - SAFE_FIXTURES
             if fixtures - set(module.functions):
                 return "in process"  # a fixture this reading cannot see into
-        todo.extend((n, False) for n in used if n in module.functions)
-        todo.extend((n, True) for n in fixtures)
+        todo.extend((where, n, False) for n in used if n in module.functions)
+        todo.extend((*module.helpers[n], False) for n in used if n in module.helpers)
+        todo.extend((where, n, True) for n in fixtures)
     return "child processes" if uses_runner else "no library"
 
 

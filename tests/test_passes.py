@@ -90,9 +90,51 @@ def test_the_reading_of_a_test(tmp_path: Path, source: str, expected: str) -> No
     assert _passes.classify(path, name) == expected
 
 
+SIBLING = """\
+import subprocess
+
+import asyncreplica as ar
+
+
+def launch(code):
+    return subprocess.run(["python", "-c", code], check=True)
+
+
+def strategy():
+    return ar.MirroredStrategy()
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        # a helper of another test module of the folder is read there, by the same rules
+        ("from test_sibling import launch\n\n\ndef test_s():\n    launch('x')", "child processes"),
+        ("from test_sibling import strategy\n\n\ndef test_s():\n    strategy()", "in process"),
+        # a name of it that is not a function (a constant, a class) counts as the library
+        ("from test_sibling import ar\n\n\ndef test_s():\n    ar.get_strategy()", "in process"),
+        # a module that is not a test module of the folder: an unknown one
+        ("from conftest import launch\n\n\ndef test_s():\n    launch('x')", "in process"),
+    ],
+)
+def test_a_helper_imported_from_a_sibling_test_module(
+    tmp_path: Path, source: str, expected: str
+) -> None:
+    (tmp_path / "test_sibling.py").write_text(SIBLING)
+    (tmp_path / "conftest.py").write_text(SIBLING)
+    path = tmp_path / "test_case.py"
+    path.write_text(source + "\n")
+    assert _passes.classify(path, "test_s") == expected
+
+
 @pytest.mark.parametrize(
     ("module", "name", "expected"),
     [
+        (
+            "tests/mpi/test_mpi_errors.py",
+            "test_plain_values_reduce_as_in_one_process",
+            "child processes",
+        ),
         ("tests/docs/test_examples.py", "test_example_runs", "child processes"),
         ("tests/test_quality.py", "test_mypy_strict_is_clean", "child processes"),
         ("tests/mpi/test_mpi.py", "test_every_collective_matches_numpy", "child processes"),
