@@ -66,18 +66,23 @@ def test_memory_does_not_grow_with_generated_code(monkeypatch: pytest.MonkeyPatc
     strategy = ar.MirroredStrategy(["CPU:0", "CPU:1"])
     _run_generated(strategy, 0, 300)  # past the bound: the caches are at their steady size
     gc.collect()
+    grown: list[int] = []
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
-        _run_generated(strategy, 300, 600)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
+        # Two windows: tracemalloc counts every allocation of the process, and something
+        # left by earlier tests once added 4 MB to one window (a clean-clone run of the
+        # whole suite; never reproduced alone). Unbounded caches grow in every window.
+        for first in (300, 900):
+            before = tracemalloc.get_traced_memory()[0]
+            _run_generated(strategy, first, 600)
+            gc.collect()
+            grown.append(tracemalloc.get_traced_memory()[0] - before)
     finally:
         tracemalloc.stop()
     # Unbounded, each run's code object and what the caches keep of it cost about
-    # 2.9 KB (1.7 MB for these 600 runs); bounded, the caches hold at most 128 of them
+    # 2.9 KB (1.7 MB for 600 runs); bounded, the caches hold at most 128 of them
     # (and the signatures interned for their paths) whatever the number of runs.
-    assert grown < 300_000, grown
+    assert min(grown) < 300_000, grown
 
 
 def test_paths_stay_right_across_a_clear(monkeypatch: pytest.MonkeyPatch) -> None:
