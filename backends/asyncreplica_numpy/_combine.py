@@ -264,7 +264,9 @@ def _local(op: ReduceOp, array: Array, axis: tuple[int, ...]) -> Array:
         rows = rows.reshape((-1, *kept))
         if not len(rows):
             return np.ones(kept, _native(array.dtype))  # the empty product
-        out: Array = rows[0].copy()
+        # np.array, not rows[0].copy(): a 1-D ``rows`` (the whole value reduced, a 0-d
+        # result) gives a numpy scalar from rows[0], whose parts cannot be written.
+        out: Array = np.array(rows[0], copy=True)
         for row in rows[1:]:
             _complex_multiply(out, row, out=out)
         return out
