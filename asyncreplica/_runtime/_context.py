@@ -61,6 +61,28 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
 # they need is in the run, the collective's signature and its ``bytes_per_pack`` field.
 
 
+# Dtype objects (numpy's, a foreign library's) by the name a backend described them
+# with: what lets _check_unchanged compare a leaf's dtype now with its signature's
+# without describing it again (``dtype.name`` alone costs a microsecond). Bounded.
+_DTYPE_NAMES: dict[object, str] = {}
+_DTYPE_NAMES_LIMIT = 256
+
+
+def _remember_dtype(leaf: object, spec: LeafSpec | None) -> None:
+    """Note that ``leaf``'s dtype object is described as ``spec.dtype`` (when hashable)."""
+    dtype = getattr(leaf, "dtype", None)
+    if dtype is None or spec is None or spec.sparse:
+        return
+    try:
+        if _DTYPE_NAMES.get(dtype) == spec.dtype:
+            return
+        if len(_DTYPE_NAMES) >= _DTYPE_NAMES_LIMIT:
+            _DTYPE_NAMES.clear()
+        _DTYPE_NAMES[dtype] = spec.dtype
+    except TypeError:  # an unhashable dtype object: always described again
+        return
+
+
 def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> None:
     """Refuse inputs whose shape or dtype changed while their collective was in flight.
 
@@ -68,8 +90,11 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
     (docs/concepts.md, "When inputs are read"). Each replica's leaves must still be what
     its signature described: an in-place reshape (``x.shape = ...``, ``x.resize``) in
     flight would otherwise give every replica a result of a shape no signature said.
-    For collectives of one leaf it costs one shape comparison per replica; a leaf that
-    fails it (or has no ``shape``: a number, ``IndexedSlices``) is described again.
+    For collectives of one leaf it costs one shape and one dtype comparison per
+    replica; a leaf that fails them (or has no ``shape``: a number, ``IndexedSlices``)
+    is described again, and refused unless that finds its signature's shape and dtype:
+    the batch path's rule (the numpy backend's ``_check_described``), with the same
+    ``ValueError``.
     The numpy backend checks batches (see its general path).
     """
     signature = call._signature
@@ -80,10 +105,23 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
         # all_reduce. The numpy backend checks a batch against what it described at
         # issue where it looks at the leaves anyway (see its general path).
         return
-    shape = specs[0].shape
-    if all(getattr(leaves[0], "shape", None) == shape for leaves in payloads):
-        # The common case: the shape an array has now is the one it was issued with (a
-        # dtype does not change in place: numpy deprecated assigning .dtype).
+    spec0 = specs[0]
+    shape, name = spec0.shape, spec0.dtype
+    names = _DTYPE_NAMES
+    try:
+        same = all(
+            getattr(leaves[0], "shape", None) == shape
+            and names.get(getattr(leaves[0], "dtype", None)) == name
+            for leaves in payloads
+        )
+    except TypeError:  # an unhashable dtype object: described below
+        same = False
+    if same:
+        # The common case: the shape and dtype an array has now are the ones it was
+        # issued with. The dtype counts as much as the shape: numpy still lets
+        # ``x.dtype = np.int64`` reinterpret a float64 array in place (deprecated), and
+        # the backend would read its bits under the float64 signature. A dtype object
+        # not yet in _DTYPE_NAMES is described below, once, and added.
         return
     gather = signature.kind is CollectiveKind.ALL_GATHER
     for r, leaves in enumerate(payloads):
@@ -96,6 +134,7 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
             except TypeError:
                 now = None
             if now is spec or (now is not None and _same_spec(now, spec, signature.axis, gather)):
+                _remember_dtype(leaf, now)
                 continue
             replica = r + run.strategy._replica_offset
             raise ValueError(

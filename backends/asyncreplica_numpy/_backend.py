@@ -397,6 +397,10 @@ def _reduce_batch(
     layout = _batch_layout(values, layouts)
     if layout is None:
         return None
+    # The layouts are what the leaves were at issue; ``join`` reads bytes, so a leaf
+    # reinterpreted in flight (``x.dtype = ...``) is refused here, as the C pack refuses
+    # it (and the general path, and a single leaf: one rule).
+    _check_described(values, layouts)
     dtype, shapes = layout
     if not _reducible_dtype(dtype) or not dtype.isnative:
         return None
