@@ -35,7 +35,9 @@ The rules, element by element:
   index outside ``0 <= i < min(dense_shape[0], 2**63)`` is a ``ValueError`` on every
   path (:func:`slices_indices`).
 * Packing (``bytes_per_pack``), the batch a leaf is in, the replicas' arrival order
-  and the path taken never change a result.
+  and the path taken never change a result, but for which NaN (sign, payload) a NaN
+  element is: IEEE 754 leaves that open, and numpy's loops pick differently by array
+  length, so only that an element is NaN is a rule (docs/concepts.md).
 """
 
 from __future__ import annotations

@@ -70,23 +70,34 @@ CASES = 60
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 
+# A quiet NaN with a payload in its high mantissa bits (kept by float32 and float16 too).
+_PAYLOAD_NAN = float(np.array(0x7FFC_0000_0000_0000, np.uint64).view(np.float64))
+
+
 def special(dtype: np.dtype[Any]) -> list[Any]:
     """Values that paths have got wrong: extremes, NaN, infinities, signed zeros."""
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return [info.min, info.max, 0, 1, info.max - 1, info.min + 1]
     specials = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.5, 3.25, 1e30, -1e-30]
+    # NaNs of both signs and with payloads (attack 23c, D2: paths chose different ones).
+    specials += [-np.nan, _PAYLOAD_NAN, -_PAYLOAD_NAN]
     if dtype.kind == "c":
-        return [complex(a, b) for a in specials[:6] for b in specials[:6]]
+        return [complex(a, b) for a in specials[:6] + specials[-3:] for b in specials[:6]]
     return specials
 
 
-def draw_leaf(rng: random.Random, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
+def draw_leaf(
+    rng: random.Random, dtype: np.dtype[Any], shape: tuple[int, ...], nans: bool = False
+) -> np.ndarray:
     size = int(np.prod(shape))
     pool = special(dtype)
+    if nans and dtype.kind in "fcV":
+        # Mostly NaNs of both signs and payloads, so that replicas' NaNs meet.
+        pool = [v for v in pool if v != v] + [1.0]
     values: list[Any] = []
     for _ in range(size):
-        if rng.random() < 0.4:
+        if rng.random() < (0.9 if nans else 0.4):
             values.append(rng.choice(pool))
         elif dtype.kind in "iu":
             info = np.iinfo(dtype)
@@ -124,8 +135,10 @@ class Program:
         if rng.random() < 0.5:  # one shape for every leaf: the batch path's rows
             self.shapes = [self.shapes[0]] * m
         self.bytes_per_pack = rng.choice(PACKS)
+        self.nans = rng.random() < 0.15
         self.values = [
-            [draw_leaf(rng, self.dtype, shape) for shape in self.shapes] for _ in range(self.n)
+            [draw_leaf(rng, self.dtype, shape, self.nans) for shape in self.shapes]
+            for _ in range(self.n)
         ]
         # The reference's inputs; the library's are byte-swapped in some programs (every
         # leaf, or every other one): a result's dtype is the rule's, native, on every path.
@@ -150,6 +163,7 @@ class Program:
         return (
             f"Program(seed={self.seed}: n={self.n} {self.op.value} {self.dtype} "
             f"shapes={self.shapes} bytes_per_pack={self.bytes_per_pack}"
+            f"{' NaNs' if self.nans else ''}"
             f"{' byte-swapped: ' + self.swapped if self.swapped else ''})"
         )
 
@@ -164,19 +178,23 @@ def _nan_mask(array: np.ndarray) -> np.ndarray:
 def assert_same(got: Any, want: np.ndarray, where: str, *, strict: bool = False) -> None:
     """Same dtype, shape and bits (signed zeros and infinities included).
 
-    Against the reference a NaN must be a NaN (of either sign and any payload: IEEE 754
-    leaves open which operand's NaN an operation returns, and numpy's vectorised and
-    scalar loops pick differently). ``strict`` compares NaNs bit for bit too: every
-    path of the library against the library's own single-leaf result.
+    A NaN must be a NaN, of either sign and any payload: the documented rule
+    (docs/concepts.md), against the reference and between the library's own paths
+    alike. IEEE 754 leaves open which operand's NaN an operation returns, and numpy's
+    loops pick differently by array length (``[nan] + [-nan]`` alone and the same
+    element in a pack of four: attack 23c, D2), so no path can promise more without a
+    pass over every result. ``strict`` (every path of the library against the
+    library's own single-leaf result) only names the comparison in messages.
     """
     got = np.asarray(got)
     assert got.dtype == want.dtype, f"{where}: dtype {got.dtype}, reference {want.dtype}"
     assert got.shape == want.shape, f"{where}: shape {got.shape}, reference {want.shape}"
-    if not strict:
-        nans = _nan_mask(want)
-        assert (_nan_mask(got) == nans).all(), f"{where}: {got!r} != reference {want!r}"
-        if nans.any():
-            got, want = got[~nans], want[~nans]
+    nans = _nan_mask(want)
+    assert (_nan_mask(got) == nans).all(), (
+        f"{where}: {got!r} != {'path' if strict else 'reference'} {want!r}"
+    )
+    if nans.any():
+        got, want = got[~nans], want[~nans]
     assert got.tobytes() == want.tobytes(), (
         f"{where}: {got!r} != {'path' if strict else 'reference'} {want!r}"
     )
@@ -262,11 +280,12 @@ def run_program(program: Program, loop: tuple[str, dict[str, Any]], cpass: bool)
                     for r, component in enumerate(strategy.experimental_local_results(every)):
                         where = f"reduce_to mirrored {j} replica {r}"
                         assert_same(component, mine[j], where, strict=True)
-                if program.shapes[j]:
-                    axis = (len(program.shapes[j]) - 1,)
-                    comps = [native[r][j] for r in range(n)]
-                    if op in (ar.ReduceOp.MIN, ar.ReduceOp.MAX) and not comps[0].size:
-                        continue  # numpy and TensorFlow refuse the MIN of nothing
+                rank = len(program.shapes[j])
+                comps = [native[r][j] for r in range(n)]
+                if op in (ar.ReduceOp.MIN, ar.ReduceOp.MAX) and not comps[0].size:
+                    continue  # numpy and TensorFlow refuse the MIN of nothing
+                # The last axis, and every axis (a 0-d result: complex PROD, attack 23c D3).
+                for axis in dict.fromkeys([(rank - 1,), tuple(range(rank))]) if rank else ():
                     assert_same(
                         await strategy.reduce(op, leaf, axis=axis),
                         ref.reduce(op, comps, axis),
