@@ -235,7 +235,7 @@ async def reduce_leaf(
             return leaf  # not an array
         # The value itself, as a new writable array (never the caller's own object): no
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
-        return hold_result(local, where, await local.reduce(ReduceOp.SUM, [leaf], None), spec)
+        return await _copy_of(local, where, leaf, spec)
     if op is ReduceOp.SUM:
         # Every replica holds the value: SUM along ``axis`` is N times its sum, as in TF
         # (N of every process: the same number as in one process).
@@ -243,6 +243,35 @@ async def reduce_leaf(
     else:
         result = await local.reduce(op, [leaf], norm)
     return hold_result(local, where, result, reduced_spec(op, spec, norm))
+
+
+async def _copy_of(local: Backend, where: str, leaf: object, spec: LeafSpec) -> object:
+    """A new, writable copy of plain ``leaf``: what a cross-replica API hands back for it.
+
+    The one way ``Strategy.reduce`` (no axis) and ``Strategy.gather`` return a plain
+    value, as TensorFlow returns it unchanged, but never the caller's own array
+    (docs/concepts.md, "Read-only shared results": their results belong to you).
+    """
+    return hold_result(local, where, await local.reduce(ReduceOp.SUM, [leaf], None), spec)
+
+
+async def plain_gathered(strategy: ContainerStrategy, leaf: object) -> object:
+    """What ``Strategy.gather`` returns for a plain leaf in one process: a copy of it.
+
+    TensorFlow returns a plain value unchanged; here an array comes back as a new one
+    (:func:`_copy_of`), as ``Strategy.reduce`` returns it. Python numbers (immutable),
+    ``IndexedSlices`` and values the backend does not hold come back as they are.
+    """
+    if type(leaf) in _NUMBERS or isinstance(leaf, IndexedSlices):
+        return leaf
+    local = strategy._local_backend
+    try:
+        spec = local.describe(leaf)
+    except TypeError:
+        return leaf
+    where = f"the {local.name!r} backend's reduce ({type(local).__name__}.reduce), "
+    where += "copying a plain value for Strategy.gather"
+    return await _copy_of(local, where, leaf, spec)
 
 
 def reduced_spec(op: ReduceOp, spec: LeafSpec, axes: tuple[int, ...] | None) -> LeafSpec:

@@ -49,6 +49,7 @@ from ._extended import (
     check_components,
     describe_components,
     normalize_axes,
+    plain_gathered,
     reduce_leaf,
 )
 from ._gc import scaled_gc
@@ -428,7 +429,7 @@ class Strategy:
 
         Args:
             value: A ``PerReplica`` value or a nest of them; plain leaves come back
-                unchanged (as in TensorFlow). Under ``MultiWorkerMirroredStrategy``
+                unchanged (as in TensorFlow), an array as a new one of the same value. Under ``MultiWorkerMirroredStrategy``
                 where some process has one replica, a plain leaf is this process's
                 value on each of its replicas, gathered across processes.
             axis: The axis to concatenate along; negative counts from the end.
@@ -461,7 +462,8 @@ class Strategy:
                 # and is gathered across processes (docs/scale-out.md, "Plain values").
                 components = [leaf] * self._num_local
             else:
-                out.append(leaf)  # one value, as in one process
+                # One value, as in one process: a copy of it, never the caller's array.
+                out.append(await plain_gathered(self, leaf))
                 continue
             try:
                 specs = describe_components(self, components)
