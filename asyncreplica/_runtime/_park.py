@@ -181,7 +181,10 @@ class Parking:
             return True
         origin = getattr(error, "_ar_twin_of", None)
         if origin is not None and (
-            any(e is origin or e.__cause__ is origin for _, e in self._errors)
+            any(
+                e is origin or e.__cause__ is origin or getattr(e, "_ar_twin_of", None) is origin
+                for _, e in self._errors
+            )
             or id(origin) in self._consequences
         ):
             # A waiter's copy of a dispatch error (_collective.fail_waiters), recorded as
@@ -408,12 +411,21 @@ class Parking:
             # A replica's own task group mixes a failure with its children's
             # cancellations (trio): the failure is what counts. The same on every loop:
             # asyncio's CancelledError is a cancellation on trio too (see _ending).
-            failures, _ = error.split(_not_a_cancellation)
+            failures, cancellations = error.split(_not_a_cancellation)
             if failures is None:
                 event = Event.CANCEL if _ending.requested() else Event.CANCEL_OUTSIDE
             else:
-                error = failures
-                event = Event.RAISE if isinstance(failures, Exception) else Event.INTERRUPT
+                if cancellations is not None:
+                    # split made a new group. It is still a waiter's copy of a merge_fn's
+                    # error (fail_waiters), or the error such copies were made of: marked,
+                    # so that it does not count as a second failure (_recorded).
+                    origin = getattr(error, "_ar_twin_of", error)
+                    with contextlib.suppress(Exception):
+                        failures._ar_twin_of = origin  # type: ignore[attr-defined]
+                    error = failures
+                # Nothing split off: the group itself, whose identity tells a copy (split
+                # would make a new group of the same exceptions, told as another failure).
+                event = Event.RAISE if isinstance(error, Exception) else Event.INTERRUPT
         else:
             event = _ending.event_of(error)
             if event is Event.CANCEL and (
@@ -425,7 +437,11 @@ class Parking:
         state = self.life.handle(replica, event)
         if state is State.CANCELLED:
             self.ledger.cancel(replica)
-            return True
+            # A group of cancellations (a merge_fn's, or a task group's inside the step)
+            # is not the run's own cancellation: re-raised, it would escape the run's task
+            # groups as anyio's "unhandled errors in a TaskGroup" instead of the error the
+            # run recorded. The task ends here; the run is being cancelled anyway.
+            return not grouped
         if (
             state is State.CANCELLED_OUTSIDE or state is State.CLOSED
         ) and replica in self._left_replicas:
