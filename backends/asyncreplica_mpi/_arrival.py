@@ -21,7 +21,7 @@ import numpy as np
 
 from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedError
 
-from ._protocol import MAGIC
+from ._protocol import MAGIC, from_wire, to_wire
 
 __all__ = [
     "_arrive",
@@ -458,14 +458,14 @@ def agree_options(comm: Any, options: Mapping[str, object]) -> None:
     size = comm.Get_size()
     if size == 1:
         return
-    mine = np.frombuffer(json.dumps(dict(options), sort_keys=True).encode(), np.uint8)
+    mine = to_wire(json.dumps(dict(options), sort_keys=True))
     lengths = np.zeros(size, np.int64)
     comm.Allgather(np.array([mine.size], np.int64), lengths)
     displs = [int(sum(lengths[:r])) for r in range(size)]
     received = np.empty(int(lengths.sum()), np.uint8)
     comm.Allgatherv(mine, [received, lengths.tolist(), displs, MPI.BYTE])
     everyone = [
-        dict(json.loads(bytes(received[d : d + int(n)])))
+        dict(json.loads(from_wire(received[d : d + int(n)])))
         for d, n in zip(displs, lengths, strict=True)
     ]
     lines = []
@@ -500,7 +500,7 @@ def _raise_exited(base: Any, source: int, rank: int, serial: int) -> None:
     base.Probe(source=source, tag=_EXIT_TEXT_TAG, status=status)
     buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
     base.Recv(buf, source=source, tag=_EXIT_TEXT_TAG)
-    why = bytes(buf).decode("utf-8", "replace")
+    why = from_wire(buf)
     raise ReplicaExitedError(
         0,
         0,
@@ -575,7 +575,7 @@ def _note_exit(error: str | None, finalized: bool, only: Iterable[int] | None = 
         if finalized
         else "exited"
     )
-    text = np.frombuffer(why.encode(), np.uint8)
+    text = to_wire(why)
     for key, (user_base, serial) in bases.items():
         with contextlib.suppress(Exception):  # a freed communicator: nobody to tell
             base = _channels.get(key, user_base)
