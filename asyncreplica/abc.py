@@ -56,7 +56,7 @@ from ._core._ledger import Report
 from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import TreeDef, structure_message, treedef_key, treedef_str
-from ._core._report import key_text, value_text
+from ._core._report import error_text, key_text, value_text
 from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
 from ._registry import available_backends, register_backend
 
@@ -72,6 +72,7 @@ __all__ = [
     "Signature",
     "available_backends",
     "check_reduced",
+    "error_text",
     "is_reducible",
     "is_refusal",
     "key_text",

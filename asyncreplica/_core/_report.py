@@ -33,6 +33,7 @@ __all__ = [
     "told_once",
     "resumed_message",
     "value_text",
+    "error_text",
     "stall_message",
     "exited_message",
     "format_replicas",
@@ -60,6 +61,24 @@ def value_text(value: object, limit: int | None = None) -> str:
     if type(text) is not str:
         return f"<{type(value).__qualname__} object whose __repr__ failed>"
     return text if limit is None else text[:limit]
+
+
+def error_text(error: BaseException) -> str:
+    """``Type: first line of its message`` for ``error``; never raises.
+
+    A user's exception may have a ``__str__`` that raises (or returns no ``str``): the
+    run's own messages must still be built, and the user's exception still re-raised.
+    One process's run and the scale-out backends describe a failure with this alike.
+    """
+    name = type(error).__name__
+    try:
+        text = str(error)
+    except Exception:
+        text = None
+    if type(text) is not str:
+        return f"{name} (its message could not be read: its __str__ raised)"
+    first = text.splitlines()[0] if text else ""
+    return f"{name}: {first}" if first else name
 
 
 def key_text(key: int | tuple[str, int]) -> str:

@@ -31,6 +31,7 @@ from .._core._report import (
     key_text,
     told_once,
 )
+from .._core._report import error_text as _describe
 from .._core._signature import Signature
 from .._exceptions import (
     CollectiveError,
@@ -66,21 +67,6 @@ def _leaves(error: BaseException) -> Iterator[BaseException]:
             yield from _leaves(inner)
     else:
         yield error
-
-
-def _describe(error: BaseException) -> str:
-    """``Type: first line of its message`` for ``error``; never raises.
-
-    A user's exception may have a ``__str__`` that raises: the run's own messages must
-    still be built, and the user's exception still re-raised.
-    """
-    name = type(error).__name__
-    try:
-        text = str(error)
-    except Exception:
-        return f"{name} (its message could not be read: its __str__ raised)"
-    first = text.splitlines()[0] if text else ""
-    return f"{name}: {first}" if first else name
 
 
 def _add_note(error: BaseException, note: str) -> None:

@@ -39,6 +39,7 @@ from .._core._report import (
     merge_fn_timeout_message,
     see_also,
 )
+from .._core._report import error_text as _describe
 from .._core._signature import CollectiveKind, ReduceOp
 from .._exceptions import (
     CollectiveError,
@@ -54,7 +55,7 @@ from ._deadlock import Watching
 from ._ending import refuse_generator_result, stop_iteration_error
 from ._mode import MODE, Mode
 from ._ownership import DROVE
-from ._park import _add_note, _cancelled, _describe, _leaves, _retrieve
+from ._park import _add_note, _cancelled, _leaves, _retrieve
 from ._waiter import Waiter
 
 if TYPE_CHECKING:

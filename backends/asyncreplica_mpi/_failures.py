@@ -45,11 +45,13 @@ from ._protocol import (
     differing_fields,
     error_fields,
     first_refusal,
+    from_wire,
     issued_before,
     key_text,
     outcome_message,
     rebuild_signature,
     refusal_wins,
+    to_wire,
 )
 
 __all__ = ["Failures"]
@@ -308,16 +310,14 @@ class Failures:
             # order, not in a cycle (see _cycle).
             "queued": bool(self._waiters),
         }
-        payload = np.frombuffer(json.dumps(detail).encode(), np.uint8)
+        payload = to_wire(json.dumps(detail))
         lengths = np.empty(self.size, np.int64)
         yield self._ctl.Iallgather(np.array([payload.size], np.int64), lengths)
         counts = [int(n) for n in lengths]
         displs = [sum(counts[:r]) for r in range(self.size)]
         buf = np.empty(sum(counts), np.uint8)
         yield self._ctl.Iallgatherv(payload, [buf, counts, displs, MPI.BYTE])
-        return [
-            json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)
-        ]
+        return [json.loads(from_wire(buf[d : d + n])) for d, n in zip(displs, counts, strict=True)]
 
     def _check_usable(self) -> None:
         if self._departed:

@@ -30,6 +30,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from asyncreplica import CollectiveMismatchError, ReplicaExitedError
 from asyncreplica.abc import (
     MATCH_RULES,
@@ -39,6 +41,7 @@ from asyncreplica.abc import (
     ReduceOp,
     Signature,
     check_reduced,
+    error_text,
     is_refusal,
     signature_differences,
     treedef_key,
@@ -54,6 +57,8 @@ __all__ = [
     "at_position",
     "cross_fields",
     "describe_exception",
+    "from_wire",
+    "to_wire",
     "fingerprint",
     "header",
     "outcome_message",
@@ -77,6 +82,21 @@ class Status(enum.IntEnum):
     EXITED = 4
 
 
+def to_wire(text: str) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``text`` as the bytes sent to other processes (every note and detail); never raises.
+
+    A user's text may hold what UTF-8 cannot encode: a lone surrogate, as
+    ``os.fsdecode`` and ``os.listdir`` give for a file name that is not UTF-8. It is
+    sent backslash-escaped (a backslash, then ``udcff``), so that telling the peers never fails.
+    """
+    return np.frombuffer(text.encode("utf-8", "backslashreplace"), np.uint8)
+
+
+def from_wire(data: Any) -> str:
+    """The text another process sent (:func:`to_wire`); never raises."""
+    return bytes(data).decode("utf-8", "replace")
+
+
 def header(status: Status, fp: int, number: int) -> list[int]:
     """The int64 words a process contributes to an exchange."""
     return [MAGIC, int(status), fp, number]
@@ -93,7 +113,7 @@ def position_code(position: object) -> int:
     """
     if type(position) is int:
         return position
-    digest = hashlib.blake2b(key_text(position).encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(to_wire(key_text(position)).tobytes(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
@@ -141,7 +161,7 @@ def call_path_field(path: Sequence[CallSite]) -> dict[str, Any]:
     digest = None
     if rest:
         text = json.dumps(rest, separators=(",", ":"))
-        digest = hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        digest = hashlib.blake2b(to_wire(text).tobytes(), digest_size=16).hexdigest()
     return {
         "frames": [_frame(site) for site in path[:PATH_FRAMES]],
         "more": len(rest),
@@ -238,7 +258,7 @@ def cross_fields(
 def fingerprint(fields: Mapping[str, Any]) -> int:
     """A signed 64-bit fingerprint of ``fields`` (stable across processes and runs)."""
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(to_wire(text).tobytes(), digest_size=8).digest()
     return int.from_bytes(digest, "little", signed=True)
 
 
@@ -246,7 +266,9 @@ def describe_exception(error: BaseException) -> str:
     """``ValueError: the first line of its message``.
 
     An exception group (several replicas of a process failed) is described by its
-    leaf exceptions: ``ValueError: bad (and 1 more: ValueError)``.
+    leaf exceptions: ``ValueError: bad (and 1 more: ValueError)``. Never raises: an
+    exception whose ``__str__`` raises is named as one process's run names it
+    (:func:`asyncreplica.abc.error_text`), so the failure is still told to the peers.
     """
     if isinstance(error, BaseExceptionGroup):
         leaves = _leaf_exceptions(error)
@@ -256,10 +278,7 @@ def describe_exception(error: BaseException) -> str:
             if not rest:
                 return first
             return f"{first} (and {len(rest)} more: {', '.join(dict.fromkeys(rest))})"
-    text = str(error).strip().splitlines()
-    first = text[0] if text else ""
-    name = type(error).__name__
-    return f"{name}: {first}" if first else name
+    return error_text(error)
 
 
 def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:

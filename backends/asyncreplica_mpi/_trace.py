@@ -17,7 +17,7 @@ from asyncreplica import AsyncReplicaError, CollectiveDeadlockError
 
 from ._arrival import _logger
 from ._lifecycle import Event, State
-from ._protocol import Status, cross_fields, describe_exception, fingerprint
+from ._protocol import Status, cross_fields, describe_exception, fingerprint, from_wire, to_wire
 
 if TYPE_CHECKING:
     from ._group import MPIProcessGroup
@@ -99,7 +99,7 @@ class TraceMerger:
                 group._raise_for(details)
             return self._alone(trace, "another process did not reach the end of its block")
         since = np.array([(time.perf_counter_ns() - origin_ns) / 1000.0], np.float64)
-        payload = np.frombuffer(json.dumps(trace).encode(), np.uint8)
+        payload = to_wire(json.dumps(trace))
         gathered = _drive_sync(group, _gather(group, since, payload))
         if gathered is None:
             return None
@@ -146,7 +146,7 @@ def _gather(
         return None
     buf = np.empty(sum(counts), np.uint8)
     yield comm.Igatherv(payload, [buf, counts, displs, MPI.BYTE], root=0)
-    docs = [json.loads(bytes(buf[d : d + n]).decode()) for d, n in zip(displs, counts, strict=True)]
+    docs = [json.loads(from_wire(buf[d : d + n])) for d, n in zip(displs, counts, strict=True)]
     return rows[:, 0].copy(), docs
 
 

@@ -30,6 +30,7 @@ from . import _exit
 from ._arrival import _logger, comm_key, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
+from ._protocol import from_wire, to_wire
 
 __all__ = ["Waiting", "tell_creating", "thread_multiple"]
 
@@ -552,7 +553,7 @@ class Waiting(Failures):
 
     def _tell_peers(self, note: dict[str, Any]) -> None:
         """Send ``note`` (JSON) to every other process on the side communicator."""
-        payload = np.frombuffer(json.dumps({**note, "rank": self.rank}).encode(), np.uint8)
+        payload = to_wire(json.dumps({**note, "rank": self.rank}))
         self._sends = [r for r in self._sends if not r.Test()]
         for r in range(self.size):
             if r != self.rank:
@@ -580,7 +581,7 @@ class Waiting(Failures):
             buf = np.empty(status.Get_count(MPI.BYTE), np.uint8)
             side.Recv(buf, source=source, tag=_NOTE_TAG)
             try:
-                note = json.loads(bytes(buf).decode())
+                note = json.loads(from_wire(buf))
             except ValueError:
                 continue
             kind = note.get("kind")
