@@ -191,3 +191,50 @@ async def test_equal_structures_still_regroup() -> None:
     assert result["a"][0].values == (0, 1, 2)
     assert result["a"][1] is None
     assert result["b"] == (1.0,)
+
+
+# -- E2: extended.update in replica context takes the var every replica passed -----------
+
+
+async def test_update_of_one_captured_dict_works_in_replica_context_as_outside() -> None:
+    s = strategy(1)
+    var = {"w": 1.0}
+
+    def add_one(w: Any) -> Any:
+        return {"w": w["w"] + 1}
+
+    async def step() -> Any:
+        return await _ctx().strategy.extended.update(var, add_one)
+
+    assert await s.run(step) == {"w": 2.0}
+    assert await s.extended.update(var, add_one) == {"w": 2.0}
+
+
+@pytest.mark.parametrize("var", [{"w": 1.0}, [1.0]], ids=["dict", "list"])
+async def test_update_of_one_plain_nest_on_two_replicas_is_refused_as_outside(var: Any) -> None:
+    s = strategy()
+
+    async def step() -> Any:
+        return await _ctx().strategy.extended.update(var, lambda w: w)
+
+    message = rf"needs a distributed value .* on 2 replicas, got {type(var).__name__}"
+    with pytest.raises(TypeError, match=message):
+        await s.run(step)
+    with pytest.raises(TypeError, match=message):
+        await s.extended.update(var, lambda w: w)
+
+
+async def test_update_of_different_objects_names_every_replica_and_their_objects() -> None:
+    s = strategy(3)
+    shared = ar.Mirrored([1.0, 1.0, 1.0])
+    own = ar.Mirrored([1.0, 1.0, 1.0])
+
+    async def step() -> Any:
+        var = own if _rid() == 2 else shared
+        return await _ctx().strategy.extended.update(var, lambda w: w)
+
+    with pytest.raises(ValueError, match="must pass the same object") as caught:
+        await s.run(step)
+    text = str(caught.value)
+    assert f"replicas 0, 1 passed Mirrored at {id(shared):#x}" in text
+    assert f"replica 2 passed Mirrored at {id(own):#x}" in text
