@@ -238,3 +238,43 @@ async def test_update_of_different_objects_names_every_replica_and_their_objects
     text = str(caught.value)
     assert f"replicas 0, 1 passed Mirrored at {id(shared):#x}" in text
     assert f"replica 2 passed Mirrored at {id(own):#x}" in text
+
+
+# -- E4: CommunicationOptions fields set after creation are checked as in __init__ -------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error", "message"),
+    [
+        ("timeout_seconds", float("nan"), ValueError, r"`timeout_seconds` must be .* nan"),
+        ("timeout_seconds", -1.0, ValueError, r"timeout_seconds must be >= 0"),
+        ("timeout_seconds", "1", TypeError, r"timeout_seconds must be a number of seconds"),
+        ("bytes_per_pack", -1, ValueError, r"`bytes_per_pack` must be >=0"),
+        ("bytes_per_pack", 1.5, TypeError, r"bytes_per_pack must be an int"),
+        ("implementation", "bogus", ValueError, r"`implementation` must be instance"),
+    ],
+)
+def test_an_option_set_after_creation_is_checked_as_the_constructor_checks_it(
+    field: str, value: Any, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        ar.CommunicationOptions(**{field: value})
+    options = ar.CommunicationOptions(timeout_seconds=1.0)
+    with pytest.raises(error, match=message):
+        setattr(options, field, value)
+    assert options == ar.CommunicationOptions(timeout_seconds=1.0)
+
+
+async def test_valid_options_set_after_creation_are_used() -> None:
+    options = ar.CommunicationOptions()
+    options.implementation = "ring"
+    options.bytes_per_pack = 8
+    options.timeout_seconds = 5.0
+    assert options.implementation is ar.CommunicationImplementation.RING
+    assert options.merge(None) == options
+
+    async def step() -> Any:
+        return await _ctx().all_reduce("sum", np.ones(2), options=options)
+
+    result = await strategy().run(step)
+    np.testing.assert_array_equal(result.values[0], [2.0, 2.0])
