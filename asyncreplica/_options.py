@@ -38,13 +38,19 @@ class CommunicationOptions:
             differs from ``None`` in :meth:`merge` only: it overrides a finite default.
         implementation: A :class:`CommunicationImplementation` or its name.
 
+    The fields can be set after creation, as TensorFlow's can; each value is checked
+    as the constructor checks it.
+
     Raises:
         ValueError: ``bytes_per_pack`` is negative, ``timeout_seconds`` is negative or
-            NaN, or ``implementation`` unknown.
+            NaN, or ``implementation`` unknown (given or set later).
         TypeError: An argument has the wrong type.
     """
 
-    __slots__ = ("bytes_per_pack", "implementation", "timeout_seconds")
+    # The fields are properties that check every value they are given, in __init__ and
+    # after it alike (TensorFlow's options are plain attributes, set after creation too):
+    # an options object never holds a value that the constructor would refuse.
+    __slots__ = ("_bytes_per_pack", "_implementation", "_timeout_seconds")
 
     def __init__(
         self,
@@ -52,34 +58,75 @@ class CommunicationOptions:
         timeout_seconds: float | None = None,
         implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
     ) -> None:
-        if isinstance(bytes_per_pack, bool) or not isinstance(bytes_per_pack, int):
-            raise TypeError(f"bytes_per_pack must be an int, got {bytes_per_pack!r}")
-        if bytes_per_pack < 0:
-            raise ValueError(f"Argument `bytes_per_pack` must be >=0, Received {bytes_per_pack}.")
-        if timeout_seconds is not None:
-            if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float):
-                raise TypeError(
-                    f"timeout_seconds must be a number of seconds or None, got {timeout_seconds!r}"
-                )
-            if math.isnan(timeout_seconds):
-                raise ValueError(
-                    "Argument `timeout_seconds` must be a number of seconds >= 0, None, 0 or "
-                    f"math.inf (wait for ever), Received {timeout_seconds}."
-                )
-            if timeout_seconds < 0:
-                raise ValueError(f"timeout_seconds must be >= 0 (or None), got {timeout_seconds}")
-        if isinstance(implementation, str):
-            with contextlib.suppress(ValueError):
-                implementation = CommunicationImplementation(implementation.upper())
-        if not isinstance(implementation, CommunicationImplementation):
-            names = ", ".join(m.value for m in CommunicationImplementation)
-            raise ValueError(
-                "Argument `implementation` must be instance of CommunicationImplementation "
-                f"or one of the strings {names}, got {implementation!r}."
-            )
         self.bytes_per_pack = bytes_per_pack
         self.timeout_seconds = timeout_seconds
         self.implementation = implementation
+
+    @property
+    def bytes_per_pack(self) -> int:
+        """Pack size for batched values; 0 puts everything in one pack.
+
+        Raises:
+            ValueError: Set to a negative number.
+            TypeError: Set to something other than an int.
+        """
+        return self._bytes_per_pack
+
+    @bytes_per_pack.setter
+    def bytes_per_pack(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"bytes_per_pack must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"Argument `bytes_per_pack` must be >=0, Received {value}.")
+        self._bytes_per_pack = value
+
+    @property
+    def timeout_seconds(self) -> float | None:
+        """Seconds a rendezvous may wait; ``None``, ``0`` or ``math.inf``: for ever.
+
+        Raises:
+            ValueError: Set to a negative number or NaN.
+            TypeError: Set to something other than a number or None.
+        """
+        return self._timeout_seconds
+
+    @timeout_seconds.setter
+    def timeout_seconds(self, value: float | None) -> None:
+        if value is not None:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(
+                    f"timeout_seconds must be a number of seconds or None, got {value!r}"
+                )
+            if math.isnan(value):
+                raise ValueError(
+                    "Argument `timeout_seconds` must be a number of seconds >= 0, None, 0 or "
+                    f"math.inf (wait for ever), Received {value}."
+                )
+            if value < 0:
+                raise ValueError(f"timeout_seconds must be >= 0 (or None), got {value}")
+        self._timeout_seconds = value
+
+    @property
+    def implementation(self) -> CommunicationImplementation:
+        """The preferred :class:`CommunicationImplementation` (a name is accepted when set).
+
+        Raises:
+            ValueError: Set to an unknown implementation.
+        """
+        return self._implementation
+
+    @implementation.setter
+    def implementation(self, value: CommunicationImplementation | str) -> None:
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                value = CommunicationImplementation(value.upper())
+        if not isinstance(value, CommunicationImplementation):
+            names = ", ".join(m.value for m in CommunicationImplementation)
+            raise ValueError(
+                "Argument `implementation` must be instance of CommunicationImplementation "
+                f"or one of the strings {names}, got {value!r}."
+            )
+        self._implementation = value
 
     def merge(self, options: CommunicationOptions | None) -> CommunicationOptions:
         """Return a copy of these options with ``options``' non-default fields on top.

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 __all__ = [
+    "MAX_NEST_DEPTH",
     "KeyOrder",
     "Node",
     "NodeFinder",
@@ -47,6 +48,14 @@ __all__ = [
 
 # None for a leaf; (type, keys, children) for a container.
 TreeDef: TypeAlias = "tuple[type, object, tuple[TreeDef, ...]] | None"
+
+#: How many containers deep a nest may be: :func:`flatten`, which every traversal
+#: (collectives, ``run``'s arguments and results, ``regroup``) goes through, refuses a
+#: deeper one with ``ValueError``. One bound for both builds: the compiled traversal
+#: recurses in C, where no recursion limit would stop it before the stack overflows,
+#: and the interpreted one would hit Python's recursion limit at a depth that depends
+#: on the caller's stack. A container that contains itself is refused by it too.
+MAX_NEST_DEPTH = 100
 
 
 class Node:
@@ -172,32 +181,68 @@ def _mapping_keys(mapping: Mapping[object, object]) -> object:
     return (keys, _SORTED if insertion == keys else KeyOrder(insertion), factory)
 
 
-def flatten(value: object) -> tuple[list[object], TreeDef]:
+def flatten(
+    value: object,
+    is_leaf: Callable[[object], bool] | None = None,
+    where: str = "a value",
+) -> tuple[list[object], TreeDef]:
     """Flatten ``value`` into its leaves and a treedef.
 
     Args:
         value: Any structure of lists, tuples and mappings.
+        is_leaf: When given, a container for which it returns True is kept whole, as
+            one leaf (the root too).
+        where: What ``value`` is, for the error message (``"replica 1's result"``).
 
     Returns:
         ``(leaves, treedef)``; ``unflatten(treedef, leaves)`` rebuilds ``value``.
+
+    Raises:
+        ValueError: ``value`` is more than :data:`MAX_NEST_DEPTH` containers deep.
     """
     leaves: list[object] = []
-    return leaves, _flatten_into(value, leaves)
+    return leaves, _flatten_into(value, leaves, 0, is_leaf, where)
 
 
-def _flatten_into(value: object, leaves: list[object]) -> TreeDef:
-    if isinstance(value, list | tuple):
-        return (type(value), None, tuple(_flatten_into(v, leaves) for v in value))
-    if isinstance(value, Mapping):
-        ordered = _sorted_keys(value)
-        children = tuple(_flatten_into(value[k], leaves) for k in ordered)
-        return (type(value), _mapping_keys(value), children)
+def _flatten_into(
+    value: object,
+    leaves: list[object],
+    depth: int,
+    is_leaf: Callable[[object], bool] | None,
+    where: str,
+) -> TreeDef:
+    if is_leaf is not None and is_leaf(value):
+        leaves.append(value)
+        return None
+    if isinstance(value, list | tuple | Mapping):
+        if depth >= MAX_NEST_DEPTH:
+            raise ValueError(_too_deep(where))
+        if isinstance(value, Mapping):
+            ordered = _sorted_keys(value)
+            children = tuple(
+                _flatten_into(value[k], leaves, depth + 1, is_leaf, where) for k in ordered
+            )
+            return (type(value), _mapping_keys(value), children)
+        items = tuple(_flatten_into(v, leaves, depth + 1, is_leaf, where) for v in value)
+        return (type(value), None, items)
     found = _found_node(value)
     if found is not None:
-        items, node = found
-        return (type(value), node, tuple(_flatten_into(v, leaves) for v in items))
+        if depth >= MAX_NEST_DEPTH:
+            raise ValueError(_too_deep(where))
+        parts, node = found
+        nodes = tuple(_flatten_into(v, leaves, depth + 1, is_leaf, where) for v in parts)
+        return (type(value), node, nodes)
     leaves.append(value)
     return None
+
+
+def _too_deep(where: str) -> str:
+    return (
+        f"{where} is a nest more than {MAX_NEST_DEPTH} containers (lists, tuples, "
+        f"mappings) deep, or a container that contains itself: asyncreplica traverses "
+        f"nests up to MAX_NEST_DEPTH = {MAX_NEST_DEPTH} levels. Pass deep data as one "
+        "leaf (an array, or an object of your own class), not as nested containers"
+    )
 
 
 def unflatten(treedef: TreeDef, leaves: Sequence[object]) -> object:
@@ -309,10 +354,11 @@ def regroup(
 ) -> object:
     """Merge one structure per replica into one structure, as TensorFlow's ``regroup``.
 
-    Containers are matched position by position (lists, tuples, namedtuples) or key by
-    key (mappings) and rebuilt with the type of replica 0's container. At a leaf, if
-    every replica holds the *same object* (``is``), that object is returned unwrapped;
-    otherwise ``wrap(values)`` (a ``PerReplica``) is returned.
+    Every replica's structure must equal the others' by the one rule that collectives
+    use too: their treedefs are ``==`` (same container types, lengths and keys; a
+    mapping's key order aside). The result is rebuilt as replica 0's structure. At a
+    leaf, if every replica holds the *same object* (``is``), that object is returned
+    unwrapped; otherwise ``wrap(values)`` (a ``PerReplica``) is returned.
 
     Args:
         values: One structure per replica, in replica order.
@@ -324,48 +370,24 @@ def regroup(
         The merged structure.
 
     Raises:
-        ValueError: The replicas' structures differ.
+        ValueError: The replicas' structures differ (naming the first replica whose
+            structure differs from ``values[0]``'s), or a value is more than
+            :data:`MAX_NEST_DEPTH` containers deep.
     """
-    v0 = values[0]
-    if isinstance(v0, list | tuple):
-        for i, v in enumerate(values):
-            if not isinstance(v, list | tuple) or type(v) is not type(v0) or len(v) != len(v0):
-                raise ValueError(_structure_error(v0, v, i, first_replica))
-        seqs: Sequence[Sequence[object]] = values  # type: ignore[assignment]
-        items = [regroup(tuple(s[j] for s in seqs), wrap, first_replica) for j in range(len(v0))]
-        return _build(type(v0), None, items)
-    if isinstance(v0, Mapping):
-        keys = set(v0)
-        for i, v in enumerate(values):
-            if not isinstance(v, Mapping) or set(v) != keys:
-                raise ValueError(_structure_error(v0, v, i, first_replica))
-        maps: Sequence[Mapping[object, object]] = values  # type: ignore[assignment]
-        ordered = _sorted_keys(v0)
-        merged = [regroup(tuple(m[k] for m in maps), wrap, first_replica) for k in ordered]
-        return _build(type(v0), _mapping_keys(v0), merged)
-    found = _found_node(v0)
-    if found is not None:
-        children0, node = found
-        columns: list[list[object]] = [[] for _ in children0]
-        for i, v in enumerate(values):
-            other = _found_node(v)
-            if other is None or other[1] != node or len(other[0]) != len(children0):
-                raise ValueError(_structure_error(v0, v, i, first_replica))
-            for column, child in zip(columns, other[0], strict=True):
-                column.append(child)
-        return node.build([regroup(tuple(c), wrap, first_replica) for c in columns])
-    if all(v is v0 for v in values):
-        return v0
-    return wrap(tuple(values))
-
-
-def _structure_error(v0: object, v: object, replica: int, first_replica: int) -> str:
-    return structure_message(
-        treedef_str(flatten(v0)[1]),
-        first_replica,
-        treedef_str(flatten(v)[1]),
-        first_replica + replica,
-    )
+    flat = [flatten(v, None, f"replica {first_replica + i}'s value") for i, v in enumerate(values)]
+    leaves0, treedef0 = flat[0]
+    for i, (_, treedef) in enumerate(flat):
+        if treedef != treedef0:
+            raise ValueError(
+                structure_message(
+                    treedef_str(treedef0), first_replica, treedef_str(treedef), first_replica + i
+                )
+            )
+    merged: list[object] = []
+    for j, leaf0 in enumerate(leaves0):
+        column = tuple(leaves[j] for leaves, _ in flat)
+        merged.append(leaf0 if all(v is leaf0 for v in column) else wrap(column))
+    return unflatten(treedef0, merged)
 
 
 def structure_message(first: str, first_replica: int, other: str, replica: int) -> str:

@@ -303,13 +303,34 @@ def _ambiguous(leaf: object, op: ReduceOp, n: int) -> ValueError:
     )
 
 
-def _refuse_different_vars(var: Any, first: int) -> None:
-    """Raise: the replicas' ``extended.update`` calls passed different ``var`` objects.
+@final
+class _VarRef:
+    """One replica's ``var``, as ``extended.update``'s ``merge_fn`` receives it.
 
-    ``var`` is their regrouped ``var`` (one component per replica); ``first``: the
-    global id of its first component's replica.
+    A leaf to ``regroup``, so the ``merge_fn`` gets the very objects the replicas passed:
+    a dict or list ``var`` itself would be rebuilt as a new container, never the object
+    the replicas passed (and told apart from it by ``is``).
     """
-    components = var.values if isinstance(var, DistributedValues) else (var,)
+
+    __slots__ = ("var",)
+
+    def __init__(self, var: Any) -> None:
+        self.var = var
+
+
+def _passed_var(ref: Any, first: int) -> Any:
+    """The one ``var`` that every replica passed to ``extended.update`` (see :class:`_VarRef`).
+
+    ``ref``: the regrouped :class:`_VarRef` (a ``PerReplica`` of them, or one with one
+    replica); ``first``: the global id of its first component's replica.
+
+    Raises:
+        ValueError: The replicas passed different objects.
+    """
+    refs = ref.values if isinstance(ref, DistributedValues) else (ref,)
+    components = [r.var for r in refs]
+    if all(c is components[0] for c in components):
+        return components[0]
     groups: dict[int, tuple[object, list[int]]] = {}
     for i, component in enumerate(components, first):
         groups.setdefault(id(component), (component, []))[1].append(i)
@@ -686,20 +707,20 @@ class StrategyExtended:
                 )
 
             run = replica._require_current("extended.update")
-            mine = var
 
-            def merge_fn(strategy: ContainerStrategy, var: Any, *a: Any, **k: Any) -> Any:
+            def merge_fn(strategy: ContainerStrategy, ref: Any, *a: Any, **k: Any) -> Any:
                 # Replica 0's closure runs, as in TensorFlow: the replicas agreed on fn's
                 # code and on group (the key below), and on var here.
-                if var is not mine:
-                    _refuse_different_vars(var, strategy._replica_offset)
+                var = _passed_var(ref, strategy._replica_offset)
                 return strategy.extended._update(var, fn, a, k, group)
 
             # What the replicas must agree on is the user's fn (by code, as merge_call's
             # merge_fn) and group, not this closure, which is the same on every replica.
             key = ("extended.update", _merge_fn_key(fn), group)
             name = f"extended.update({_fn_name(fn)}{'' if group else ', group=False'})"
-            return await replica._merge_call(run, merge_fn, (var, *args), kwargs, key, name)
+            return await replica._merge_call(
+                run, merge_fn, (_VarRef(var), *args), kwargs, key, name
+            )
         return await self._update(var, fn, args, kwargs, group)
 
     async def _update(

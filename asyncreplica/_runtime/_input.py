@@ -13,7 +13,7 @@ import math
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
 from typing import Any, final
 
-from .._core._nest import flatten, map_structure, unflatten
+from .._core._nest import MAX_NEST_DEPTH, TreeDef, flatten, is_nest, map_structure, unflatten
 from .._core._signature import LeafSpec
 from .._values import PerReplica
 
@@ -450,9 +450,9 @@ class DistributedDataset(_Distributed):
             # TF's one replica: the element as it is (batched or not), its arrays as
             # read-only views (a step that writes into one must not rewrite the dataset).
             return map_structure(_whole_view, batch)
-        leaves, treedef = flatten(batch)
-        if leaves and not any(hasattr(leaf, "__len__") for leaf in leaves):
-            # A plain list (or tuple) of numbers is one batch, not a nest of scalars.
+        leaves, treedef = _flatten_batch(batch)
+        if isinstance(batch, tuple) and not any(hasattr(leaf, "__len__") for leaf in leaves):
+            # A plain tuple of numbers is one batch too, not a nest of scalars.
             leaves, treedef = [batch], None
         lengths = set()
         for leaf in leaves:
@@ -462,10 +462,7 @@ class DistributedDataset(_Distributed):
         size = lengths.pop() if lengths else 0
         per = math.ceil(size / n)
         bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
-        split = [
-            _wrap([_read_only(leaf[a:b]) for a, b in bounds])  # type: ignore[index]
-            for leaf in leaves
-        ]
+        split = [_wrap([_read_only(leaf[a:b]) for a, b in bounds]) for leaf in leaves]
         return unflatten(treedef, split)
 
     def _pass(self) -> Iterator[Any]:
@@ -500,6 +497,39 @@ def _whole_view(leaf: Any) -> Any:
     return leaf
 
 
+def _is_list_batch(value: object) -> bool:
+    """Whether ``value`` is a list that is one batch of a dataset element, as tf.data reads it.
+
+    tf.data converts a Python list to a tensor (its items along the first axis) and
+    keeps tuples and dicts as structure. So does the split, for a list whose items
+    are numbers (or lists or tuples of numbers, the rows of a 2-D batch):
+    ``([1., 2.], [10., 20.])`` is a (features, labels) pair of two batches, split
+    along each, as the same data as arrays is. A list that holds an array or a dict
+    stays a structure, split leaf by leaf (``[x, y]`` of arrays).
+    """
+    if not isinstance(value, list):
+        return False
+    stack: list[tuple[object, int]] = [(item, 1) for item in value]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, list | tuple):
+            if depth >= MAX_NEST_DEPTH:
+                return False  # flatten refuses it, by the one limit on nests
+            stack.extend((child, depth + 1) for child in item)
+        elif is_nest(item) or (hasattr(item, "__len__") and not isinstance(item, str | bytes)):
+            return False
+    return True
+
+
+def _flatten_batch(batch: Any) -> tuple[list[Any], TreeDef]:
+    """A dataset element's leaves and treedef, a list of numbers being one leaf.
+
+    The one reading of a batch's structure for every split and pad (see
+    :func:`_is_list_batch`).
+    """
+    return flatten(batch, _is_list_batch, "a dataset element")
+
+
 def _batch_length(leaf: object) -> int:
     if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
         raise UnbatchedElementError(
@@ -521,7 +551,7 @@ def _batch_length(leaf: object) -> int:
 def _lengths(batch: Any) -> tuple[int, ...] | None:
     """The first-axis length of each leaf; None if a leaf has no first axis (unbatched)."""
     out = []
-    for leaf in flatten(batch)[0]:
+    for leaf in _flatten_batch(batch)[0]:
         if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__len__"):
             return None
         out.append(len(leaf))
@@ -581,7 +611,7 @@ class _Epoch:
         batches = self.take()
         if not batches:
             return None
-        leaves, treedef = flatten(batches[-1])
+        leaves, treedef = _flatten_batch(batches[-1])
         try:
             empty = unflatten(treedef, [_empty(leaf) for leaf in leaves])
         except TypeError:
@@ -614,7 +644,7 @@ class DistributedDatasetsFromFunction(_Distributed):
         self._describe = _describe_default if describe is None else describe
 
     def _step(self, batches: list[Any]) -> Any:
-        flat = [flatten(b) for b in batches]
+        flat = [_flatten_batch(b) for b in batches]
         treedef = flat[0][1]
         for i, (_, t) in enumerate(flat):
             if t != treedef:

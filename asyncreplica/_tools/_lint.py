@@ -283,13 +283,17 @@ class _Module:
         return dotted in self.context_names or bool(_CONTEXT_NAME.match(dotted.rsplit(".", 1)[-1]))
 
     def is_collective(self, call: ast.Call) -> bool:
-        """Whether ``call`` is a collective: a collective's name on a context-like receiver."""
+        """Whether ``call`` is a collective: a collective's name on a context-like receiver.
+
+        ``<...>.extended.update(var, fn)`` is one too: in replica context it goes
+        through ``merge_call``, so every replica must make it.
+        """
         func = call.func
-        return (
-            isinstance(func, ast.Attribute)
-            and func.attr in COLLECTIVES
-            and self.is_context(func.value)
-        )
+        if not isinstance(func, ast.Attribute):
+            return False
+        if func.attr == "update":
+            return isinstance(func.value, ast.Attribute) and func.value.attr == "extended"
+        return func.attr in COLLECTIVES and self.is_context(func.value)
 
     def makes_collectives(self, fn: _FunctionNode) -> bool:
         """Whether ``fn`` itself (not a nested function) calls a collective or a helper that does."""

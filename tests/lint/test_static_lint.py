@@ -797,3 +797,33 @@ def test_every_way_to_read_the_process_rank(rank: str) -> None:
     )
     assert [(f.line, f.condition_line) for f in findings] == [(11, 10)]
     assert "the process rank" in findings[0].message
+
+
+@pytest.mark.parametrize(
+    "receiver", ["ctx.strategy.extended", "strategy.extended", "ar.get_strategy().extended"]
+)
+def test_extended_update_is_a_collective(receiver: str) -> None:
+    findings = lint(
+        f"""
+        async def step(v, fn, strategy):
+            ctx = ar.get_replica_context()
+            if ctx.replica_id_in_sync_group == 0:
+                await {receiver}.update(v, fn)
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(6, 5)]
+    assert findings[0].message.startswith("update at line 6 ")
+
+
+def test_a_dict_update_is_not_a_collective() -> None:
+    findings = lint(
+        """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            d = {}
+            if ctx.replica_id_in_sync_group == 0:
+                d.update(x=1)
+            await ctx.all_reduce("sum", x)
+        """
+    )
+    assert findings == []
