@@ -94,7 +94,7 @@ def _in_rank_order(op: ReduceOp, parts: list[np.ndarray[Any, Any]]) -> np.ndarra
 # recorded error is one bit, kind-major, so processes can OR theirs together.
 _FP_KINDS = ("divide by zero", "overflow", "underflow", "invalid value")
 _FP_SETTINGS = ("divide", "over", "under", "invalid")
-_FP_UFUNCS = ("add", "subtract", "multiply", "minimum", "maximum", "divide")
+_FP_UFUNCS = ("add", "subtract", "multiply", "minimum", "maximum", "divide", "reduce", "cast")
 
 
 def _raised_elsewhere(bits: int, processes: list[int]) -> FloatingPointError:
@@ -654,19 +654,29 @@ class MPIBackend(Backend):
         if op is ReduceOp.MEAN and values and any(_integer(leaf) for leaf in values[0]):
             return await self._exact_mean(values, bytes_per_pack)
         local_op = ReduceOp.SUM if op is ReduceOp.MEAN else op
-        local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
+        log = _FPLog()
+        with np.errstate(all="log", call=log):  # acted on alike, with the others' (_met)
+            local = await self.inner.all_reduce(local_op, values, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
-        combined = await self._alike(lambda: self._all_reduce_leaves(op, leaves))
+        combined = await self._alike(lambda: self._all_reduce_leaves(op, leaves, log.bits))
         return [[c.view() for c in combined] for _ in values]  # read-only, as c is
 
     async def _all_reduce_leaves(
-        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
+        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]], fp_bits: int
     ) -> list[np.ndarray[Any, Any]]:
-        """all_reduce's partial results across processes: inline, or agreed then moved."""
-        combined = await self._combine_inline(op, leaves)  # read-only already
+        """all_reduce's partial results across processes: inline, or agreed then moved.
+
+        ``fp_bits``: the floating-point errors this process's own combine of its
+        replicas met (recorded, not acted on). They travel with the agreement, and
+        every process's together are this collective's, acted on alike on every
+        process once the data moved (see :meth:`_alike`), as one process acts on its
+        one combine of every replica: the same error, the same warnings, everywhere.
+        """
+        combined = await self._combine_inline(op, leaves, fp_bits)  # read-only already
         if combined is None:
             with self.group.committed():  # the data must move once agreed
-                await self.group.settle()
+                await self.group.settle(fp_bits)
+                _met(self.group.fp_met())
                 combined = await self._combine_leaves(op, leaves, owned=True)
             for c in combined:
                 c.flags.writeable = False  # a new array, or a new view of a pooled buffer
@@ -688,9 +698,11 @@ class MPIBackend(Backend):
             [part for leaf, i in zip(replica, integer, strict=True) for part in _split(leaf, i)]
             for replica in values
         ]
-        local = await self.inner.all_reduce(ReduceOp.SUM, split, bytes_per_pack=bytes_per_pack)
+        log = _FPLog()
+        with np.errstate(all="log", call=log):  # as in all_reduce
+            local = await self.inner.all_reduce(ReduceOp.SUM, split, bytes_per_pack=bytes_per_pack)
         leaves = [_native(np.asarray(leaf)) for leaf in local[0]]
-        sums = await self._alike(lambda: self._all_reduce_leaves(ReduceOp.SUM, leaves))
+        sums = await self._alike(lambda: self._all_reduce_leaves(ReduceOp.SUM, leaves, log.bits))
         count = self.group.num_replicas
         out: list[np.ndarray[Any, Any]] = []
         k = 0
@@ -706,16 +718,18 @@ class MPIBackend(Backend):
         return [[m.view() for m in out] for _ in values]
 
     async def _combine_inline(
-        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]]
+        self, op: ReduceOp, leaves: Sequence[np.ndarray[Any, Any]], fp_bits: int
     ) -> list[np.ndarray[Any, Any]] | None:
         """Small partial results travel with the agreement: one exchange, not two.
 
         Every process gets every process's bytes and combines them in rank order, so
-        the result is the same everywhere. None when they do not fit.
+        the result is the same everywhere. None when they do not fit (nothing was
+        exchanged). ``fp_bits`` travel with them (see :meth:`_all_reduce_leaves`).
         """
-        parts = await self.group.settle_with(leaves)
+        parts = await self.group.settle_with(leaves, fp_bits)
         if parts is None:
             return None
+        _met(self.group.fp_met())
         # parts views the group's receive buffer, which the next exchange reuses: it is
         # read here, without awaiting, into new arrays.
         processes = parts.shape[0]
@@ -834,11 +848,16 @@ class MPIBackend(Backend):
                     "Strategy.reduce of IndexedSlices across processes is not supported; "
                     "convert them to dense arrays first"
                 )
+            log = _FPLog()
             if exact:
                 # Exact: each process's exact sum as two int64 halves (see _halves).
                 parts = list(_exact_partial(components, axis))
             else:
-                parts = [_native(np.asarray(await self.inner.reduce(local_op, components, axis)))]
+                # Its floating-point errors recorded: they travel with the agreement and
+                # are acted on alike on every process (see _all_reduce_leaves).
+                with np.errstate(all="log", call=log):
+                    part = await self.inner.reduce(local_op, components, axis)
+                parts = [_native(np.asarray(part))]
         except Exception as error:
             # Its components travel with the refusal: where the processes' components
             # differ (a bool here, float64 there), every process raises what one
@@ -852,6 +871,7 @@ class MPIBackend(Backend):
             count = sum(int(np.prod([s.shape[a] for a in axis], dtype=np.int64)) for s in specs)
 
         async def work() -> object:
+            _met(self.group.fp_met())  # every process's part's, read before any await
             if exact:
                 sums = await self._combine_leaves(ReduceOp.SUM, parts)
                 total = int((await self._combine(ReduceOp.SUM, np.array([count], np.int64)))[0])
@@ -869,7 +889,7 @@ class MPIBackend(Backend):
                         result = divide_mean(np.array(result), total)
             return np.array(result)
 
-        return await self.group.cross(fields, lambda: self._alike(work))
+        return await self.group.cross(fields, lambda: self._alike(work), log.bits)
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate the local components, then every process's, along ``axis``.

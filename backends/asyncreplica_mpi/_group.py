@@ -26,6 +26,7 @@ import collections
 import contextlib
 import contextvars
 import functools
+import struct
 import threading
 import time
 import weakref
@@ -103,7 +104,13 @@ __all__ = [
 #: instructions per round, 2 processes x 4 replicas), and a 1 KiB all_reduce makes one
 #: exchange instead of two (384k against 485k).
 INLINE_BYTES = 2048
-_ROW_BYTES = HEADER_BYTES + INLINE_BYTES  # one process's part of an exchange
+# After the payload, one int64: the floating-point errors this process's own combine of
+# its replicas met (the backend's bits, see asyncreplica_mpi._backend._FPLog), carried by
+# the agreement every process makes anyway, so that every process acts on them alike.
+# Not part of the header: processes whose bits differ still agree.
+_FP_AT = HEADER_BYTES + INLINE_BYTES
+_FP_SLOT = struct.Struct("=q")
+_ROW_BYTES = _FP_AT + _FP_SLOT.size  # one process's part of an exchange
 
 _T = TypeVar("_T")
 
@@ -293,6 +300,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # payload (a small all_reduce's partial result travels with its agreement). The
         # rows are reused: what an exchange received is read before the next one starts.
         self._send = bytearray(_ROW_BYTES)
+        self._fp_out = 0  # the next exchange's floating-point error bits (see settle)
         self._header = memoryview(self._send)[:HEADER_BYTES]
         self._recv = self._send if self.size == 1 else bytearray(_ROW_BYTES * self.size)
         rows = np.frombuffer(self._recv, np.uint8).reshape(self.size, _ROW_BYTES)
@@ -364,6 +372,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._number = number + 1
         send = self._send
         HEADER.pack_into(send, 0, MAGIC, status, fp, number)
+        _FP_SLOT.pack_into(send, _FP_AT, self._fp_out)
+        self._fp_out = 0  # for this exchange only
         start = HEADER_BYTES
         for array in payload:
             data = array.tobytes()
@@ -381,6 +391,18 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             return self._ctl.Iallgather(send, self._recv)
         gather.Start()
         return gather
+
+    def fp_met(self) -> int:
+        """The floating-point error bits every process sent with the last exchange, OR-ed.
+
+        The same on every process once an agreement completed (read it before the next
+        exchange on this group: the backend's data moves on its own communicator).
+        """
+        bits = 0
+        recv = self._recv
+        for start in self._row_starts:
+            bits |= _FP_SLOT.unpack_from(recv, start + _FP_AT)[0]
+        return int(bits)
 
     def _unanimous(self) -> bool:
         """After the exchange completed: whether every process sent this one's header."""
@@ -741,11 +763,16 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if details is not None:
             self._raise_for(details)
 
-    async def settle(self) -> None:
-        """Make the deferred agreement of the current collective now, if not made yet."""
+    async def settle(self, fp_bits: int = 0) -> None:
+        """Make the deferred agreement of the current collective now, if not made yet.
+
+        ``fp_bits``: the floating-point errors this process's own combine met, sent
+        with the agreement (see :meth:`fp_met`).
+        """
         deferred = self._deferred
         if deferred is not None:
             self._deferred = None
+            self._fp_out = fp_bits
             await self._agree_or_raise(deferred)
             self._agreed = True
             self._agreed_at = time.perf_counter()
@@ -764,7 +791,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         raise error
 
     async def settle_with(
-        self, arrays: Sequence[np.ndarray[Any, Any]]
+        self, arrays: Sequence[np.ndarray[Any, Any]], fp_bits: int = 0
     ) -> np.ndarray[Any, Any] | None:
         """Agree and exchange a small payload at once: every process's bytes, by rank.
 
@@ -774,6 +801,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 
         Returns None (having made no exchange) when there is no deferred agreement or
         the payload does not fit: the caller settles and moves its data as usual.
+        ``fp_bits`` travel with it (see :meth:`settle`).
         """
         deferred = self._deferred
         nbytes = 0
@@ -783,6 +811,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             return None
         self._deferred = None
         fields, detail, fp, position = deferred
+        self._fp_out = fp_bits
         # _agree inlined: the common case (every process there within the spin, in
         # agreement) creates and awaits no coroutine.
         request = self._start(Status.COLLECTIVE, detail, fp, arrays, position)
@@ -792,17 +821,23 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 self._raise_for(details)
         return self._parts[:, :nbytes]
 
-    async def cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
+    async def cross(
+        self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]], fp_bits: int = 0
+    ) -> _T:
         """A cross-replica operation (``Strategy.reduce``, ``gather``): agree, then run.
 
         Awaited by the program's own task (the main task, which ``asyncio.run``'s first
         Ctrl-C cancels): finished first, as the run's end is (see :meth:`end_run`).
+        ``fp_bits`` travel with the agreement (see :meth:`settle`); ``local`` reads
+        every process's with :meth:`fp_met` before it awaits anything.
         """
         if asyncio._get_running_loop() is None:
-            return await self._cross(fields, local)
-        return await _to_the_end(self._cross(fields, local))
+            return await self._cross(fields, local, fp_bits)
+        return await _to_the_end(self._cross(fields, local, fp_bits))
 
-    async def _cross(self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]]) -> _T:
+    async def _cross(
+        self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]], fp_bits: int
+    ) -> _T:
         detail = {"describe": f"{fields['kind']}({fields['op'] or ''}) on {fields['value']}"}
         await self._acquire()
         limit = _CALL_TIMEOUT.get()
@@ -811,6 +846,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             with anyio.CancelScope(shield=True):
                 self._shielded = True
                 try:
+                    self._fp_out = fp_bits
                     details = await self._agree(
                         Status.COLLECTIVE, fields, detail, fingerprint(fields)
                     )

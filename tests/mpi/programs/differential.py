@@ -19,7 +19,9 @@ shape, rank or dtype differs on one replica). Each program runs under both strat
 result must equal the oracle's: integers and every float of a layout with one replica
 per process bit for bit, other floats within the documented tolerance (NaN equal to
 NaN); an error must be of the oracle's class with its position, name and fields, and
-every process must raise the same class with the same global replica ids.
+every process must raise the same class with the same global replica ids. numpy's
+``RuntimeWarning`` texts must be the same on every process, and one process's where only
+process 0 holds several replicas (the same partial results).
 
 Prints ``rank=R layout=... cases=N checks=M`` per layout, ``rank=R MISMATCH ...`` lines
 (then exits 1) for each difference, and ``rank=R done`` at the end.
@@ -28,6 +30,7 @@ Prints ``rank=R layout=... cases=N checks=M`` per layout, ``rank=R MISMATCH ...`
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -466,6 +469,7 @@ class Checker:
         self.total = sum(counts)
         self.first = sum(counts[:RANK])
         self.checks = 0
+        self.warned = 0  # cases where the oracle warned
         self.failures: list[str] = []
 
     def leaf(self, where: str, got: Any, want: Any, *, exact: bool = False) -> None:
@@ -523,6 +527,21 @@ class Checker:
         else:
             self.leaf(where, got, want)
 
+    def warnings(self, where: str, got: set[str], want: set[str]) -> None:
+        self.checks += 2
+        # Where only process 0 holds several replicas, the processes combine in one
+        # process's order ((r0 + r1) + r2 ...): the same partial results, the same
+        # warnings. Elsewhere a process's own partial sum regroups the combine (the
+        # values' documented tolerance), and it may meet an overflow one process does not.
+        if all(k == 1 for k in self.counts[1:]) and got != want:
+            self.failures.append(
+                f"{where}: warnings {sorted(got)} where the oracle gives {sorted(want)}"
+            )
+        self.warned += bool(want)
+        everyone = MPI.COMM_WORLD.allgather(sorted(got))
+        if any(e != everyone[0] for e in everyone):
+            self.failures.append(f"{where}: the processes warn {everyone}")
+
     def error(self, where: str, got: BaseException | None, want: BaseException | None) -> None:
         self.checks += 2
         g, w = describe_error(got), describe_error(want)
@@ -538,17 +557,25 @@ class Checker:
 async def run_case(mw: ar.Strategy, oracle: ar.Strategy, case: Case, check: Checker) -> None:
     step = step_fn(case)
     outcomes: list[tuple[Any, BaseException | None]] = []
+    warned: list[set[str]] = []
     for strategy in (mw, oracle):
-        try:
-            result = await strategy.run(step)
-            results = [strategy.experimental_local_results(result)]
-            extra = await posts(strategy, case, result, check.counts)
-            outcomes.append(((results, extra), None))
-        except Exception as error:  # compared with the oracle's
-            outcomes.append((None, error))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                result = await strategy.run(step)
+                results = [strategy.experimental_local_results(result)]
+                extra = await posts(strategy, case, result, check.counts)
+                outcomes.append(((results, extra), None))
+            except Exception as error:  # compared with the oracle's
+                outcomes.append((None, error))
+        # numpy's floating-point warnings (an overflow of float16): the same kinds as one
+        # process, on every process. Not their count: one process warns per numpy call
+        # that met one, the processes once per collective (docs/scale-out.md).
+        warned.append({str(w.message) for w in caught if w.category is RuntimeWarning})
     (got, got_error), (want, want_error) = outcomes
     where = f"case {case.number} {case.steps} {case.posts} fault={case.fault}"
     check.error(where, got_error, want_error)
+    check.warnings(where, warned[0], warned[1])
     if TRACE:
         print(
             f"rank={RANK} case {case.number} {describe_error(got_error) if got_error else None}",
@@ -579,7 +606,10 @@ async def main(seed: int, cases: int, layouts: list[tuple[int, ...]]) -> int:
         for number in range(cases):
             await run_case(mw, oracle, generate(seed, number, total, counts), check)
         layout = ",".join(map(str, counts))
-        print(f"rank={RANK} layout={layout} cases={cases} checks={check.checks}", flush=True)
+        print(
+            f"rank={RANK} layout={layout} cases={cases} checks={check.checks} warned={check.warned}",
+            flush=True,
+        )
         for failure in check.failures:
             print(f"rank={RANK} MISMATCH layout={layout} {failure}", flush=True)
         failed += len(check.failures)
