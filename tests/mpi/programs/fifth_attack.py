@@ -96,29 +96,12 @@ async def badstr_exit() -> None:
         report(str(exc))
 
 
-async def refused_args(how: str) -> None:
-    """Process 1's constructor refuses its own devices (``none``: ``[]``; ``twice``: a
-    device twice); it catches the error. Both then create a strategy and run."""
-    devices = ["CPU:0"]
-    if RANK == 1:
-        devices = [] if how == "none" else ["CPU:0", "CPU:0"]
-    try:
-        ar.MultiWorkerMirroredStrategy(devices)
-        report("not reached")
-    except ValueError as exc:
-        report(f"got {type(exc).__name__}")
-        report(str(exc))
-    strategy = ar.MultiWorkerMirroredStrategy()
-    report(f"next {await strategy.run(one_reduce)}")
-
-
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
         surrogate_exit,
         badstr_run,
         badstr_exit,
-        refused_args,
     )
 }
 
