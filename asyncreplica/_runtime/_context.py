@@ -64,8 +64,16 @@ def _leaf_paths(treedef: TreeDef, prefix: str) -> Iterator[str]:
 # Dtype objects (numpy's, a foreign library's) by the name a backend described them
 # with: what lets _check_unchanged compare a leaf's dtype now with its signature's
 # without describing it again (``dtype.name`` alone costs a microsecond). Bounded.
-_DTYPE_NAMES: dict[object, str] = {}
+# Keyed by (type, dtype): a dict lookup compares keys of colliding hashes, and a
+# foreign dtype compared with numpy's warns (array_api_strict); the types differ first.
+_DTYPE_NAMES: dict[tuple[type, object], str] = {}
 _DTYPE_NAMES_LIMIT = 256
+
+
+def _dtype_key(leaf: object) -> tuple[type, object]:
+    """The key of ``leaf``'s dtype object in _DTYPE_NAMES."""
+    dtype = getattr(leaf, "dtype", None)
+    return (type(dtype), dtype)
 
 
 def _remember_dtype(leaf: object, spec: LeafSpec | None) -> None:
@@ -74,11 +82,12 @@ def _remember_dtype(leaf: object, spec: LeafSpec | None) -> None:
     if dtype is None or spec is None or spec.sparse:
         return
     try:
-        if _DTYPE_NAMES.get(dtype) == spec.dtype:
+        key = (type(dtype), dtype)
+        if _DTYPE_NAMES.get(key) == spec.dtype:
             return
         if len(_DTYPE_NAMES) >= _DTYPE_NAMES_LIMIT:
             _DTYPE_NAMES.clear()
-        _DTYPE_NAMES[dtype] = spec.dtype
+        _DTYPE_NAMES[key] = spec.dtype
     except TypeError:  # an unhashable dtype object: always described again
         return
 
@@ -110,8 +119,7 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
     names = _DTYPE_NAMES
     try:
         same = all(
-            getattr(leaves[0], "shape", None) == shape
-            and names.get(getattr(leaves[0], "dtype", None)) == name
+            getattr(leaves[0], "shape", None) == shape and names.get(_dtype_key(leaves[0])) == name
             for leaves in payloads
         )
     except TypeError:  # an unhashable dtype object: described below
