@@ -77,8 +77,15 @@ def _check_described(values: Leaves, layouts: dict[int, _Layout]) -> None:
         if found is None or found[0] is not row:
             continue
         _, dtype, shapes = found
-        now_shapes = [getattr(leaf, "shape", None) for leaf in row]
         expected = [shapes] * len(row) if isinstance(shapes, tuple) else shapes
+        try:
+            # No Python call per leaf on the common path (attribute reads and list
+            # comparisons run in C): the batch path's cost must not grow with the leaves.
+            now_shapes = [leaf.shape for leaf in row]
+            if now_shapes == expected and [leaf.dtype for leaf in row] == [dtype] * len(row):
+                continue
+        except AttributeError:
+            now_shapes = [getattr(leaf, "shape", None) for leaf in row]
         for j, leaf in enumerate(row):
             if now_shapes[j] != expected[j] or getattr(leaf, "dtype", None) != dtype:
                 raise ValueError(
