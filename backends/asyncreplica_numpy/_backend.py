@@ -81,8 +81,9 @@ def _check_described(values: Leaves, layouts: dict[int, _Layout]) -> None:
         try:
             # No Python call per leaf on the common path (attribute reads and list
             # comparisons run in C): the batch path's cost must not grow with the leaves.
-            now_shapes = [leaf.shape for leaf in row]
-            if now_shapes == expected and [leaf.dtype for leaf in row] == [dtype] * len(row):
+            arrays = cast("list[np.ndarray[Any, Any]]", row)  # else AttributeError below
+            now_shapes = [leaf.shape for leaf in arrays]
+            if now_shapes == expected and [leaf.dtype for leaf in arrays] == [dtype] * len(row):
                 continue
         except AttributeError:
             now_shapes = [getattr(leaf, "shape", None) for leaf in row]
