@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
+import sys
 import threading
 from collections.abc import (
     AsyncIterable,
@@ -28,6 +29,7 @@ from .._exceptions import (
     CollectiveMismatchError,
     ReplicaContextError,
 )
+from .._launch import launched_by_mpiexec
 from .._options import CommunicationOptions
 from .._registry import (
     available_process_groups,
@@ -821,17 +823,34 @@ class MultiWorkerMirroredStrategy(Strategy):
     ) -> None:
         if devices is None and backend is None:
             devices = ["CPU:0"]
-        if devices is not None:
-            gpus = [d for d in _parse_devices(devices) if device_type(d) == "GPU"]
-            if gpus:
-                raise ValueError(
-                    f"MultiWorkerMirroredStrategy moves values between processes through host "
-                    f"memory (numpy); GPU devices ({', '.join(gpus)}) are not supported across "
-                    "processes yet. Use CPU devices, or MirroredStrategy for GPUs in one process."
-                )
-        parsed, local, communication_options = _setup(
-            devices, backend, communication_options, check_call_sites, stall_warning_seconds
-        )
+        # Every argument is checked here, before any MPI call. A refusal of this
+        # process's own arguments is then told to the others, which wait in their
+        # constructors for this one (see _tell_refusal: only where an MPI launcher
+        # started this process or MPI is in use; one process never starts MPI for a
+        # refusal). GPU devices are the exception: refused before any MPI call and
+        # never told (scale-out.md, Limits).
+        try:
+            gpus = (
+                [d for d in _parse_devices(devices) if device_type(d) == "GPU"]
+                if devices is not None
+                else []
+            )
+        except (TypeError, ValueError) as exc:
+            _tell_refusal(communicator, exc, communication_options, stall_warning_seconds)
+            raise
+        if gpus:
+            raise ValueError(
+                f"MultiWorkerMirroredStrategy moves values between processes through host "
+                f"memory (numpy); GPU devices ({', '.join(gpus)}) are not supported across "
+                "processes yet. Use CPU devices, or MirroredStrategy for GPUs in one process."
+            )
+        try:
+            parsed, local, communication_options = _setup(
+                devices, backend, communication_options, check_call_sites, stall_warning_seconds
+            )
+        except (TypeError, ValueError) as exc:
+            _tell_refusal(communicator, exc, communication_options, stall_warning_seconds)
+            raise
         # The "mpi" process group, from its entry point (asyncreplica.process_groups).
         group_cls = cast("Callable[..., ProcessGroup]", load_process_group_class("mpi"))
         try:
@@ -883,6 +902,51 @@ class MultiWorkerMirroredStrategy(Strategy):
             f"{self._replica_offset + self._num_local - 1} of {self._num_global} on "
             f"{list(self._devices)}>"
         )
+
+
+def _tell_refusal(
+    communicator: object,
+    error: BaseException,
+    communication_options: object,
+    stall_warning_seconds: object,
+) -> None:
+    """Tell the other processes that this one refused its own arguments (``error``).
+
+    Creating the strategy is collective: without this, a process that catches the error
+    and goes on (or exits normally) leaves the others waiting in their constructors for
+    ever. The others raise the same class, naming this process and its error. Best
+    effort: whatever stops the telling (mpi4py missing, a timeout) leaves ``error`` to
+    be raised; an interruption (Ctrl-C) is raised.
+
+    Nothing is told, and MPI is never started, in a process that no MPI launcher
+    started and that has not imported ``mpi4py.MPI``: nobody waits for it (a test
+    suite's process, a script run plainly).
+    """
+    if "mpi4py.MPI" not in sys.modules and not launched_by_mpiexec():
+        return
+    try:
+        group_cls = load_process_group_class("mpi")
+    except Exception:
+        return
+    tell = getattr(group_cls, "tell_refusal", None)
+    if tell is None:
+        return
+    timeout = (
+        communication_options.timeout_seconds
+        if isinstance(communication_options, CommunicationOptions)
+        else None
+    )
+    stall = (
+        None
+        if stall_warning_seconds is None
+        else float(stall_warning_seconds)
+        if isinstance(stall_warning_seconds, int | float)
+        and not isinstance(stall_warning_seconds, bool)
+        and stall_warning_seconds > 0
+        else 30.0
+    )
+    with contextlib.suppress(Exception):
+        tell(communicator, error, timeout=timeout, stall_warning_seconds=stall)
 
 
 def _agreed_options(local: Backend, check_call_sites: bool) -> dict[str, object]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from asyncreplica import BackendError, CollectiveTimeoutError, ReplicaExitedError
 
-from ._protocol import MAGIC, from_wire, to_wire
+from ._protocol import MAGIC, describe_exception, from_wire, to_wire
 
 __all__ = [
     "_arrive",
@@ -50,9 +50,14 @@ __all__ = [
 _ARRIVAL_TAG = 0x6172  # "ar"
 _GAVE_UP_TAG = 0x6173  # a process gave up waiting (its timeout passed)
 _EXIT_TEXT_TAG = 0x6174  # after an exit note: why the process exits (UTF-8)
+_REFUSAL_TEXT_TAG = 0x6175  # after a refusal note: the refused arguments' error (UTF-8)
 _ARRIVED = 1
 _GAVE_UP = 2
 _EXITED = 3  # on _ARRIVAL_TAG: the process exits and creates no more groups
+# On _ARRIVAL_TAG: the process arrived, but its constructor refused its own arguments;
+# its value says the exception's class (_REFUSAL_CLASSES), its text follows.
+_REFUSED = 5
+_REFUSAL_CLASSES: dict[int, type[Exception]] = {1: ValueError, 2: TypeError}
 _ANNOUNCE_SECONDS = 0.05  # a creation that waits this long is named to the peers
 _COMMIT = 4  # on _GAVE_UP_TAG: every process arrived; this one will create the group
 _INTERRUPTED = 1  # the value of a _GAVE_UP note: the process was interrupted (Ctrl-C)
@@ -194,8 +199,14 @@ def _arrive(
     stall: float | None,
     announce: Callable[[bool], None] | None = None,
     elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
+    refusal: BaseException | None = None,
 ) -> list[int]:
     """Announce this process to every other and wait for theirs; every replica count.
+
+    ``refusal``: this process's constructor refused its own arguments (a ``ValueError``
+    or ``TypeError``): it still arrives, with a refusal note naming the error, so that
+    every process leaves the creation alike, in step, with no strategy (the peers raise
+    the same class, naming it; here the caller raises its own error).
 
     Notes arrive in the order they were sent (MPI does not overtake messages between
     two processes on one communicator and tag), so each process's ``k``-th note is
@@ -215,6 +226,7 @@ def _arrive(
         BackendError: A process gave up waiting (its timeout passed) before this one
             arrived, or a malformed note arrived.
         KeyboardInterrupt: This process was interrupted while it waited.
+        ValueError, TypeError: A process refused its own arguments (see ``refusal``).
     """
     from mpi4py import MPI
 
@@ -227,10 +239,17 @@ def _arrive(
     if size == 1:
         return counts
     comm = notes_comm(base)
-    sends = _note_to_all(comm, _ARRIVED, serial, local_replicas)
+    if refusal is None:
+        sends = _note_to_all(comm, _ARRIVED, serial, local_replicas)
+    else:
+        code = 2 if isinstance(refusal, TypeError) else 1
+        text = to_wire(describe_exception(refusal))
+        sends = _note_to_all(comm, _REFUSED, serial, code)
+        sends += [comm.Isend(text, dest=r, tag=_REFUSAL_TEXT_TAG) for r in range(size) if r != rank]
     notes = {r: np.zeros(4, np.int64) for r in range(size) if r != rank}
     recvs = {r: comm.Irecv(notes[r], source=r, tag=_ARRIVAL_TAG) for r in notes}
     announced: list[bool] = []
+    refused: dict[int, tuple[int, str]] = {}
 
     def lasts() -> None:
         if announce is not None and not announced:
@@ -239,7 +258,9 @@ def _arrive(
                 announce(True)
 
     try:
-        _await_arrivals(comm, serial, timeout, stall, sends, notes, recvs, counts, lasts, elsewhere)
+        _await_arrivals(
+            comm, serial, timeout, stall, sends, notes, recvs, counts, lasts, elsewhere, refused
+        )
     except KeyboardInterrupt:
         if recvs:  # the others must not wait for this process's commit
             _give_up(comm, serial, sends, recvs, interrupted=True)
@@ -258,9 +279,32 @@ def _arrive(
                 announce(False)
     MPI.Request.Waitall(sends)
     _commit(comm, serial, timeout, stall)
+    if refused and refusal is None:
+        raise _refused_error(rank, refused)
+    if refusal is not None:
+        return counts  # the caller raises its own error
     if handle not in _channels:  # every process committed: every one duplicates
         _channels[handle] = base.Dup()
     return counts
+
+
+def _refused_error(rank: int, refused: Mapping[int, tuple[int, str]]) -> Exception:
+    """The error a process raises where other processes refused their own arguments.
+
+    Of their class (``ValueError`` unless every one raised ``TypeError``), as one
+    process that refused those arguments raises.
+    """
+    codes = {code for code, _ in refused.values()}
+    cls = _REFUSAL_CLASSES[codes.pop()] if len(codes) == 1 else ValueError
+    lines = "\n".join(f"  * process {r}: {text}" for r, (_, text) in sorted(refused.items()))
+    return cls(
+        f"MultiWorkerMirroredStrategy was not created: {_ranks_text(sorted(refused))} "
+        f"refused {'its' if len(refused) == 1 else 'their'} own arguments (this is process "
+        f"{rank}):\n\n{lines}\n\nCreating the strategy is collective, so no strategy was "
+        "created, on any process; the processes are still in step. Fix the arguments that "
+        "process passes (its own error says which), or create the strategy again on every "
+        "process."
+    )
 
 
 def _await_arrivals(
@@ -274,12 +318,18 @@ def _await_arrivals(
     counts: list[int],
     lasts: Callable[[], None],
     elsewhere: Callable[[list[int]], dict[int, str]] | None = None,
+    refused: dict[int, tuple[int, str]] | None = None,
 ) -> None:
     """Poll the arrival notes of :func:`_arrive` (``recvs``, completed ones removed).
+
+    ``refused``: filled with the peers that refused their own arguments (their class
+    code and error text).
 
     ``elsewhere``: where the missing processes wait instead (at a collective of an
     older strategy), for the stall warning.
     """
+    from mpi4py import MPI
+
     rank, size = base.Get_rank(), base.Get_size()
     started = time.monotonic()
     warned = False
@@ -291,7 +341,15 @@ def _await_arrivals(
                 magic, kind, their_serial, value = (int(v) for v in notes[r])
                 if magic == MAGIC and kind == _EXITED:
                     _raise_exited(base, r, rank, serial)
-                if magic != MAGIC or kind != _ARRIVED:
+                if magic == MAGIC and kind == _REFUSED and value in _REFUSAL_CLASSES:
+                    status = MPI.Status()
+                    base.Probe(source=r, tag=_REFUSAL_TEXT_TAG, status=status)
+                    text = np.empty(status.Get_count(MPI.BYTE), np.uint8)
+                    base.Recv(text, source=r, tag=_REFUSAL_TEXT_TAG)
+                    if refused is not None:
+                        refused[r] = (value, from_wire(text))
+                    value = 0
+                elif magic != MAGIC or kind != _ARRIVED:
                     raise BackendError(
                         f"process {r} sent a malformed message while the strategy was being "
                         "created: is the communicator used by other code with tag "

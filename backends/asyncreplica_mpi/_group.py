@@ -151,6 +151,33 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             raises ``ValueError`` on every process (see ``_arrival.agree_options``).
     """
 
+    @staticmethod
+    def tell_refusal(
+        communicator: Any,
+        error: BaseException,
+        *,
+        timeout: float | None = None,
+        stall_warning_seconds: float | None = None,
+    ) -> None:
+        """This process's constructor refused its own arguments (``error``): tell the others.
+
+        Creating a strategy is collective: the others wait in their constructors for this
+        process to create its own. It arrives with a refusal instead (see
+        ``_arrival._arrive``): every process leaves the creation in step, the others
+        raising ``error``'s class naming this process and its error; the caller raises
+        ``error`` itself. Nothing is told where MPI is not in use, or ``communicator`` is
+        not a communicator (the others cannot be known).
+        """
+        from mpi4py import MPI
+
+        base = MPI.COMM_WORLD if communicator is None else communicator
+        if not isinstance(base, MPI.Intracomm) or not MPI.Is_initialized():
+            return
+        if MPI.Is_finalized() or base == MPI.COMM_NULL or base.Get_size() == 1:
+            return
+        _exit.install_hooks(finalize=True)
+        _arrive(base, 0, timeout, stall_warning_seconds, refusal=error)
+
     def __init__(
         self,
         communicator: Any = None,

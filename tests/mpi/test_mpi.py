@@ -316,6 +316,49 @@ def test_gpu_devices_are_refused_before_any_mpi_call() -> None:
         ar.MultiWorkerMirroredStrategy(["GPU:0"])
 
 
+def test_a_refused_constructor_in_one_process_starts_no_mpi() -> None:
+    # A refusal of this process's own arguments is told to the other processes, which
+    # wait in their constructors for it (test_mpi_fifth_attack.py): only where an MPI
+    # launcher started the process or MPI is in use. One process (this suite's, a
+    # script run plainly) never starts MPI for a refusal: that aborted the whole suite's
+    # process once. A child process, so that nothing else in it imports mpi4py.
+    from asyncreplica._launch import LAUNCHER_VARIABLES
+
+    code = (
+        "import sys\n"
+        "import asyncreplica as ar\n"
+        "for devices in ([], ['CPU:0', 'CPU:0'], ['GPU:0'], 'CPU:0', ['not a device']):\n"
+        "    try:\n"
+        "        ar.MultiWorkerMirroredStrategy(devices)\n"
+        "    except (TypeError, ValueError) as exc:\n"
+        "        print(type(exc).__name__)\n"
+        "try:\n"
+        "    ar.MultiWorkerMirroredStrategy(stall_warning_seconds=-1)\n"
+        "except ValueError:\n"
+        "    print('ValueError')\n"
+        "print('mpi4py.MPI' in sys.modules)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        env=env,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.split() == [
+        "ValueError",
+        "ValueError",
+        "ValueError",
+        "TypeError",
+        "ValueError",
+        "ValueError",
+        "False",
+    ], proc.stdout + proc.stderr
+
+
 def test_a_local_mismatch_names_local_ids_and_fails_the_other_processes(tmp_path: Path) -> None:
     rc, logs, output = launch(2, "scenarios.py", "local", tmp_path=tmp_path)
     assert rc != 0, output

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from test_mpi_lifecycle import launch
 
 PROGRAM = Path(__file__).parent / "programs" / "fifth_attack.py"
@@ -54,6 +55,35 @@ def test_an_uncaught_exception_whose_str_raises_is_named_to_the_peer(tmp_path: P
         "process 1 (replica 1) exited after an uncaught BadStr (its message could not be "
         "read: its __str__ raised)"
     ) in logs[0], output
+
+
+@pytest.mark.parametrize(
+    ("how", "error"),
+    [
+        ("none", "ValueError: devices must name at least one device, e.g. ['CPU:0']"),
+        ("twice", "ValueError: device 'CPU:0' (CPU:0) is listed twice"),
+        ("type", "TypeError: check_call_sites must be True or False, got 'yes'"),
+    ],
+)
+def test_a_constructor_refusing_one_processs_arguments_releases_the_others(
+    how: str, error: str, tmp_path: Path
+) -> None:
+    # Process 1 caught its constructor's ValueError and went on: process 0 waited in its
+    # constructor for ever (the stall warning said process 1 had not created its
+    # strategy). The refusal is told as the creation's note: every process raises
+    # ValueError, in step, and both create their next strategy together.
+    rc, logs, output = launch("refused_args", how, tmp_path=tmp_path, program=PROGRAM)
+    assert rc == 0, output
+    cls, _, text = error.partition(": ")
+    assert logs[0].startswith(
+        f"got {cls}\nMultiWorkerMirroredStrategy was not created: process 1 refused its "
+        "own arguments (this is process 0):\n\n"
+        f"  * process 1: {error}"
+    ), output
+    assert logs[1].startswith(f"got {cls}\n{text}"), output
+    for rank in range(2):
+        assert logs[rank].endswith("next 2.0\n"), output
+    assert "stalled" not in output, output
 
 
 # -- the texts sent between processes, without MPI ------------------------------------------

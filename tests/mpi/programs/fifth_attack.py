@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import numpy as np
@@ -96,12 +97,34 @@ async def badstr_exit() -> None:
         report(str(exc))
 
 
+async def refused_args(how: str) -> None:
+    """Process 1's constructor refuses its own arguments (``none``: ``devices=[]``;
+    ``twice``: a device twice; ``type``: ``check_call_sites="yes"``, a TypeError); it
+    catches the error. Both then create a strategy and run."""
+    devices = ["CPU:0"]
+    check: Any = True
+    if RANK == 1:
+        if how == "type":
+            check = "yes"
+        else:
+            devices = [] if how == "none" else ["CPU:0", "CPU:0"]
+    try:
+        ar.MultiWorkerMirroredStrategy(devices, check_call_sites=check)
+        report("not reached")
+    except (TypeError, ValueError) as exc:
+        report(f"got {type(exc).__name__}")
+        report(str(exc))
+    strategy = ar.MultiWorkerMirroredStrategy()
+    report(f"next {await strategy.run(one_reduce)}")
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
         surrogate_exit,
         badstr_run,
         badstr_exit,
+        refused_args,
     )
 }
 

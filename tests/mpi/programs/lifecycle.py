@@ -523,10 +523,16 @@ async def crash_before() -> None:
 
 
 async def crash_inside() -> None:
-    """Process 0 dies inside the constructor (bad arguments); process 1 creates it."""
+    """Process 0 dies inside the constructor (bad arguments); process 1 creates it.
+
+    Process 0's constructor tells its refusal (process 1 raises the same class), then
+    process 0 dies of it.
+    """
     try:
         ar.MultiWorkerMirroredStrategy(["CPU:0"] if RANK else ["not a device"])
-    except ar.ReplicaExitedError as exc:
+    except (ar.ReplicaExitedError, ValueError) as exc:
+        if RANK == 0:
+            raise
         logged(exc)
 
 
