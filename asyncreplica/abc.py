@@ -283,6 +283,16 @@ class ProcessGroup(abc.ABC):
         """
         return contextlib.nullcontext()
 
+    def batch(self) -> contextlib.AbstractContextManager[None]:
+        """Make the cross-replica operations made inside one batch (``batch_reduce_to``).
+
+        One process reduces a batch's values of one dtype in one combine, which acts on a
+        floating-point error (warns, under ``np.seterr``) once however many of the values
+        meet it; a group that reduces the values one by one acts on each kind once per
+        dtype in the batch too. The default changes nothing.
+        """
+        return contextlib.nullcontext()
+
     @abc.abstractmethod
     def begin_run(self) -> None:
         """A ``Strategy.run`` starts on this process."""

@@ -510,11 +510,17 @@ class StrategyExtended:
         """Reduce every leaf of every pair, the distributed dense ones in one batch."""
         strategy = self._strategy
         group = strategy._group
-        if group is not None and options is not None and options.timeout_seconds is not None:
-            # The per-call timeout bounds the wait for the other processes too.
-            with group.call_timeout(options.timeout_seconds):
-                return await self._batch_in(op, pairs, options)
-        return await self._batch_in(op, pairs, options)
+        if group is None:
+            return await self._batch_in(op, pairs, options)
+        # Each leaf is its own cross-process reduction (see _batchable); as one batch,
+        # they act on a floating-point error (an overflow's warning) once per dtype, as
+        # one process's one combine of the batch's values does.
+        with group.batch():
+            if options is not None and options.timeout_seconds is not None:
+                # The per-call timeout bounds the wait for the other processes too.
+                with group.call_timeout(options.timeout_seconds):
+                    return await self._batch_in(op, pairs, options)
+            return await self._batch_in(op, pairs, options)
 
     async def _batch_in(
         self,

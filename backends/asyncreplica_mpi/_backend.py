@@ -49,7 +49,7 @@ from asyncreplica.abc import Backend, LeafSpec, ReduceOp
 
 from . import _waiting
 from ._failures import IN_STEP
-from ._group import MPIProcessGroup
+from ._group import BATCH_FP, MPIProcessGroup
 from ._protocol import cross_fields
 
 __all__ = ["GATHER_BYTES", "MPIBackend"]
@@ -454,8 +454,11 @@ class MPIBackend(Backend):
             now = clock()
         await group.wait_data(request)
 
-    async def _alike(self, work: Callable[[], Awaitable[_T]]) -> _T:
+    async def _alike(self, work: Callable[[], Awaitable[_T]], dtype: str | None = None) -> _T:
         """Run ``work`` (a collective's data movement), then act on what its combines met.
+
+        ``dtype``: of a cross-replica reduction's values, which a batch (see
+        :meth:`MPIProcessGroup.batch`) acts on once per kind for all its values of a dtype.
 
         numpy's floating-point errors (and an interruption inside the rank-order
         operation) are kept until every transfer of the collective completed (a MEAN's
@@ -474,20 +477,31 @@ class MPIBackend(Backend):
             _RECORD.reset(token)
         if record.bits or record.pending:
             with self.group.committed():  # its exchange, once posted, must complete
-                await self._raise_alike(record)
+                await self._raise_alike(record, dtype)
         return result
 
-    async def _raise_alike(self, record: _FPRecord) -> None:
+    async def _raise_alike(self, record: _FPRecord, dtype: str | None = None) -> None:
         """Replay ``record`` here; if any process raised for it, raise on every process.
 
         The bits are the same on every process, so each process that met any makes the
         one small exchange here (whether its replay raised). An interruption (Ctrl-C) is
         this process's own: it is raised after the exchange, and a run's end tells the
         others.
+
+        Inside a batch (``dtype`` given), a kind already acted on for a value of that
+        dtype is not acted on again (one process combines them in one call, which warns
+        once); the exchange is made all the same, as it depends on ``record.bits`` only
+        (the same on every process), so a process whose batch differs never waits alone.
         """
         error: BaseException | None = None
+        bits = record.bits
+        done = BATCH_FP.get()
+        if done is not None and dtype is not None:
+            seen = done.get(dtype, 0)
+            done[dtype] = seen | bits
+            bits &= ~seen
         try:
-            _replay_fp(record.bits)  # numpy's texts, under this process's settings
+            _replay_fp(bits)  # numpy's texts, under this process's settings
         except Exception as raised:  # FloatingPointError, an errcall's, a warning as error
             error = raised
         if record.bits and self.group.size > 1:
@@ -889,7 +903,8 @@ class MPIBackend(Backend):
                         result = divide_mean(np.array(result), total)
             return np.array(result)
 
-        return await self.group.cross(fields, lambda: self._alike(work), log.bits)
+        dtype = None if exact else parts[0].dtype.str
+        return await self.group.cross(fields, lambda: self._alike(work, dtype), log.bits)
 
     async def gather(self, components: Sequence[object], axis: int) -> object:
         """Concatenate the local components, then every process's, along ``axis``.

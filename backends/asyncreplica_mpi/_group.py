@@ -93,6 +93,7 @@ from ._waiting import (
 )
 
 __all__ = [
+    "BATCH_FP",
     "INLINE_BYTES",
     "MPIProcessGroup",
     "thread_multiple",
@@ -746,6 +747,21 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         finally:
             _CALL_TIMEOUT.reset(token)
 
+    @contextlib.contextmanager
+    def batch(self) -> Generator[None, None, None]:
+        """The cross-replica operations made inside are one batch (``batch_reduce_to``).
+
+        Each reduces its value alone (its own agreement), but acts on a floating-point
+        error kind once per dtype in the batch, as one process's combine of the batch's
+        values of one dtype does (see ``MPIBackend._raise_alike``). A context variable:
+        only the task that entered it (and tasks it starts) sees it.
+        """
+        token = BATCH_FP.set({})
+        try:
+            yield
+        finally:
+            BATCH_FP.reset(token)
+
     def committed(self) -> contextlib.AbstractContextManager[Any]:
         """A shield for what follows an agreement (the data movement), where needed.
 
@@ -1077,6 +1093,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return TraceMerger(self)
 
 
+# The floating-point errors already acted on in the batch this task reduces, per dtype
+# (see MPIProcessGroup.batch): None outside a batch.
+BATCH_FP: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar(
+    "asyncreplica_mpi_batch_fp", default=None
+)
 # A per-call timeout of the cross-replica operations made inside call_timeout().
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None

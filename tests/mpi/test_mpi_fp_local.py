@@ -64,6 +64,21 @@ def test_every_process_acts_as_one_process_on_a_local_combines_error(
         assert lines[0][0].endswith("warned []"), lines
 
 
+@pytest.mark.parametrize("api", ["batch", "batch2", "batch_mixed"])
+@pytest.mark.parametrize("layout", ["1,1,1", "2,1"])
+def test_a_batch_warns_as_often_as_one_process(layout: str, api: str, tmp_path: Path) -> None:
+    # One process combines a batch's values of one dtype in one numpy call, which warns
+    # once (and once per dtype); the processes reduced each value alone and warned once
+    # per value (twice for [(v, d), (v, d)]). Now each kind once per dtype in the batch,
+    # on every process: one process's warnings, in number too.
+    lines = _outcomes(layout, api, "warn", tmp_path)
+    for mine in lines:
+        got, want = mine[0].removeprefix("mw "), mine[1].removeprefix("oracle ")
+        assert got == want, lines
+    expected = 2 if api == "batch_mixed" else 1
+    assert lines[0][0].endswith(f"warned {['overflow encountered in add'] * expected}"), lines
+
+
 @pytest.mark.parametrize("api", ["reduce0", "batch"])
 def test_warnings_of_several_numpy_calls_are_the_same_kinds_on_every_process(
     api: str, tmp_path: Path

@@ -29,6 +29,14 @@ def value(g: int, api: str) -> np.ndarray:
     return np.array([g + 1.0, 65504.0], np.float16)
 
 
+def _each(result: Any, fn: Any) -> Any:
+    """``fn`` of each replica's component of ``result`` (a PerReplica, or this process's
+    one replica's plain value)."""
+    if isinstance(result, ar.PerReplica):
+        return ar.PerReplica([fn(c) for c in result.values])
+    return fn(result)
+
+
 async def program(strategy: ar.Strategy, api: str) -> Any:
     async def step() -> Any:
         ctx = ar.get_replica_context()
@@ -45,8 +53,14 @@ async def program(strategy: ar.Strategy, api: str) -> Any:
         return await strategy.reduce("SUM", result, axis=None)
     if api == "reduce0":
         return await strategy.reduce("SUM", result, axis=0)
-    if api == "batch":
+    if api == "batch":  # one value twice
         return await strategy.extended.batch_reduce_to("SUM", [(result, "CPU:0")] * 2)
+    if api == "batch2":  # two values of one dtype: one process combines them in one call
+        twin = _each(result, np.array)
+        return await strategy.extended.batch_reduce_to("SUM", [(result, "CPU:0"), (twin, "CPU:0")])
+    if api == "batch_mixed":  # float16 and float32: one process combines each dtype apart
+        wide = _each(result, lambda c: c.astype(np.float32) * np.float32(5e33))
+        return await strategy.extended.batch_reduce_to("SUM", [(result, "CPU:0"), (wide, "CPU:0")])
     return strategy.experimental_local_results(result)[0]
 
 
