@@ -6,6 +6,9 @@ F2: a user Mapping whose constructor cannot take ``cls(dict)`` was an InternalEr
     interpreted build and a bare TypeError in the compiled one, naming no replica.
 F3: a Mapping whose iteration yields other keys on a second pass was an InternalError
     (a KeyError in the library's rebuild).
+F4: all_gather of an ndarray subclass whose ``shape`` lies blamed the numpy backend
+    (BackendError): the due size was read from ``.shape``, not from the plain view of
+    the memory that the backend combines.
 """
 
 from __future__ import annotations
@@ -187,3 +190,27 @@ async def test_a_mapping_that_yields_a_key_twice_is_the_users_type_error() -> No
         assert "Twice could not be rebuilt" in str(error)
         assert "yielded the same key more than once" in str(error)
     assert len(_errors(caught.value)) == 2  # each replica is told, none is left waiting
+
+
+# -- F4: the due spec is the plain view's, as the combined memory is ---------------------------
+
+
+class LyingShape(np.ndarray):  # type: ignore[type-arg]
+    @property  # type: ignore[misc]
+    def shape(self) -> tuple[int, ...]:  # type: ignore[override]
+        return (1,)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_all_gather_of_a_subclass_whose_shape_lies_gathers_its_memory(n: int) -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        x = np.array([1.0, 2.0]).view(LyingShape)
+        return await ctx.all_gather(x, axis=0)
+
+    s = strategy(n)
+    for _ in range(2):  # the first call describes the result type, the next reads it
+        result = await s.run(step)
+        for value in s.experimental_local_results(result):
+            np.testing.assert_array_equal(np.asarray(value), [1.0, 2.0] * n)
