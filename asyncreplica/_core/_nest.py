@@ -26,7 +26,7 @@ result comes back in its own key order.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "register_node_finder",
     "regroup",
     "select_replica",
+    "self_unequal_keys",
+    "self_unequal_hint",
     "treedef_str",
     "unflatten",
 ]
@@ -418,16 +420,51 @@ def regroup(
     leaves0, treedef0 = flat[0]
     for i, (_, treedef) in enumerate(flat):
         if treedef != treedef0:
-            raise ValueError(
-                structure_message(
-                    treedef_str(treedef0), first_replica, treedef_str(treedef), first_replica + i
-                )
+            message = structure_message(
+                treedef_str(treedef0), first_replica, treedef_str(treedef), first_replica + i
             )
+            hint = self_unequal_hint((treedef0, treedef))
+            raise ValueError(f"{message}. {hint}" if hint else message)
     merged: list[object] = []
     for j, leaf0 in enumerate(leaves0):
         column = tuple(leaves[j] for leaves, _ in flat)
         merged.append(leaf0 if all(v is leaf0 for v in column) else wrap(column))
     return unflatten(treedef0, merged)
+
+
+def self_unequal_keys(treedef: TreeDef) -> list[object]:
+    """The mapping keys in ``treedef`` that compare unequal to themselves (``nan``).
+
+    Asked only when structures were found to differ (an error path): such a key makes
+    two replicas' structures differ while their descriptions read the same.
+    """
+    found: list[object] = []
+    stack: list[TreeDef] = [treedef]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue
+        _, keys, children = node
+        if isinstance(keys, tuple):
+            ordered = keys[0]
+            if isinstance(ordered, tuple):
+                found.extend(k for k in ordered if k != k)
+        stack.extend(children)
+    return found
+
+
+def self_unequal_hint(treedefs: Iterable[TreeDef]) -> str:
+    """A sentence for a structure mismatch caused by keys unequal to themselves, or ``""``."""
+    for treedef in treedefs:
+        keys = self_unequal_keys(treedef)
+        if keys:
+            return (
+                f"A mapping key compares unequal to itself ({keys[0]!r}, as float('nan') "
+                "does), so one replica's key never equals another's and the structures "
+                "cannot match, however alike they look. Use keys that equal themselves "
+                "(strings or ints), e.g. str(key)."
+            )
+    return ""
 
 
 def structure_message(first: str, first_replica: int, other: str, replica: int) -> str:

@@ -9,6 +9,8 @@ F3: a Mapping whose iteration yields other keys on a second pass was an Internal
 F4: all_gather of an ndarray subclass whose ``shape`` lies blamed the numpy backend
     (BackendError): the due size was read from ``.shape``, not from the plain view of
     the memory that the backend combines.
+F5: dict keys that are NaN made "structure differs" with both replicas shown alike and
+    nothing to act on.
 """
 
 from __future__ import annotations
@@ -214,3 +216,37 @@ async def test_all_gather_of_a_subclass_whose_shape_lies_gathers_its_memory(n: i
         result = await s.run(step)
         for value in s.experimental_local_results(result):
             np.testing.assert_array_equal(np.asarray(value), [1.0, 2.0] * n)
+
+
+# -- F5: a key unequal to itself is named as the cause -----------------------------------------
+
+
+async def test_nan_keys_in_a_collective_are_named_as_the_cause() -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", {float("nan"): np.ones(1)})
+
+    with pytest.raises(ar.CollectiveMismatchError, match="compares unequal to itself"):
+        await strategy().run(step)
+
+
+async def test_nan_keys_in_a_result_are_named_as_the_cause() -> None:
+    async def step() -> Any:
+        return {"ok": 1.0, "nested": {float("nan"): np.ones(1)}}
+
+    with pytest.raises(ValueError, match=r"compares unequal to itself \(nan"):
+        await strategy().run(step)
+
+
+async def test_one_nan_key_object_shared_by_every_replica_still_works() -> None:
+    nan = float("nan")
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.all_reduce("sum", {nan: np.ones(1)})
+
+    s = strategy()
+    for value in s.experimental_local_results(await s.run(step)):
+        np.testing.assert_array_equal(value[nan], [2.0])
