@@ -773,10 +773,24 @@ class _FunctionCheck:
         """Record the exits in ``body`` (taken when ``guard`` holds) that skip later code."""
         loop = self.loops[-1] if self.loops else None
         catcher = self.catchers[-1] if self.catchers else None
+        # A raise in a try of the branch itself is caught there, not by `catcher`.
+        caught = {
+            id(inner)
+            for stmt in body
+            for node in ast.walk(stmt)
+            if isinstance(node, ast.Try | ast.TryStar) and node.handlers
+            for inner in ast.walk(ast.Module(body=node.body, type_ignores=[]))
+            if isinstance(inner, ast.Raise)
+        }
         stack: list[tuple[ast.AST, bool]] = [(s, False) for s in body]
         while stack:
             node, in_loop = stack.pop()
-            if isinstance(node, ast.Raise) and catcher is not None and not in_loop:
+            if (
+                isinstance(node, ast.Raise)
+                and catcher is not None
+                and not in_loop
+                and id(node) not in caught
+            ):
                 self.exits.append(
                     _Exit(
                         owner,

@@ -957,3 +957,24 @@ def test_a_raise_outside_a_try_is_not_an_early_exit() -> None:
         )
         == set()
     )
+
+
+def test_a_raise_caught_inside_the_branch_is_not_an_early_exit() -> None:
+    assert (
+        pairs(
+            """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            try:
+                if ctx.replica_id_in_sync_group:
+                    try:
+                        raise KeyError
+                    except KeyError:
+                        pass
+                await ctx.all_reduce("sum", x)
+            except ValueError:
+                pass
+        """
+        )
+        == set()
+    )
