@@ -552,6 +552,10 @@ class Ledger:
         if rep.state in (ReplicaState.RUNNING, ReplicaState.WAITING):
             rep.state = ReplicaState.CANCELLED
 
+    def last_signature(self, replica: int) -> Signature | None:
+        """The signature of the last collective ``replica`` (a local id) issued, if any."""
+        return self._replicas[replica].last()
+
     def all_waiting(self) -> bool:
         """Whether every replica is finished or has a collective in flight (and some wait).
 

@@ -26,7 +26,7 @@ result comes back in its own key order.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TypeAlias
 
 __all__ = [
@@ -42,6 +42,8 @@ __all__ = [
     "register_node_finder",
     "regroup",
     "select_replica",
+    "self_unequal_keys",
+    "self_unequal_hint",
     "treedef_str",
     "unflatten",
 ]
@@ -130,13 +132,13 @@ def is_nest(value: object) -> bool:
     return isinstance(value, list | tuple | Mapping) or _found_node(value) is not None
 
 
-def _sorted_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
+def _sorted_keys(keys: tuple[object, ...]) -> tuple[object, ...]:
     try:
-        return tuple(sorted(mapping))  # type: ignore[type-var]
+        return tuple(sorted(keys))  # type: ignore[type-var]
     except TypeError:
         # Keys of mixed types: any deterministic order will do, as long as every
         # replica uses the same one.
-        return tuple(sorted(mapping, key=lambda k: (type(k).__qualname__, repr(k))))
+        return tuple(sorted(keys, key=lambda k: (type(k).__qualname__, repr(k))))
 
 
 class KeyOrder:
@@ -167,16 +169,17 @@ class KeyOrder:
 _SORTED = KeyOrder(None)
 
 
-def _mapping_keys(mapping: Mapping[object, object]) -> object:
+def _mapping_keys(mapping: Mapping[object, object]) -> tuple[object, ...]:
     """The treedef metadata of a mapping: ``(sorted keys, KeyOrder, factory)``.
 
     Leaves are visited in sorted key order (so replicas that built equal dicts in
     different orders flatten alike); the insertion order is kept, in a
     :class:`KeyOrder` that takes no part in comparisons, so that the rebuilt mapping
-    iterates as the original did.
+    iterates as the original did. The mapping is iterated once: a user's mapping whose
+    iteration changes from one pass to the next still gives one consistent treedef.
     """
-    keys = _sorted_keys(mapping)
     insertion = tuple(mapping)
+    keys = _sorted_keys(insertion)
     factory = mapping.default_factory if isinstance(mapping, defaultdict) else None
     return (keys, _SORTED if insertion == keys else KeyOrder(insertion), factory)
 
@@ -218,11 +221,13 @@ def _flatten_into(
         if depth >= MAX_NEST_DEPTH:
             raise ValueError(_too_deep(where))
         if isinstance(value, Mapping):
-            ordered = _sorted_keys(value)
+            meta = _mapping_keys(value)
+            ordered = meta[0]
+            assert isinstance(ordered, tuple)
             children = tuple(
                 _flatten_into(value[k], leaves, depth + 1, is_leaf, where) for k in ordered
             )
-            return (type(value), _mapping_keys(value), children)
+            return (type(value), meta, children)
         items = tuple(_flatten_into(v, leaves, depth + 1, is_leaf, where) for v in value)
         return (type(value), None, items)
     found = _found_node(value)
@@ -261,24 +266,61 @@ def unflatten(treedef: TreeDef, leaves: Sequence[object]) -> object:
 
 def _build(cls: type, keys: object, children: list[object]) -> object:
     if isinstance(keys, Node):
-        return keys.build(children)
+        try:
+            return keys.build(children)
+        except Exception as error:
+            raise TypeError(_not_rebuilt(cls, "its registered node", error)) from error
     if keys is None:
         if cls is list:
             return children
         if cls is tuple:
             return tuple(children)
-        if hasattr(cls, "_fields") and hasattr(cls, "_make"):
-            return cls._make(children)
-        return cls(children)
+        try:
+            if hasattr(cls, "_fields") and hasattr(cls, "_make"):
+                return cls._make(children)
+            return cls(children)
+        except Exception as error:
+            raise TypeError(_not_rebuilt(cls, "type(s)(items)", error)) from error
     assert isinstance(keys, tuple)
     ordered, insertion, factory = keys
     items = dict(zip(ordered, children, strict=True))
+    if len(items) != len(ordered):
+        raise TypeError(
+            f"the mapping type {_type_name(cls)} could not be rebuilt: its iteration "
+            f"yielded the same key more than once ({ordered!r:.200}), and asyncreplica "
+            "traverses a mapping by the keys its iteration yields; make its __iter__ yield "
+            "each key once, or pass a plain dict (dict(m))"
+        )
     if insertion.keys is not None:
         items = {k: items[k] for k in insertion.keys}
+    if cls is dict:
+        return items
     make: Callable[..., object] = cls
-    if issubclass(cls, defaultdict):
-        return make(factory, items)
-    return make(items)
+    try:
+        if issubclass(cls, defaultdict):
+            return make(factory, items)
+        return make(items)
+    except Exception as error:
+        raise TypeError(_not_rebuilt(cls, "type(m)(items)", error)) from error
+
+
+def _type_name(cls: type) -> str:
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def _not_rebuilt(cls: type, how: str, error: Exception) -> str:
+    """The message for a user's container type whose constructor refused its items."""
+    name = _type_name(cls)
+    return (
+        f"the container type {name} could not be rebuilt as {how} "
+        f"({type(error).__name__}: {error}). asyncreplica rebuilds every mapping of a "
+        "collective's value, a run's arguments and results, and a dataset element as "
+        "type(m)(items), with items a dict (a defaultdict as type(m)(default_factory, "
+        "items)), and a list or tuple subclass as type(s)(items) (a namedtuple with "
+        f"_make(items)): give {cls.__qualname__} a constructor that takes its items that "
+        "way, or pass a plain dict (dict(m)) or list"
+    )
 
 
 def _unflatten_from(treedef: TreeDef, it: Iterator[object]) -> object:
@@ -378,16 +420,51 @@ def regroup(
     leaves0, treedef0 = flat[0]
     for i, (_, treedef) in enumerate(flat):
         if treedef != treedef0:
-            raise ValueError(
-                structure_message(
-                    treedef_str(treedef0), first_replica, treedef_str(treedef), first_replica + i
-                )
+            message = structure_message(
+                treedef_str(treedef0), first_replica, treedef_str(treedef), first_replica + i
             )
+            hint = self_unequal_hint((treedef0, treedef))
+            raise ValueError(f"{message}. {hint}" if hint else message)
     merged: list[object] = []
     for j, leaf0 in enumerate(leaves0):
         column = tuple(leaves[j] for leaves, _ in flat)
         merged.append(leaf0 if all(v is leaf0 for v in column) else wrap(column))
     return unflatten(treedef0, merged)
+
+
+def self_unequal_keys(treedef: TreeDef) -> list[object]:
+    """The mapping keys in ``treedef`` that compare unequal to themselves (``nan``).
+
+    Asked only when structures were found to differ (an error path): such a key makes
+    two replicas' structures differ while their descriptions read the same.
+    """
+    found: list[object] = []
+    stack: list[TreeDef] = [treedef]
+    while stack:
+        node = stack.pop()
+        if node is None:
+            continue
+        _, keys, children = node
+        if isinstance(keys, tuple):
+            ordered = keys[0]
+            if isinstance(ordered, tuple):
+                found.extend(k for k in ordered if k != k)
+        stack.extend(children)
+    return found
+
+
+def self_unequal_hint(treedefs: Iterable[TreeDef]) -> str:
+    """A sentence for a structure mismatch caused by keys unequal to themselves, or ``""``."""
+    for treedef in treedefs:
+        keys = self_unequal_keys(treedef)
+        if keys:
+            return (
+                f"A mapping key compares unequal to itself ({keys[0]!r}, as float('nan') "
+                "does), so one replica's key never equals another's and the structures "
+                "cannot match, however alike they look. Use keys that equal themselves "
+                "(strings or ints), e.g. str(key)."
+            )
+    return ""
 
 
 def structure_message(first: str, first_replica: int, other: str, replica: int) -> str:

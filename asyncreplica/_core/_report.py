@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ._codes import see_also
-from ._nest import treedef_str
+from ._nest import self_unequal_hint, treedef_str
 from ._signature import CallSite, CollectiveKind, Signature, ordinal
 
 __all__ = [
@@ -317,6 +317,10 @@ def mismatch_message(
     hint = _extra_or_missed(groups, signatures, start, source)
     if hint:
         lines += ["", hint]
+    if "structure" in fields:
+        keys = self_unequal_hint(s.structure for s in signatures.values())
+        if keys:
+            lines += ["", keys]
     lines += [
         "",
         "Every replica must issue the same collectives, with the same arguments, in the same order.",

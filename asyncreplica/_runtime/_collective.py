@@ -165,9 +165,20 @@ async def _dispatch(rv: Rendezvous, call: Collective, slot: Slot) -> Any:
     rv.gen += 1  # the waiters are runnable again
     if slot.warned:
         rv.run._log_resumed(slot)
+    return result_of(call, results[call.replica])
+
+
+def result_of(call: Collective, result: Any) -> Any:
+    """``call``'s replica's result leaves, rebuilt into the structure of its value."""
     treedef = call.treedef
-    result = results[call.replica]
-    return result[0] if treedef is None else rebuild(treedef, result)
+    if treedef is None:
+        return result[0]
+    try:
+        return rebuild(treedef, result)
+    except TypeError as error:
+        # The user's container type refused its items (see not_rebuilt).
+        offset: int = call._run.strategy._replica_offset
+        raise not_rebuilt(error, call.replica + offset, call.describe())  # noqa: B904
 
 
 def fail_waiters(slot: Slot, exc: BaseException) -> None:
@@ -259,7 +270,17 @@ class Slot:
                         unread.append(replica)
                     result = results[replica]
                     tree = trees[replica]
-                    waiter.set_result(result[0] if tree is None else rebuild(tree, result))
+                    if tree is None:
+                        waiter.set_result(result[0])
+                        continue
+                    try:
+                        value = rebuild(tree, result)
+                    except TypeError as error:
+                        # The user's container type refused its items: that replica's
+                        # error, raised in its own task; the others still get theirs.
+                        waiter.set_exception(self._not_rebuilt(replica, error))
+                    else:
+                        waiter.set_result(value)
             fast.clear()  # no slot <-> waiter cycle outlives the collective
             for replica in unread:
                 self.run._abandoned_by_hand(replica, self.key, self, awaited=False)
@@ -273,6 +294,16 @@ class Slot:
             if getattr(event, "_tasks", None):  # (trio.Event's waiting tasks, trio 0.25+)
                 self.run._unparked_by_hand(self, event)
             event.set()
+
+    def _not_rebuilt(self, replica: int, error: TypeError) -> TypeError:
+        """The error of ``replica`` whose result's container type refused its items."""
+        signature = self.run.ledger.last_signature(replica)
+        if signature is None:
+            collective = "its collective"
+        else:
+            site = signature.call_site
+            collective = signature.describe() + ("" if site is None else f" at {site}")
+        return not_rebuilt(error, replica + self.run.strategy._replica_offset, collective)
 
     def abort(self, error: Callable[[], BaseException]) -> None:
         """Wake every waiter with a fresh ``error()``: the collective can never complete."""
@@ -294,6 +325,16 @@ def rebuild(treedef: Any, result: Any) -> Any:
     if treedef[0] is list and treedef[1] is None and not any(treedef[2]):
         return list(result)  # a flat list of leaves
     return unflatten(treedef, result)
+
+
+def not_rebuilt(error: TypeError, replica: int, collective: str) -> TypeError:
+    """``error`` of :func:`rebuild`, told as replica ``replica``'s at ``collective``.
+
+    ``error`` says which container type refused its items; ``replica`` is a global id.
+    """
+    told = TypeError(f"Replica {replica}'s result of {collective}: {error}")
+    told.__cause__ = error.__cause__ if error.__cause__ is not None else error
+    return told
 
 
 class _Marker:

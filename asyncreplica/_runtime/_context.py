@@ -347,11 +347,18 @@ def _shape_due(got: tuple[int, ...], due: tuple[int, ...], free_axis: int | None
 
 
 def _leaf_size(run: Run, leaf: object, axis: int) -> int:
-    """``leaf``'s size along ``axis`` (an array's shape, else as the backend describes it)."""
-    shape = getattr(leaf, "shape", None)
-    if not isinstance(shape, tuple):
-        shape = run.describe(leaf).shape
-    return int(shape[axis])
+    """``leaf``'s size along ``axis``, as the backend describes it.
+
+    The size of what the backend combines, which the signature's specs describe too: an
+    ndarray subclass is combined as a plain view of its memory, whatever its ``shape``
+    attribute says. Only a type the backend already described (``_HELD_TYPES``: its own
+    arrays) has its ``shape`` read directly.
+    """
+    if type(leaf) in _HELD_TYPES:
+        shape = getattr(leaf, "shape", None)
+        if isinstance(shape, tuple):
+            return int(shape[axis])
+    return int(run.describe(leaf).shape[axis])
 
 
 async def _dispatch_all_reduce(run: Run, call: Collective, payloads: list[Any]) -> Sequence[Any]:

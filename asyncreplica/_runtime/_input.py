@@ -450,10 +450,10 @@ class DistributedDataset(_Distributed):
             # TF's one replica: the element as it is (batched or not), its arrays as
             # read-only views (a step that writes into one must not rewrite the dataset).
             return map_structure(_whole_view, batch)
+        # Tuples, namedtuples and mappings are structure, whatever their leaves: a
+        # (feature, label) tuple of scalars is one unbatched sample, refused below, never
+        # split across the tuple (see _flatten_batch and _batch_length).
         leaves, treedef = _flatten_batch(batch)
-        if isinstance(batch, tuple) and not any(hasattr(leaf, "__len__") for leaf in leaves):
-            # A plain tuple of numbers is one batch too, not a nest of scalars.
-            leaves, treedef = [batch], None
         lengths = set()
         for leaf in leaves:
             lengths.add(_batch_length(leaf))
@@ -530,29 +530,42 @@ def _flatten_batch(batch: Any) -> tuple[list[Any], TreeDef]:
     return flatten(batch, _is_list_batch, "a dataset element")
 
 
-def _batch_length(leaf: object) -> int:
+def _unbatched(leaf: object) -> str | None:
+    """Why ``leaf`` has no batch axis to split, or None when it has one.
+
+    The one rule for every leaf of every element, whatever container holds it (a tuple,
+    a namedtuple, a mapping or a list that is structure): a leaf is batched when it has
+    a length and can be sliced, and is not a 0-d array. A Python or numpy scalar, or a
+    0-d array, is an unbatched sample.
+    """
     if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
-        raise UnbatchedElementError(
-            "each element of a distributed dataset must be a batch (an array or a "
-            f"sequence, or a nest of them) that can be split along its first axis, got "
-            f"{type(leaf).__name__} {leaf!r:.60}: batch the dataset first (with several "
-            "replicas an element is a global batch)"
-        )
+        return f"{type(leaf).__name__} {leaf!r:.60}"
     if getattr(leaf, "ndim", None) == 0:
+        return f"a 0-d array {leaf!r:.60}"
+    return None
+
+
+def _batch_length(leaf: object) -> int:
+    """The length of ``leaf``'s batch axis; raises UnbatchedElementError when it has none."""
+    why = _unbatched(leaf)
+    if why is not None:
         raise UnbatchedElementError(
-            f"each element of a distributed dataset must be a batch with a first (batch) "
-            f"axis to split across replicas, got a 0-d array {leaf!r:.60}: batch the "
-            "samples first, e.g. np.stack(samples), or pass [np.array([3.0])] rather than "
-            "[np.array(3.0)]"
+            f"a distributed dataset's element has a leaf without a batch axis, {why}: with "
+            "several replicas each element must be a batch (a global batch: an array or a "
+            "list of numbers, or a tuple, namedtuple or dict of them) that can be split along "
+            "its first axis. Tuples, namedtuples and dicts are structure, so a "
+            "(feature, label) tuple of scalars is one unbatched sample, not a batch of two: "
+            "batch the dataset first (with several replicas an element is a global batch), "
+            "e.g. np.stack(samples), or pass [np.array([3.0])] rather than [np.array(3.0)]"
         )
-    return len(leaf)
+    return len(leaf)  # type: ignore[arg-type]
 
 
 def _lengths(batch: Any) -> tuple[int, ...] | None:
     """The first-axis length of each leaf; None if a leaf has no first axis (unbatched)."""
     out = []
     for leaf in _flatten_batch(batch)[0]:
-        if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__len__"):
+        if _unbatched(leaf) is not None:
             return None
         out.append(len(leaf))
     return tuple(out)
@@ -566,7 +579,7 @@ def _empty(leaf: Any) -> Any:
     Raises:
         TypeError: ``leaf`` is neither sliceable nor a number.
     """
-    if getattr(leaf, "ndim", None) == 0 or not hasattr(leaf, "__getitem__"):
+    if _unbatched(leaf) is not None:
         return leaf * 0
     return leaf[:0]
 

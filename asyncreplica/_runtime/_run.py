@@ -50,7 +50,14 @@ from .._exceptions import (
 )
 from . import _inspect, _ownership, _tasks
 from ._clock import loop_clock
-from ._collective import NO_TREE, Collective, Rendezvous, Slot, fail_waiters, rebuild
+from ._collective import (
+    NO_TREE,
+    Collective,
+    Rendezvous,
+    Slot,
+    fail_waiters,
+    result_of,
+)
 from ._deadlock import Watching
 from ._ending import refuse_generator_result, stop_iteration_error
 from ._mode import MODE, Mode
@@ -68,14 +75,6 @@ __all__ = ["NO_TREE", "Collective", "Dispatch", "Run", "logger"]
 logger = logging.getLogger("asyncreplica")
 
 Dispatch = Callable[["Run", "Collective", list[Any]], Awaitable[Sequence[Any]]]
-
-
-def _result(call: Collective, result: Any) -> Any:
-    """A replica's result, rebuilt into the structure of its value."""
-    treedef = call.treedef
-    if treedef is None:
-        return result[0]
-    return rebuild(treedef, result)
 
 
 # Loop turns a run's end gives the helper tasks it woke or cancelled to finish.
@@ -450,7 +449,7 @@ class Run(Watching):
                 tracer.resume(replica, key)
         if self.shuffle is not None:
             await self._jitter_after(replica, key, slot)
-        return _result(call, slot.results[replica])
+        return result_of(call, slot.results[replica])
 
     def _left_by_hand(self, replica: int, key: Key, slot: Slot, task: object) -> None:
         """``replica`` left the collective at ``key`` without a cancellation: it fails the run.
@@ -624,7 +623,7 @@ class Run(Watching):
         self._rv.gen += 1  # the waiters are runnable again
         if slot.warned:
             self._log_resumed(slot)
-        return _result(call, slot.results[replica])
+        return result_of(call, slot.results[replica])
 
     async def _merge(self, call: Collective, key: Key, slot: Slot) -> Sequence[Any]:
         """Run a merge_call's ``merge_fn``, watched by the stall warning and the timeout.

@@ -3,7 +3,8 @@
 A collective completes only when every replica reaches it. A collective inside a branch
 or a loop whose condition depends on the replica id (``ctx.replica_id_in_sync_group``)
 or on per-replica data (the step function's arguments, such as ``len(batch)``), or one
-after an early ``return``/``break``/``continue`` under such a condition, is reached by
+after an early ``return``/``break``/``continue`` under such a condition (or a ``raise``
+there that a ``try``/``except`` or ``contextlib.suppress`` around it catches), is reached by
 some replicas only: at run time asyncreplica raises ``ReplicaExitedError`` or
 ``CollectiveMismatchError``, but this check finds the line before anything runs. It is
 the Python counterpart of PARCOACH for MPI programs in C.
@@ -14,11 +15,15 @@ What is a collective:
     A call of ``all_reduce``, ``all_gather``, ``broadcast``, ``reduce_scatter``,
     ``barrier`` or ``merge_call`` whose receiver looks like a replica context
     (``get_replica_context()``, a name assigned from it, or a name such as ``ctx`` /
-    ``context`` / ``replica_ctx``, or a parameter annotated as a context). A call of a function defined in the same
-    module that makes such a call counts as a collective too (one level deep).
+    ``context`` / ``replica_ctx``, or a parameter annotated as a context, or any name
+    whose ``replica_id_in_sync_group`` the module reads). A call of a function defined in the same
+    module that makes such a call counts as a collective too (one level deep), and so
+    does a call of a name bound to a collective (``f = ctx.all_reduce``, or a lambda
+    that makes one).
 
 What is per-replica (tainted):
-    * the replica id: any ``.replica_id_in_sync_group`` attribute, and the result of a
+    * the replica id: any ``.replica_id_in_sync_group`` attribute (or ``getattr`` of
+      it), and the result of a
       function of the same module that returns something derived from it;
     * the process rank, which differs between the processes of a multi-process run:
       ``Get_rank()`` (``MPI.COMM_WORLD.Get_rank()``), ``comm.rank``,
@@ -171,6 +176,20 @@ def _params(fn: _FunctionNode) -> list[ast.arg]:
     return out
 
 
+_RID_ATTRIBUTE = "replica_id_in_sync_group"
+
+
+def _reads_replica_id(call: ast.Call) -> bool:
+    """``getattr(x, "replica_id_in_sync_group"[, default])``."""
+    return (
+        isinstance(call.func, ast.Name)
+        and call.func.id == "getattr"
+        and len(call.args) >= 2
+        and isinstance(call.args[1], ast.Constant)
+        and call.args[1].value == _RID_ATTRIBUTE
+    )
+
+
 def _is_context_param(arg: ast.arg) -> bool:
     if _CONTEXT_NAME.match(arg.arg) or _NOT_DATA.match(arg.arg):
         return True
@@ -207,6 +226,7 @@ class _Module:
     def __init__(self, tree: ast.Module) -> None:
         self.tree = tree
         self.context_names: set[str] = set()
+        self.aliases: dict[str, str] = {}
         self.run_targets: set[str] = set()
         self.merge_fns: set[str] = set()
         self.called: set[str] = set()
@@ -236,6 +256,39 @@ class _Module:
                     self.context_names.update(filter(None, map(_dotted, targets)))
             elif isinstance(node, ast.Call):
                 self._note_call(node)
+        # A name whose replica id is read is a replica context, whatever it is called
+        # (``async def helper(c, x): if c.replica_id_in_sync_group: ...``).
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == _RID_ATTRIBUTE:
+                receiver = _dotted(node.value)
+            elif isinstance(node, ast.Call) and _reads_replica_id(node):
+                receiver = _dotted(node.args[0])
+            else:
+                continue
+            if receiver is not None:
+                self.context_names.add(receiver)
+        # A name bound to a collective (``f = ctx.all_reduce``, or a lambda that calls
+        # one): calling it is that collective.
+        for node in ast.walk(tree):
+            if not (
+                isinstance(node, ast.Assign)
+                and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)
+            ):
+                continue
+            value = node.value
+            if isinstance(value, ast.Lambda) and isinstance(value.body, ast.Call):
+                method = self.collective_name(value.body)
+            elif (
+                isinstance(value, ast.Attribute)
+                and value.attr in COLLECTIVES
+                and self.is_context(value.value)
+            ):
+                method = value.attr
+            else:
+                method = None
+            if method is not None:
+                self.aliases[node.targets[0].id] = method
         # Only names defined once can be resolved without guessing.
         self.functions: dict[str, _Summary] = {
             name: _Summary(fns[0], id(fns[0]) in methods)
@@ -286,14 +339,22 @@ class _Module:
         """Whether ``call`` is a collective: a collective's name on a context-like receiver.
 
         ``<...>.extended.update(var, fn)`` is one too: in replica context it goes
-        through ``merge_call``, so every replica must make it.
+        through ``merge_call``, so every replica must make it. So is a call of a name
+        bound to a collective (``f = ctx.all_reduce``, ``f = lambda: ctx.all_reduce(...)``).
         """
+        return self.collective_name(call) is not None
+
+    def collective_name(self, call: ast.Call) -> str | None:
+        """The collective ``call`` makes (``"all_reduce"``), or None when it makes none."""
         func = call.func
+        if isinstance(func, ast.Name):
+            return self.aliases.get(func.id)
         if not isinstance(func, ast.Attribute):
-            return False
+            return None
         if func.attr == "update":
-            return isinstance(func.value, ast.Attribute) and func.value.attr == "extended"
-        return func.attr in COLLECTIVES and self.is_context(func.value)
+            extended = isinstance(func.value, ast.Attribute) and func.value.attr == "extended"
+            return "update" if extended else None
+        return func.attr if func.attr in COLLECTIVES and self.is_context(func.value) else None
 
     def makes_collectives(self, fn: _FunctionNode) -> bool:
         """Whether ``fn`` itself (not a nested function) calls a collective or a helper that does."""
@@ -448,11 +509,13 @@ class _Taints:
             _names_rank_variable(a) for a in call.args[:1]
         ):
             return frozenset({_RANK})  # os.environ.get("RANK"), os.getenv("RANK")
-        if self.module.is_collective(call):
-            assert isinstance(func, ast.Attribute)
-            if func.attr in _MIRRORED_RESULTS:
+        if _reads_replica_id(call):
+            return frozenset({_RID})  # getattr(ctx, "replica_id_in_sync_group")
+        method = self.module.collective_name(call)
+        if method is not None:
+            if method in _MIRRORED_RESULTS:
                 return _CLEAN
-            return frozenset({("data", f"the result of {func.attr}")})
+            return frozenset({("data", f"the result of {method}")})
         if self.use_summaries:
             summary = self.module.resolve(call)
             if summary is not None:
@@ -541,7 +604,11 @@ def _inside(node: ast.AST, outer: ast.AST) -> bool:
 
 @dataclass(frozen=True)
 class _Exit:
-    """An early ``return``/``break``/``continue`` under a per-replica condition."""
+    """An early ``return``/``break``/``continue`` under a per-replica condition.
+
+    Or a ``raise`` there that a ``try``/``except`` or ``contextlib.suppress`` around it
+    catches: the replica goes on after the ``try`` or ``with``, skipping the rest of it.
+    """
 
     guard: ast.stmt  # the `if` (or `match`) statement
     stmt: ast.stmt  # the exit itself
@@ -550,6 +617,9 @@ class _Exit:
     phrase: str
     lines: range
     line: int
+    # A `raise`: the `try` (with handlers) or `with contextlib.suppress(...)` that
+    # catches it, whose body after the raise is skipped.
+    catcher: ast.Try | ast.TryStar | ast.With | ast.AsyncWith | None = None
 
 
 @dataclass
@@ -567,6 +637,8 @@ class _FunctionCheck:
         self.sites: list[_Site] = []
         self.exits: list[_Exit] = []
         self.loops: list[ast.For | ast.AsyncFor | ast.While] = []
+        # The `try` statements with handlers and `with suppress(...)` around a statement.
+        self.catchers: list[ast.Try | ast.TryStar | ast.With | ast.AsyncWith] = []
 
     def _guard(self, test: ast.expr, phrase: str) -> _Guard | None:
         taint = self.taints.of(test)
@@ -616,6 +688,28 @@ class _FunctionCheck:
             self.loops.pop()
             self.stmts(node.orelse, guards)
             return
+        if isinstance(node, ast.Try | ast.TryStar) and node.handlers:
+            self.catchers.append(node)
+            self.stmts(node.body, guards)
+            self.catchers.pop()
+            for handler in node.handlers:
+                if handler.type is not None:
+                    self.expr(handler.type, guards)
+                self.stmts(handler.body, guards)
+            self.stmts(node.orelse, guards)
+            self.stmts(node.finalbody, guards)
+            return
+        if isinstance(node, ast.With | ast.AsyncWith) and any(
+            isinstance(item.context_expr, ast.Call)
+            and _callee_name(item.context_expr.func) == "suppress"
+            for item in node.items
+        ):
+            for item in node.items:
+                self.expr(item.context_expr, guards)
+            self.catchers.append(node)
+            self.stmts(node.body, guards)
+            self.catchers.pop()
+            return
         if isinstance(node, ast.Match):
             self.expr(node.subject, guards)
             for case in node.cases:
@@ -664,12 +758,12 @@ class _FunctionCheck:
             if isinstance(node, _BRANCHING):
                 return None
             if isinstance(node, ast.Call):
-                if self.module.is_collective(node):
+                method = self.module.collective_name(node)
+                if method is not None:
                     name = next((k.value for k in node.keywords if k.arg == "name"), None)
                     if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                         return None
-                    assert isinstance(node.func, ast.Attribute)
-                    found[(node.func.attr, name.value)] += 1
+                    found[(method, name.value)] += 1
                 elif self.module.helper_collectives(node):
                     return None
             stack.extend(ast.iter_child_nodes(node))
@@ -678,9 +772,37 @@ class _FunctionCheck:
     def _find_exits(self, owner: ast.stmt, body: list[ast.stmt], guard: _Guard) -> None:
         """Record the exits in ``body`` (taken when ``guard`` holds) that skip later code."""
         loop = self.loops[-1] if self.loops else None
+        catcher = self.catchers[-1] if self.catchers else None
+        # A raise in a try of the branch itself is caught there, not by `catcher`.
+        caught = {
+            id(inner)
+            for stmt in body
+            for node in ast.walk(stmt)
+            if isinstance(node, ast.Try | ast.TryStar) and node.handlers
+            for inner in ast.walk(ast.Module(body=node.body, type_ignores=[]))
+            if isinstance(inner, ast.Raise)
+        }
         stack: list[tuple[ast.AST, bool]] = [(s, False) for s in body]
         while stack:
             node, in_loop = stack.pop()
+            if (
+                isinstance(node, ast.Raise)
+                and catcher is not None
+                and not in_loop
+                and id(node) not in caught
+            ):
+                self.exits.append(
+                    _Exit(
+                        owner,
+                        node,
+                        None,
+                        guard.taint,
+                        guard.phrase,
+                        guard.lines,
+                        guard.line,
+                        catcher,
+                    )
+                )
             if isinstance(node, ast.Return) or (
                 isinstance(node, ast.Break | ast.Continue) and not in_loop and loop is not None
             ):
@@ -757,7 +879,16 @@ class _FunctionCheck:
         for ex in self.exits:
             after = _start(call) >= _end(ex.guard)
             in_loop = ex.loop is not None and _inside(call, ex.loop)
-            if isinstance(ex.stmt, ast.Return):
+            if ex.catcher is not None:
+                # Skipped: the rest of the try's body, or of the with's (a raise nested
+                # in a loop or another try of the branch is not followed: in_loop).
+                skips = after and any(_inside(call, stmt) for stmt in ex.catcher.body)
+                how = (
+                    f"the replica raises at line {ex.stmt.lineno}, caught by the "
+                    f"{'with' if isinstance(ex.catcher, ast.With | ast.AsyncWith) else 'try'} "
+                    f"at line {ex.catcher.lineno}"
+                )
+            elif isinstance(ex.stmt, ast.Return):
                 skips = after or in_loop
                 how = f"the replica returns at line {ex.stmt.lineno}"
             elif isinstance(ex.stmt, ast.Break):
@@ -791,12 +922,17 @@ def _ignored_lines(source: str) -> set[int]:
 
 
 def _initial_env(
-    fn: _FunctionNode, outer: dict[str, _Taint], callers: dict[str, _Taint] | None, *, step: bool
+    fn: _FunctionNode,
+    outer: dict[str, _Taint],
+    callers: dict[str, _Taint] | None,
+    *,
+    step: bool,
+    contexts: set[str],
 ) -> dict[str, _Taint]:
     env = dict(outer)
     for param in _params(fn):
         env.pop(param.arg, None)
-        if _is_context_param(param) or not step:
+        if _is_context_param(param) or param.arg in contexts or not step:
             continue
         if callers is None:
             env[param.arg] = frozenset({("data", f"`{param.arg}`")})
@@ -839,7 +975,13 @@ class _Checker:
             env: dict[str, _Taint] = {}
         else:
             step = root.name in self.module.run_targets or self.module.makes_collectives(root)
-            env = _initial_env(root, outer, self._callers(root, report=report), step=step)
+            env = _initial_env(
+                root,
+                outer,
+                self._callers(root, report=report),
+                step=step,
+                contexts=self.module.context_names,
+            )
         taints = _Taints(self.module, env, use_summaries=True)
         taints.settle(root)
         if not report:
@@ -883,7 +1025,11 @@ class _Checker:
         else:
             return
         assert isinstance(call.func, ast.Attribute | ast.Name)
-        what = f"{_callee_name(call.func) or 'collective'} at line {call.lineno}"
+        callee = _callee_name(call.func) or "collective"
+        method = self.module.collective_name(call)
+        if method is not None and method != callee:
+            callee = f"{method} (called as `{callee}`)"
+        what = f"{callee} at line {call.lineno}"
         helper = self.module.helper_collectives(call)
         if helper and not self.module.is_collective(call):
             inner = helper[0]

@@ -827,3 +827,154 @@ def test_a_dict_update_is_not_a_collective() -> None:
         """
     )
     assert findings == []
+
+
+# -- attack 23d, E5: the false negatives left over ---------------------------------------------
+
+
+def test_a_context_parameter_with_any_name_is_a_context() -> None:
+    # The receiver `c` is a replica context because its replica id is read.
+    assert pairs(
+        """
+        async def helper(c, x):
+            if c.replica_id_in_sync_group:
+                await c.all_reduce("sum", x)
+
+        async def step(x):
+            await helper(ar.get_replica_context(), x)
+        """
+    ) == {(5, 4)}
+
+
+def test_a_context_parameter_with_any_name_is_not_per_replica_data() -> None:
+    # `c.num_replicas_in_sync` is the same on every replica: `c` is no data parameter.
+    assert (
+        pairs(
+            """
+        async def helper(c, x):
+            rid = c.replica_id_in_sync_group
+            if c.num_replicas_in_sync > 1:
+                await c.all_reduce("sum", x)
+            return rid
+        """
+        )
+        == set()
+    )
+
+
+def test_getattr_of_the_replica_id_is_the_replica_id() -> None:
+    assert pairs(
+        """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            if getattr(ctx, "replica_id_in_sync_group"):
+                await ctx.all_reduce("sum", x)
+        """
+    ) == {(6, 5)}
+
+
+def test_a_name_bound_to_a_collective_is_a_collective() -> None:
+    findings = lint(
+        """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            f = ctx.all_reduce
+            g = lambda: ctx.all_gather(x, axis=0)
+            if ctx.replica_id_in_sync_group:
+                await f("sum", x)
+                await g()
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(8, 7), (9, 7)]
+    assert findings[0].message.startswith("all_reduce (called as `f`) at line 8 ")
+    assert findings[1].message.startswith("all_gather (called as `g`) at line 9 ")
+
+
+def test_a_name_bound_to_another_method_is_not_a_collective() -> None:
+    assert (
+        pairs(
+            """
+        async def step(x, pg):
+            ctx = ar.get_replica_context()
+            f = pg.all_reduce
+            g = lambda: print(x)
+            if ctx.replica_id_in_sync_group:
+                await f("sum", x)
+                g()
+        """
+        )
+        == set()
+    )
+
+
+def test_a_raise_caught_by_a_try_skips_the_rest_of_its_body() -> None:
+    findings = lint(
+        """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            try:
+                if ctx.replica_id_in_sync_group:
+                    raise KeyError
+                await ctx.all_reduce("sum", x)
+            except KeyError:
+                pass
+            await ctx.all_reduce("sum", x)
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(8, 6)]
+    assert "(the replica raises at line 7, caught by the try at line 5)" in findings[0].message
+
+
+def test_a_raise_caught_by_suppress_skips_the_rest_of_the_with() -> None:
+    findings = lint(
+        """
+        import contextlib
+
+        async def step(x):
+            ctx = ar.get_replica_context()
+            with contextlib.suppress(ValueError):
+                if x.sum() > 0:
+                    raise ValueError
+                await ctx.all_reduce("sum", x)
+            await ctx.all_reduce("sum", x)
+        """
+    )
+    assert [(f.line, f.condition_line) for f in findings] == [(10, 8)]
+    assert "caught by the with at line 7" in findings[0].message
+
+
+def test_a_raise_outside_a_try_is_not_an_early_exit() -> None:
+    # Uncaught, the replica fails and the run reports its error: nothing is skipped.
+    assert (
+        pairs(
+            """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            if ctx.replica_id_in_sync_group > 8:
+                raise ValueError("too many replicas")
+            await ctx.all_reduce("sum", x)
+        """
+        )
+        == set()
+    )
+
+
+def test_a_raise_caught_inside_the_branch_is_not_an_early_exit() -> None:
+    assert (
+        pairs(
+            """
+        async def step(x):
+            ctx = ar.get_replica_context()
+            try:
+                if ctx.replica_id_in_sync_group:
+                    try:
+                        raise KeyError
+                    except KeyError:
+                        pass
+                await ctx.all_reduce("sum", x)
+            except ValueError:
+                pass
+        """
+        )
+        == set()
+    )
