@@ -14,7 +14,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast, final
 
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
@@ -28,7 +28,7 @@ from .._exceptions import (
     CollectiveMismatchError,
     ReplicaContextError,
 )
-from .._options import CommunicationOptions
+from .._options import CommunicationOptions, seconds_option
 from .._registry import (
     available_process_groups,
     load_backend_class,
@@ -716,7 +716,9 @@ class MirroredStrategy(Strategy):
         stall_warning_seconds: When a collective has waited this long for missing
             replicas, log a warning on the ``asyncreplica`` logger saying where each
             missing replica is awaiting (and log again if it completes after all).
-            None disables it. It never fails the run; ``timeout_seconds`` does.
+            None disables it. It never fails the run; ``timeout_seconds`` does. Any
+            positive real number (numpy scalars too) or ``math.inf``; NaN, 0, negative
+            numbers and bools are refused.
         schedule: ``"fifo"`` (the default) runs replicas in a fixed order.
             ``"random"`` varies, reproducibly from ``seed``, the order in which
             replicas start and resume after each collective, so that tests find
@@ -727,8 +729,8 @@ class MirroredStrategy(Strategy):
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: No devices, a duplicate or unknown device, or a device the backend
-            cannot hold values on.
+        ValueError: No devices, a duplicate or unknown device, a device the backend
+            cannot hold values on, or ``stall_warning_seconds`` NaN, 0 or negative.
         BackendNotFoundError: ``backend`` names no installed backend.
         BackendError: The backend is installed but cannot run here.
     """
@@ -743,11 +745,11 @@ class MirroredStrategy(Strategy):
         backend: str | Backend | None = None,
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
-        stall_warning_seconds: float | None = 30.0,
+        stall_warning_seconds: SupportsFloat | None = 30.0,
         schedule: str = "fifo",
         seed: int | None = None,
     ) -> None:
-        parsed, instance, communication_options = _setup(
+        parsed, instance, communication_options, stall = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )
         if schedule not in ("fifo", "random"):
@@ -761,7 +763,7 @@ class MirroredStrategy(Strategy):
             instance,
             communication_options,
             check_call_sites,
-            stall_warning_seconds,
+            stall,
             schedule,
             seed,
         )
@@ -817,7 +819,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         backend: str | Backend | None = None,
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
-        stall_warning_seconds: float | None = 30.0,
+        stall_warning_seconds: SupportsFloat | None = 30.0,
     ) -> None:
         if devices is None and backend is None:
             devices = ["CPU:0"]
@@ -829,7 +831,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                     f"memory (numpy); GPU devices ({', '.join(gpus)}) are not supported across "
                     "processes yet. Use CPU devices, or MirroredStrategy for GPUs in one process."
                 )
-        parsed, local, communication_options = _setup(
+        parsed, local, communication_options, stall = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )
         # The "mpi" process group, from its entry point (asyncreplica.process_groups).
@@ -840,7 +842,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 len(parsed),
                 check_call_sites=check_call_sites,
                 timeout=communication_options.timeout_seconds,
-                stall_warning_seconds=stall_warning_seconds,
+                stall_warning_seconds=stall,
                 options=_agreed_options(local, check_call_sites),
             )
         except ImportError as exc:  # mpi4py, or its MPI library, is missing
@@ -850,7 +852,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             group.wrap(local),
             communication_options,
             check_call_sites,
-            stall_warning_seconds,
+            stall,
         )
         self._group = group
         self._local_backend = local
@@ -918,8 +920,12 @@ def _setup(
     communication_options: CommunicationOptions | None,
     check_call_sites: object,
     stall_warning_seconds: object,
-) -> tuple[list[str], Backend, CommunicationOptions]:
-    """Validate a mirrored strategy's arguments; load its backend."""
+) -> tuple[list[str], Backend, CommunicationOptions, float | None]:
+    """Validate a mirrored strategy's arguments; load its backend.
+
+    Returns the devices, the backend, the options and ``stall_warning_seconds`` as
+    a float (or None).
+    """
     from ..abc import Backend
 
     if communication_options is None:
@@ -931,15 +937,7 @@ def _setup(
         )
     if not isinstance(check_call_sites, bool):
         raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
-    if stall_warning_seconds is not None and (
-        isinstance(stall_warning_seconds, bool)
-        or not isinstance(stall_warning_seconds, int | float)
-        or stall_warning_seconds <= 0
-    ):
-        raise ValueError(
-            f"stall_warning_seconds must be a positive number of seconds or None, got "
-            f"{stall_warning_seconds!r}"
-        )
+    stall = seconds_option(stall_warning_seconds, "stall_warning_seconds", zero_allowed=False)
     if backend is not None and not isinstance(backend, str | Backend):
         raise TypeError(f"backend must be a backend name or a Backend instance, got {backend!r}")
     parsed = _parse_devices(devices) if devices is not None else None
@@ -953,7 +951,7 @@ def _setup(
         if backend is None:
             backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
         instance = _load_backend(backend, parsed)
-    return parsed, instance, communication_options
+    return parsed, instance, communication_options, stall
 
 
 def _parse_devices(devices: object) -> list[str]:
