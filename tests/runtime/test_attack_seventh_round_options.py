@@ -5,12 +5,15 @@ F1: ``stall_warning_seconds=math.nan`` was accepted; the first collective that w
 F3: ``timeout_seconds`` refused numpy's float32 and integer scalars as "not a number"
     (float64 passed, as a float subclass) and let ``10**400`` escape as a raw
     ``OverflowError``. One rule, ``seconds_option``, now checks every number of seconds.
+F4: ``trace summarize`` counted the runs of the surviving slices only: "0 collectives in
+    1 run" above three failed runs when ``max_events`` had dropped their slices.
 """
 
 from __future__ import annotations
 
 import fractions
 import math
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,6 +22,7 @@ import numpy as np
 import pytest
 
 import asyncreplica as ar
+from asyncreplica._tracing import summarize
 
 DEVICES = ["CPU:0", "CPU:1"]
 
@@ -158,3 +162,35 @@ def test_a_refused_assignment_keeps_the_old_value() -> None:
         with pytest.raises((TypeError, ValueError), match="timeout_seconds"):
             options.timeout_seconds = value
     assert options == ar.CommunicationOptions(timeout_seconds=2.0)
+
+
+# -- F4: the summary's header counts the runs its body shows ---------------------------
+
+
+def test_summary_counts_runs_whose_slices_max_events_dropped(tmp_path: Path) -> None:
+    s = ar.MirroredStrategy(DEVICES)
+    path = tmp_path / "dropped.json"
+
+    async def exits() -> None:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        await ctx.all_reduce("sum", 1.0)
+        if ctx.replica_id_in_sync_group == 1:
+            return
+        await ctx.all_reduce("sum", 1.0)
+
+    async def main() -> None:
+        for _ in range(3):
+            with pytest.raises(ar.ReplicaExitedError):
+                await s.run(exits)
+
+    with s.trace(path, max_events=1):
+        anyio.run(main)
+    lines = summarize(path).splitlines()
+    assert lines[0].endswith(": 2 replicas, 0 collectives in 3 runs")
+    assert lines[1] == (
+        "(the oldest 14 events of the 3 runs traced were dropped, 6 collectives among them: "
+        "max_events=1; the counts above are of the events kept)"
+    )
+    failed = [line.split(":")[0] for line in lines if line.startswith("Run ")]
+    assert failed == ["Run 0 failed", "Run 1 failed", "Run 2 failed"]
