@@ -215,7 +215,10 @@ class Strategy:
 
         Raises:
             FileNotFoundError: ``path``'s folder does not exist.
-            ValueError: ``max_events`` is not a positive integer.
+            ValueError: ``max_events`` is not a positive integer, or ``path`` is already
+                being traced to in this process, by another open ``trace()`` block (of
+                any strategy) or by ``ASYNCREPLICA_TRACE``: the file written last would
+                overwrite the other.
         """
         from .._tracing import traced
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fractions
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,51 @@ def test_summary_counts_runs_whose_slices_max_events_dropped(tmp_path: Path) -> 
     )
     failed = [line.split(":")[0] for line in lines if line.startswith("Run ")]
     assert failed == ["Run 0 failed", "Run 1 failed", "Run 2 failed"]
+
+
+# -- Observation: two trace() blocks on one path at once --------------------------------
+
+
+async def _two_collectives() -> None:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    await ctx.all_reduce("sum", 1.0)
+    await ctx.all_reduce("sum", 1.0)
+
+
+def test_a_path_traced_to_by_an_open_block_is_refused(tmp_path: Path) -> None:
+    s = ar.MirroredStrategy(DEVICES)
+    t = ar.MirroredStrategy(["CPU:0", "CPU:1", "CPU:2"])
+    path = tmp_path / "one.json"
+    wanted = (
+        rf"^cannot trace to {re.escape(str(path))}: it is already being traced to by another "
+        r"strategy.trace\(\) block that is still open; the trace written last would "
+        r"overwrite the other without a word. Give each strategy.trace\(\) its own path.$"
+    )
+    with s.trace(path):
+        with pytest.raises(ValueError, match=wanted), t.trace(path):
+            pass
+        with pytest.raises(ValueError, match=wanted), s.trace(str(path)):
+            pass  # the same strategy too, and the path however it is spelled
+        anyio.run(s.run, _two_collectives)
+    assert "2 replicas, 2 collectives in 1 run" in summarize(path)  # s's trace, whole
+    with t.trace(path):  # free again once the block has exited
+        anyio.run(t.run, _two_collectives)
+    assert "3 replicas, 2 collectives in 1 run" in summarize(path)
+
+
+def test_a_path_traced_to_from_the_environment_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asyncreplica._tracing import _session
+    from asyncreplica._tracing._recorder import ChromeTracer
+
+    path = tmp_path / "env.json"
+    monkeypatch.setitem(_session._ENV_TRACERS, str(path), ChromeTracer())
+    s = ar.MirroredStrategy(DEVICES)
+    with (
+        pytest.raises(ValueError, match=r"already being traced to by ASYNCREPLICA_TRACE"),
+        s.trace(path),
+    ):
+        pass
+    assert not path.exists()
