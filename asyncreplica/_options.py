@@ -6,7 +6,9 @@ import contextlib
 import copy
 import enum
 import math
-from typing import final
+import numbers
+import reprlib
+from typing import SupportsFloat, cast, final
 
 __all__ = ["CommunicationImplementation", "CommunicationOptions"]
 
@@ -20,6 +22,51 @@ class CommunicationImplementation(enum.Enum):
     AUTO = "AUTO"
     RING = "RING"
     NCCL = "NCCL"
+
+
+def seconds_option(value: object, option: str, *, zero_allowed: bool) -> float | None:
+    """Check a "number of seconds" option (``value`` as given) and return it as a float.
+
+    The one rule for every option that counts seconds (``timeout_seconds``,
+    ``stall_warning_seconds``), in constructors and assignments alike. Any real number
+    is accepted: int, float, ``fractions.Fraction`` and numpy's integer and floating
+    scalars (all :class:`numbers.Real`); an int too large for a float (``10**400``)
+    is ``math.inf``, which it is for every wait. A bool, NaN, a negative number, a
+    string, a complex number or an array is refused with the option's name.
+
+    Args:
+        value: The value given, or None (returned as it is).
+        option: The option's name, for the message.
+        zero_allowed: Whether 0 is accepted (``timeout_seconds``: it waits for ever);
+            otherwise the number must be positive.
+
+    Returns:
+        ``value`` as a plain float (``-0.0`` as ``0.0``), or None.
+
+    Raises:
+        TypeError: ``value`` is not a real number (a bool, a string, a complex, ...).
+        ValueError: ``value`` is NaN, negative, or 0 where 0 is not allowed.
+    """
+    if value is None:
+        return None
+    wanted = (
+        "a number of seconds >= 0 (0 or math.inf: wait for ever) or None"
+        if zero_allowed
+        else "a positive number of seconds (math.inf: never) or None"
+    )
+    advice = f"pass an int or a float such as {option}=30.0, or None"
+    given = reprlib.repr(value)  # 10**400 in 30 characters
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{option} must be {wanted}, got {given} ({type(value).__name__}); {advice}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int (or a Fraction) beyond a float's range
+        seconds = -math.inf if cast("float", value) < 0 else math.inf
+    if math.isnan(seconds) or seconds < 0 or (seconds == 0 and not zero_allowed):
+        raise ValueError(f"{option} must be {wanted}, got {given}; {advice}")
+    return seconds + 0.0  # -0.0 as 0.0
 
 
 @final
@@ -36,6 +83,8 @@ class CommunicationOptions:
             longer than this; ``None``, ``0`` or ``math.inf`` waits for ever (a replica
             that exits or disagrees is reported at once, without any timeout). ``inf``
             differs from ``None`` in :meth:`merge` only: it overrides a finite default.
+            Any real number is accepted (numpy's integer and floating scalars too) and
+            kept as a float; an int too large for a float is ``math.inf``.
         implementation: A :class:`CommunicationImplementation` or its name.
 
     The fields can be set after creation, as TensorFlow's can; each value is checked
@@ -44,7 +93,8 @@ class CommunicationOptions:
     Raises:
         ValueError: ``bytes_per_pack`` is negative, ``timeout_seconds`` is negative or
             NaN, or ``implementation`` unknown (given or set later).
-        TypeError: An argument has the wrong type.
+        TypeError: An argument has the wrong type (``timeout_seconds`` a bool, a
+            string, a complex: anything but a real number or None).
     """
 
     # The fields are properties that check every value they are given, in __init__ and
@@ -55,7 +105,7 @@ class CommunicationOptions:
     def __init__(
         self,
         bytes_per_pack: int = 0,
-        timeout_seconds: float | None = None,
+        timeout_seconds: SupportsFloat | None = None,
         implementation: CommunicationImplementation | str = CommunicationImplementation.AUTO,
     ) -> None:
         self.bytes_per_pack = bytes_per_pack
@@ -82,29 +132,17 @@ class CommunicationOptions:
 
     @property
     def timeout_seconds(self) -> float | None:
-        """Seconds a rendezvous may wait; ``None``, ``0`` or ``math.inf``: for ever.
+        """Seconds a rendezvous may wait (a float); ``None``, ``0`` or ``math.inf``: for ever.
 
         Raises:
             ValueError: Set to a negative number or NaN.
-            TypeError: Set to something other than a number or None.
+            TypeError: Set to something other than a real number or None.
         """
         return self._timeout_seconds
 
     @timeout_seconds.setter
-    def timeout_seconds(self, value: float | None) -> None:
-        if value is not None:
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(
-                    f"timeout_seconds must be a number of seconds or None, got {value!r}"
-                )
-            if math.isnan(value):
-                raise ValueError(
-                    "Argument `timeout_seconds` must be a number of seconds >= 0, None, 0 or "
-                    f"math.inf (wait for ever), Received {value}."
-                )
-            if value < 0:
-                raise ValueError(f"timeout_seconds must be >= 0 (or None), got {value}")
-        self._timeout_seconds = value
+    def timeout_seconds(self, value: SupportsFloat | None) -> None:
+        self._timeout_seconds = seconds_option(value, "timeout_seconds", zero_allowed=True)
 
     @property
     def implementation(self) -> CommunicationImplementation:

@@ -15,7 +15,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from typing import TYPE_CHECKING, Any, cast, final
+from typing import TYPE_CHECKING, Any, SupportsFloat, cast, final
 
 from .._core._devices import device_type, parse_device
 from .._core._nest import flatten, is_nest, regroup, select_replica, unflatten
@@ -30,7 +30,7 @@ from .._exceptions import (
     ReplicaContextError,
 )
 from .._launch import launched_by_mpiexec
-from .._options import CommunicationOptions
+from .._options import CommunicationOptions, seconds_option
 from .._registry import (
     available_process_groups,
     load_backend_class,
@@ -217,7 +217,10 @@ class Strategy:
 
         Raises:
             FileNotFoundError: ``path``'s folder does not exist.
-            ValueError: ``max_events`` is not a positive integer.
+            ValueError: ``max_events`` is not a positive integer, or ``path`` is already
+                being traced to in this process, by another open ``trace()`` block (of
+                any strategy) or by ``ASYNCREPLICA_TRACE``: the file written last would
+                overwrite the other.
         """
         from .._tracing import traced
 
@@ -718,7 +721,9 @@ class MirroredStrategy(Strategy):
         stall_warning_seconds: When a collective has waited this long for missing
             replicas, log a warning on the ``asyncreplica`` logger saying where each
             missing replica is awaiting (and log again if it completes after all).
-            None disables it. It never fails the run; ``timeout_seconds`` does.
+            None disables it. It never fails the run; ``timeout_seconds`` does. Any
+            positive real number (numpy scalars too) or ``math.inf``; NaN, 0, negative
+            numbers and bools are refused.
         schedule: ``"fifo"`` (the default) runs replicas in a fixed order.
             ``"random"`` varies, reproducibly from ``seed``, the order in which
             replicas start and resume after each collective, so that tests find
@@ -729,8 +734,8 @@ class MirroredStrategy(Strategy):
 
     Raises:
         TypeError: An argument has the wrong type.
-        ValueError: No devices, a duplicate or unknown device, or a device the backend
-            cannot hold values on.
+        ValueError: No devices, a duplicate or unknown device, a device the backend
+            cannot hold values on, or ``stall_warning_seconds`` NaN, 0 or negative.
         BackendNotFoundError: ``backend`` names no installed backend.
         BackendError: The backend is installed but cannot run here.
     """
@@ -745,11 +750,11 @@ class MirroredStrategy(Strategy):
         backend: str | Backend | None = None,
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
-        stall_warning_seconds: float | None = 30.0,
+        stall_warning_seconds: SupportsFloat | None = 30.0,
         schedule: str = "fifo",
         seed: int | None = None,
     ) -> None:
-        parsed, instance, communication_options = _setup(
+        parsed, instance, communication_options, stall = _setup(
             devices, backend, communication_options, check_call_sites, stall_warning_seconds
         )
         if schedule not in ("fifo", "random"):
@@ -763,7 +768,7 @@ class MirroredStrategy(Strategy):
             instance,
             communication_options,
             check_call_sites,
-            stall_warning_seconds,
+            stall,
             schedule,
             seed,
         )
@@ -819,7 +824,7 @@ class MultiWorkerMirroredStrategy(Strategy):
         backend: str | Backend | None = None,
         communication_options: CommunicationOptions | None = None,
         check_call_sites: bool = True,
-        stall_warning_seconds: float | None = 30.0,
+        stall_warning_seconds: SupportsFloat | None = 30.0,
     ) -> None:
         if devices is None and backend is None:
             devices = ["CPU:0"]
@@ -845,7 +850,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 "processes yet. Use CPU devices, or MirroredStrategy for GPUs in one process."
             )
         try:
-            parsed, local, communication_options = _setup(
+            parsed, local, communication_options, stall = _setup(
                 devices, backend, communication_options, check_call_sites, stall_warning_seconds
             )
         except (TypeError, ValueError) as exc:
@@ -859,7 +864,7 @@ class MultiWorkerMirroredStrategy(Strategy):
                 len(parsed),
                 check_call_sites=check_call_sites,
                 timeout=communication_options.timeout_seconds,
-                stall_warning_seconds=stall_warning_seconds,
+                stall_warning_seconds=stall,
                 options=_agreed_options(local, check_call_sites),
             )
         except ImportError as exc:  # mpi4py, or its MPI library, is missing
@@ -869,7 +874,7 @@ class MultiWorkerMirroredStrategy(Strategy):
             group.wrap(local),
             communication_options,
             check_call_sites,
-            stall_warning_seconds,
+            stall,
         )
         self._group = group
         self._local_backend = local
@@ -936,15 +941,10 @@ def _tell_refusal(
         if isinstance(communication_options, CommunicationOptions)
         else None
     )
-    stall = (
-        None
-        if stall_warning_seconds is None
-        else float(stall_warning_seconds)
-        if isinstance(stall_warning_seconds, int | float)
-        and not isinstance(stall_warning_seconds, bool)
-        and stall_warning_seconds > 0
-        else 30.0
-    )
+    try:  # the one rule for seconds; a refused value warns at the default
+        stall = seconds_option(stall_warning_seconds, "stall_warning_seconds", zero_allowed=False)
+    except (TypeError, ValueError):
+        stall = 30.0
     with contextlib.suppress(Exception):
         tell(communicator, error, timeout=timeout, stall_warning_seconds=stall)
 
@@ -982,8 +982,12 @@ def _setup(
     communication_options: CommunicationOptions | None,
     check_call_sites: object,
     stall_warning_seconds: object,
-) -> tuple[list[str], Backend, CommunicationOptions]:
-    """Validate a mirrored strategy's arguments; load its backend."""
+) -> tuple[list[str], Backend, CommunicationOptions, float | None]:
+    """Validate a mirrored strategy's arguments; load its backend.
+
+    Returns the devices, the backend, the options and ``stall_warning_seconds`` as
+    a float (or None).
+    """
     from ..abc import Backend
 
     if communication_options is None:
@@ -995,15 +999,7 @@ def _setup(
         )
     if not isinstance(check_call_sites, bool):
         raise TypeError(f"check_call_sites must be True or False, got {check_call_sites!r}")
-    if stall_warning_seconds is not None and (
-        isinstance(stall_warning_seconds, bool)
-        or not isinstance(stall_warning_seconds, int | float)
-        or stall_warning_seconds <= 0
-    ):
-        raise ValueError(
-            f"stall_warning_seconds must be a positive number of seconds or None, got "
-            f"{stall_warning_seconds!r}"
-        )
+    stall = seconds_option(stall_warning_seconds, "stall_warning_seconds", zero_allowed=False)
     if backend is not None and not isinstance(backend, str | Backend):
         raise TypeError(f"backend must be a backend name or a Backend instance, got {backend!r}")
     parsed = _parse_devices(devices) if devices is not None else None
@@ -1017,7 +1013,7 @@ def _setup(
         if backend is None:
             backend = "numpy" if all(device_type(d) == "CPU" for d in parsed) else "cupy"
         instance = _load_backend(backend, parsed)
-    return parsed, instance, communication_options
+    return parsed, instance, communication_options, stall
 
 
 def _parse_devices(devices: object) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -88,6 +89,29 @@ def _check_path(path: object) -> str:
     return path
 
 
+#: The paths of the ``trace()`` blocks open in this process (each writes its file when it
+#: exits, so a second block on one path would overwrite the first's trace).
+_OPEN_PATHS: set[str] = set()
+_OPEN_PATHS_LOCK = threading.Lock()
+
+
+def _claim(path: str) -> None:
+    """Reserve ``path`` for one ``trace()`` block, or refuse a path already traced to."""
+    with _OPEN_PATHS_LOCK:
+        if path in _OPEN_PATHS or path in _ENV_TRACERS:
+            by = (
+                "another strategy.trace() block that is still open"
+                if path in _OPEN_PATHS
+                else f"{ENV_VAR}, which traces every strategy of this program into it"
+            )
+            raise ValueError(
+                f"cannot trace to {path}: it is already being traced to by {by}; the trace "
+                "written last would overwrite the other without a word. Give each "
+                "strategy.trace() its own path."
+            )
+        _OPEN_PATHS.add(path)
+
+
 @contextlib.contextmanager
 def traced(
     strategy: Strategy, path: PathLike, *, max_events: int = DEFAULT_MAX_EVENTS
@@ -107,28 +131,34 @@ def traced(
     Raises:
         TypeError: ``path`` is not a path.
         FileNotFoundError: ``path``'s folder does not exist (checked before the block).
-        ValueError: ``max_events`` is not a positive integer.
+        ValueError: ``max_events`` is not a positive integer, or ``path`` is already
+            being traced to in this process (by an open block or ``ASYNCREPLICA_TRACE``).
     """
     target = _check_path(path)
     tracer = ChromeTracer(max_events=max_events)
-    # Under MPI, every process records its own runs and rank 0 writes one merged file.
-    session = getattr(strategy._group, "trace_session", None)
-    merger = session() if session is not None else None
-    previous = _attach(strategy, tracer)
+    _claim(target)
     try:
-        yield tracer
+        # Under MPI, every process records its own runs and rank 0 writes one merged file.
+        session = getattr(strategy._group, "trace_session", None)
+        merger = session() if session is not None else None
+        previous = _attach(strategy, tracer)
+        try:
+            yield tracer
+        finally:
+            strategy._tracer = previous
+            if merger is None:
+                tracer.write(target)
+            else:
+                merged = merger.merge(
+                    tracer.to_json(),
+                    tracer._origin,
+                    lambda doc: write_json(target, doc),  # rank 0's own, when the merge raises
+                )
+                if merged is not None:
+                    write_json(target, merged)
     finally:
-        strategy._tracer = previous
-        if merger is None:
-            tracer.write(target)
-        else:
-            merged = merger.merge(
-                tracer.to_json(),
-                tracer._origin,
-                lambda doc: write_json(target, doc),  # rank 0's own, when the merge raises
-            )
-            if merged is not None:
-                write_json(target, merged)
+        with _OPEN_PATHS_LOCK:
+            _OPEN_PATHS.discard(target)
 
 
 _ENV_TRACERS: dict[str, ChromeTracer] = {}

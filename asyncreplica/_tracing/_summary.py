@@ -116,7 +116,11 @@ def summarize(path: PathLike) -> str:
         row[2] += bool(s.args.get("arrived_last"))
         groups.setdefault(s.args.get("collective"), []).append(s)
     run_records = _collectives(trace, "run")
+    failures = _failures(trace)
+    # The runs of every kind of event kept: when max_events dropped a run's slices, its
+    # failure may still be shown below, and the header counts the runs the body shows.
     runs = {s.args.get("run") for s in slices} | {r.args.get("run") for r in run_records}
+    runs |= {f.get("run") for f in failures}
     runs.discard(None)
     # Every replica of every run, also one that made no collective (it never arrived).
     for replica in range(_num_replicas(run_records)):
@@ -125,8 +129,17 @@ def summarize(path: PathLike) -> str:
     lines = [f"Trace {os.fspath(path)}: {_count(len(stats), 'replica')}, {counts}"]
     dropped = other.get("dropped_events")
     if dropped:
+        collectives = other.get("dropped_collectives")
+        among = (
+            f", {_count(collectives, 'collective')} among them"
+            if isinstance(collectives, int)
+            else ""
+        )
+        traced = other.get("runs")
+        of_runs = f" of the {_count(traced, 'run')} traced" if isinstance(traced, int) else ""
         lines.append(
-            f"(the oldest {dropped} events were dropped: max_events={other.get('max_events')})"
+            f"(the oldest {dropped} events{of_runs} were dropped{among}: "
+            f"max_events={other.get('max_events')}; the counts above are of the events kept)"
         )
     if stats:
         lines += ["", "replica  collectives  waiting (ms)  arrived last"]
@@ -148,7 +161,7 @@ def summarize(path: PathLike) -> str:
             f"replica {late.args.get('replica')} arrived last, {_ms(spread)} ms after the "
             f"first, at {where}."
         )
-    for failure in _failures(trace):
+    for failure in failures:
         lines += ["", f"Run {failure.get('run')} failed: {failure.get('type')}: "]
         lines[-1] += str(failure.get("first_line") or "")
         if failure.get("position") is not None:
@@ -159,7 +172,7 @@ def summarize(path: PathLike) -> str:
         for row in failure.get("replicas") or ():
             lines.append(f"  replica {row.get('replica')}: {_row_text(row, failure)}")
     lines += _cancelled(trace, slices)
-    if not slices and not _failures(trace):
+    if not slices and not failures:
         lines.append("No collectives were recorded.")
     return "\n".join(lines)
 

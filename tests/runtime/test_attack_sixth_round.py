@@ -247,8 +247,8 @@ async def test_update_of_different_objects_names_every_replica_and_their_objects
 @pytest.mark.parametrize(
     ("field", "value", "error", "message"),
     [
-        ("timeout_seconds", float("nan"), ValueError, r"`timeout_seconds` must be .* nan"),
-        ("timeout_seconds", -1.0, ValueError, r"timeout_seconds must be >= 0"),
+        ("timeout_seconds", float("nan"), ValueError, r"timeout_seconds must be .* got nan"),
+        ("timeout_seconds", -1.0, ValueError, r"timeout_seconds must be a number of seconds >= 0"),
         ("timeout_seconds", "1", TypeError, r"timeout_seconds must be a number of seconds"),
         ("bytes_per_pack", -1, ValueError, r"`bytes_per_pack` must be >=0"),
         ("bytes_per_pack", 1.5, TypeError, r"bytes_per_pack must be an int"),
