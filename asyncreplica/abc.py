@@ -293,6 +293,19 @@ class ProcessGroup(abc.ABC):
         """
         return contextlib.nullcontext()
 
+    def call_begins(self, name: str) -> object:
+        """The strategy enters ``name``, a call that may cross processes; a token.
+
+        ``run`` or a cross-replica operation, entered before it checks its arguments;
+        the token is for :meth:`call_ends`. A group counts these calls so that processes
+        whose calls fall out of step (one raised, alone, before its part of a call) are
+        told so instead of pairing different calls. The default counts nothing.
+        """
+        return None
+
+    def call_ends(self, token: object, *, raised: bool) -> None:  # noqa: B027 -- optional
+        """The call :meth:`call_begins` returned ``token`` for returned (or ``raised``)."""
+
     @abc.abstractmethod
     def begin_run(self) -> None:
         """A ``Strategy.run`` starts on this process."""

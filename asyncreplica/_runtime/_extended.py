@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, final
@@ -84,6 +85,9 @@ class ContainerStrategy(Protocol):
 
     def _require_cross_replica(self, api: str, instead: str) -> None:
         """Raise ``ReplicaContextError`` unless in cross-replica context."""
+
+    def _crossing(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Count a call that may cross processes (``ProcessGroup.call_begins``)."""
 
     def _component(self, replica_id: int, leaf: object) -> object:
         """Replica ``replica_id``'s component of ``leaf``."""
@@ -458,8 +462,9 @@ class StrategyExtended:
             ValueError: ``destinations`` is None, or as :meth:`Strategy.reduce`.
         """
         self._strategy._require_cross_replica("extended.reduce_to", "await ctx.all_reduce(...)")
-        op = ReduceOp(reduce_op)
-        return (await self._batch(op, [(value, destinations)], options))[0]
+        with self._strategy._crossing("extended.reduce_to"):
+            op = ReduceOp(reduce_op)
+            return (await self._batch(op, [(value, destinations)], options))[0]
 
     async def batch_reduce_to(
         self,
@@ -487,6 +492,15 @@ class StrategyExtended:
         self._strategy._require_cross_replica(
             "extended.batch_reduce_to", "await ctx.all_reduce(...)"
         )
+        with self._strategy._crossing("extended.batch_reduce_to"):
+            return await self._batch_reduce_to(reduce_op, value_destination_pairs, options)
+
+    async def _batch_reduce_to(
+        self,
+        reduce_op: ReduceOp | str,
+        value_destination_pairs: Sequence[tuple[Any, Any]],
+        options: CommunicationOptions | None,
+    ) -> list[Any]:
         op = ReduceOp(reduce_op)
         if not isinstance(value_destination_pairs, list | tuple):
             raise ValueError(

@@ -281,6 +281,12 @@ class Strategy:
                 note naming the replica (several as an ``ExceptionGroup``). The other
                 replicas are cancelled. The strategy can run again afterwards.
         """
+        with self._crossing("Strategy.run"):
+            return await self._run_checked(fn, args, kwargs)
+
+    async def _run_checked(
+        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None
+    ) -> Any:
         if inspect.iscoroutine(fn):
             fn.close()
             raise _coroutine_error(fn)
@@ -423,11 +429,32 @@ class Strategy:
                 per replica; ``SUM`` along an ``axis`` counts it N times, as in TF).
         """
         self._require_cross_replica("Strategy.reduce", "await ctx.all_reduce(...)")
-        op = ReduceOp(reduce_op)
-        axes = axis_tuple(axis)
-        leaves, treedef = flatten_distributed(value, "Strategy.reduce", self._replica_offset)
-        out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
-        return unflatten(treedef, out)
+        with self._crossing("Strategy.reduce"):
+            op = ReduceOp(reduce_op)
+            axes = axis_tuple(axis)
+            leaves, treedef = flatten_distributed(value, "Strategy.reduce", self._replica_offset)
+            out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
+            return unflatten(treedef, out)
+
+    @contextlib.contextmanager
+    def _crossing(self, name: str) -> Iterator[None]:
+        """Count a call that may cross processes (``ProcessGroup.call_begins``).
+
+        Entered before the call checks its arguments: a process that refuses them alone
+        then stays counted, and its next call cannot pair with the others' part of this
+        one (every process raises that it is out of step instead).
+        """
+        group = self._group
+        if group is None:
+            yield
+            return
+        token = group.call_begins(name)
+        raised = True
+        try:
+            yield
+            raised = False
+        finally:
+            group.call_ends(token, raised=raised)
 
     async def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component along ``axis`` (cross-replica context).
@@ -453,6 +480,10 @@ class Strategy:
         self._require_cross_replica(
             "tf.distribute.Strategy.gather method", "get_replica_context().all_gather()"
         )
+        with self._crossing("Strategy.gather"):
+            return await self._gather(value, axis)
+
+    async def _gather(self, value: Any, axis: int) -> Any:
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise TypeError(f"gather: axis must be an int, got {axis!r}")
         leaves, treedef = flatten_distributed(value, "Strategy.gather", self._replica_offset)

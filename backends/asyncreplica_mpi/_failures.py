@@ -99,6 +99,12 @@ def _interrupted() -> bool:
     return interrupt_count() > 0
 
 
+def _ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``11th``."""
+    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{tail}"
+
+
 def _cycle(details: list[dict[str, Any]]) -> CollectiveDeadlockError | None:
     """The deadlock of processes that wait at different collectives, one named.
 
@@ -202,6 +208,7 @@ class Failures:
     _MPI: Any
     _ctl: Any
     _heads: np.ndarray[Any, Any]
+    _call_name: str  # the strategy call entered last (see call_begins)
     offset: int
     _waiters: collections.deque[Any]
 
@@ -309,6 +316,9 @@ class Failures:
             # concurrently): processes at different named collectives then differ in
             # order, not in a cycle (see _cycle).
             "queued": bool(self._waiters),
+            # The strategy call this exchange belongs to (its header's count; see
+            # call_begins), and that call's name.
+            "call": [int(self._heads[self.rank, HEADER_WORDS - 2]), self._call_name],
         }
         payload = to_wire(json.dumps(detail))
         lengths = np.empty(self.size, np.int64)
@@ -503,6 +513,48 @@ class Failures:
         self._tell_peers({**self._failure_note(error), "timeout": self._limit})
         raise error from None
 
+    def _raise_out_of_step(self, details: list[dict[str, Any]]) -> None:
+        """Raise, alike on every process, where the processes are at different calls.
+
+        Each exchange carries the count of the strategy's calls (``run``, the
+        cross-replica operations) its process entered (see ``call_begins``). Where the
+        counts differ, a process raised before its part of a call the others made (an
+        error it alone found, which the program caught): pairing its next call with the
+        others' would combine values of different calls, a silently wrong result. Every
+        process raises ``CollectiveMismatchError`` naming each process's call instead.
+        An exiting process is not at a call: the usual report tells of it.
+        """
+        calls = [d.get("call") for d in details]
+        if any(c is None for c in calls) or len({int(c[0]) for c in calls}) < 2:
+            return
+        if any(Status(d["status"]) is Status.EXITED for d in details):
+            return
+        head = (
+            "The processes are out of step: they are at different calls of this "
+            "MultiWorkerMirroredStrategy, so their values cannot be combined."
+        )
+        why = (
+            "A process raised before taking part in a call that the other processes made "
+            "(an error only it found, in its arguments or values, caught by the program), "
+            "so its next call would be paired with the others' current one. Every process "
+            "raises this error instead of combining values of different calls."
+        )
+        fix = (
+            "Do not catch and go on after an error raised on some processes only, or make "
+            "every process make the same calls (the process's own earlier error says "
+            "which call it refused)."
+        )
+        lines = [head, ""]
+        for d, (number, name) in zip(details, calls, strict=True):
+            lines.append(
+                f"  * {self._process(int(d['rank']))} is at its {_ordinal(int(number))} call "
+                f"({name or 'a call'})"
+            )
+        lines += ["", why, fix]
+        raise CollectiveMismatchError(
+            0, {}, ["call"], num_replicas=self.num_replicas, message="\n".join(lines)
+        )
+
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:
         """Raise the error every process raises for these (non-unanimous) details.
 
@@ -523,6 +575,7 @@ class Failures:
         process that reached the collective, with that process's signature), and the
         position and name of the collective the processes wait at.
         """
+        self._raise_out_of_step(details)
         refused = first_refusal(details)
         lost = refused is not None and not refusal_wins(details, refused)
         before: list[Mapping[str, Any]] = []

@@ -281,6 +281,11 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._waiters: collections.deque[anyio.Event] = collections.deque()
         self._positions: dict[Hashable, int] = {}
         self._number = 0  # exchanges so far
+        # The strategy's calls that cross processes (run, the cross-replica operations)
+        # entered so far, sent in every exchange's header (see call_begins), and the
+        # name of the latest (for the message when processes are out of step).
+        self._calls = 0
+        self._call_name = ""
         self._run_ended = True  # no run in progress
         # The details of the exchange that ended the current run on every process.
         self._ended: list[dict[str, Any]] | None = None
@@ -372,7 +377,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         number = self._number
         self._number = number + 1
         send = self._send
-        HEADER.pack_into(send, 0, MAGIC, status, fp, number)
+        HEADER.pack_into(send, 0, MAGIC, status, fp, self._calls, number)
         _FP_SLOT.pack_into(send, _FP_AT, self._fp_out)
         self._fp_out = 0  # for this exchange only
         start = HEADER_BYTES
@@ -624,6 +629,31 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         return at_position(base, code)
 
     # -- what the runtime calls ----------------------------------------------------------
+
+    def call_begins(self, name: str) -> tuple[int, int]:
+        """The strategy enters ``name`` (``Strategy.run``, ``Strategy.reduce``, ...).
+
+        Counted before its arguments are checked: every exchange carries the count, so
+        a process that raised before its part of a call the others made (an error it
+        alone found, caught by the program) is out of step at its next call, and every
+        process raises that (see ``_failures._out_of_step``) instead of combining two
+        different calls' values. Returns the token for :meth:`call_ends`.
+        """
+        self._calls += 1
+        self._call_name = name
+        return self._calls, self._number
+
+    def call_ends(self, token: tuple[int, int], *, raised: bool) -> None:
+        """The call of ``token`` returned (or ``raised``).
+
+        A call that returned without any exchange stayed in this process (a plain value
+        reduced alone, on every process alike or on some only): it is not counted, so
+        that a process may make such calls that the others do not. One that raised is
+        counted, whatever it exchanged: the others may have made their part of it.
+        """
+        calls, number = token
+        if not raised and number == self._number and calls == self._calls:
+            self._calls = calls - 1
 
     def begin_run(self) -> None:
         """A run starts: it will end with one final exchange (or an earlier one).

@@ -3,7 +3,8 @@
 Every process of a group takes part in the same sequence of *exchanges* on its
 control communicator. An exchange is one allgather of a fixed-size row per process: a
 header (:data:`HEADER_WORDS` int64 words: a status, the fingerprint of what the process
-is about to do, and the exchange's number), then room for a small payload. When every
+is about to do, the number of the strategy call it belongs to, and the exchange's
+number), then room for a small payload. When every
 header is identical, the processes agree and go on (a collective moves its data on a
 second communicator, or travelled as the payload). When they differ, a second round
 gathers one JSON *detail* per process (what it called, where, or how it failed), and
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 MAGIC = 0x61724D5049  # "arMPI": a header from something else is caught at once
-HEADER_WORDS = 4  # magic, status, fingerprint, exchange number
+HEADER_WORDS = 5  # magic, status, fingerprint, call number, exchange number
 #: The header's layout (native int64 words, as :func:`header` lists them).
 HEADER = struct.Struct(f"={HEADER_WORDS}q")
 HEADER_BYTES = HEADER.size
@@ -97,9 +98,15 @@ def from_wire(data: Any) -> str:
     return bytes(data).decode("utf-8", "replace")
 
 
-def header(status: Status, fp: int, number: int) -> list[int]:
-    """The int64 words a process contributes to an exchange."""
-    return [MAGIC, int(status), fp, number]
+def header(status: Status, fp: int, call: int, number: int) -> list[int]:
+    """The int64 words a process contributes to an exchange.
+
+    ``call``: the number of the strategy's calls that cross processes (``run``, the
+    cross-replica operations) this process had entered when it made the exchange, so
+    that processes whose calls are out of step (one raised before its part of a call
+    the others made) differ here instead of pairing different calls' exchanges.
+    """
+    return [MAGIC, int(status), fp, call, number]
 
 
 _MASK = (1 << 64) - 1
