@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import threading
 from collections.abc import Generator, Hashable, Mapping, Sequence
@@ -215,6 +216,9 @@ class Failures:
     if TYPE_CHECKING:
 
         def _tell_peers(self, note: dict[str, Any]) -> None: ...  # see _waiting
+        def _read_notes(self) -> None: ...  # see _waiting
+        def _missing(self, exchange: int | None) -> list[int]: ...  # see _waiting
+        def _absent_text(self, rank: int) -> str: ...  # see _waiting
 
     def _to(self, event: Event) -> None:
         """Move to the state after ``event`` (see :data:`._lifecycle.TABLE`), or refuse."""
@@ -497,18 +501,22 @@ class Failures:
         else:
             what = "" if fields is None else f" at their {fields['position']}"
             first = "The other processes did not all reach the same point"
+        after = (
+            f"(This is process {self.rank} of {self.size}.) A process that is alive but "
+            "busy (I/O, a long computation) or stuck delays every other one. The processes "
+            "are now out of step: the job cannot continue."
+        )
         error = CollectiveTimeoutError(
             0,
             float(self._limit or 0),
             {},
             {},
-            message=(
-                f"{first}{what} within {self._limit:g} s (this is process {self.rank} of "
-                f"{self.size}).\n\nA process that is alive but busy (I/O, a long "
-                "computation) or stuck delays every other one. The processes are now out "
-                "of step: the job cannot continue."
-            ),
+            message=f"{first}{what} within {self._limit:g} s {after[1:-1]}.",
         )
+        if not data and fields is not None:
+            # The roll call one process gives: which replicas (global ids) arrived and
+            # which did not, by the peers' announcements that they wait here.
+            error = self._timeout_roll_call(position, fields, after) or error
         self._failed_here = True
         self._tell_peers({**self._failure_note(error), "timeout": self._limit})
         raise error from None
@@ -553,6 +561,48 @@ class Failures:
         lines += ["", why, fix]
         raise CollectiveMismatchError(
             0, {}, ["call"], num_replicas=self.num_replicas, message="\n".join(lines)
+        )
+
+    def _timeout_roll_call(
+        self, position: Hashable, fields: dict[str, Any], after: str
+    ) -> CollectiveTimeoutError | None:
+        """The timeout of an exchange as one process raises it, or None if unknown.
+
+        Its ``arrived`` and ``missing`` are global replica ids: this process's replicas
+        and those of the peers that announced they wait at this exchange arrived; the
+        other processes' replicas did not. Its message has the same roll call, then
+        ``after`` (what the timeout means across processes).
+        """
+        with contextlib.suppress(Exception):  # a peer's failure: its own error tells
+            self._read_notes()  # the peers' latest announcements
+        missing_ranks = self._missing(self._number - 1)
+        signature = self.current
+        if signature is None:
+            signature = rebuild_signature(fields, (self._pending or (None, {}))[1].get("site"))
+        arrived: dict[int, Signature] = {}
+        missing: dict[int, str] = {}
+        for rank in range(self.size):
+            first, count = self.offsets[rank], self.replica_counts[rank]
+            for replica in range(first, first + count):
+                if rank in missing_ranks:
+                    missing[replica] = self._absent_text(rank)
+                else:
+                    arrived[replica] = signature
+        if not missing:
+            return None
+        if type(position) is int:
+            at, where = position, None
+        elif position is None:
+            at, where = 0, str(fields.get("position"))
+        else:
+            at, where = 0, key_text(position)
+        text = str(
+            CollectiveTimeoutError(at, float(self._limit or 0), arrived, missing, where=where)
+        )
+        lines = text.split("\n")
+        lines[-1:-1] = [after]  # before the last line (`asyncreplica explain`)
+        return CollectiveTimeoutError(
+            at, float(self._limit or 0), arrived, missing, message="\n".join(lines)
         )
 
     def _raise_for(self, details: list[dict[str, Any]]) -> NoReturn:

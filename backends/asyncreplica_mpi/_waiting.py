@@ -467,6 +467,23 @@ class Waiting(Failures):
         seen = self._seen_waiting.get(exchange, set()) if exchange is not None else set()
         return [r for r in range(self.size) if r != self.rank and r not in seen]
 
+    def _absent_text(self, rank: int) -> str:
+        """Where process ``rank``, not seen at this process's exchange, is (a timeout's roll call)."""
+        elsewhere = self._elsewhere.get(rank)
+        if elsewhere is not None and elsewhere[1] == _CREATING:
+            return (
+                f"process {rank} is creating {elsewhere[0]}, while this one waits on {self.label()}"
+            )
+        if elsewhere is not None:
+            return (
+                f"process {rank} waits at {elsewhere[1]} of {elsewhere[0]}, another strategy, "
+                f"while this one waits on {self.label()}"
+            )
+        return (
+            f"process {rank} is busy outside collectives (a computation, I/O, a blocking "
+            "call) or waits for one of its own replicas (its own error names where)"
+        )
+
     def _interrupt_message(self, exchange: int | None, *, data: bool = False) -> str:
         """Ctrl-C came (asyncio's runner cancelled the main task) while this wait is shielded."""
         what = self._waiting_what()
