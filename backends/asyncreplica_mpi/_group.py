@@ -553,7 +553,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         }
         if components is not None:
             op, axes, specs = components
-            detail["components"] = cross_fields("reduce", op, axes, specs)
+            sent = cross_fields("reduce", op, axes, specs)
+            # Unmasked along the reduced axes: a MAX or MIN refuses a component with no
+            # elements there, and every process names every such replica (global ids),
+            # as one process does (see components_error).
+            sent["leaves"] = [[list(s.shape), s.dtype, s.sparse, s.array_type] for s in specs]
+            detail["components"] = sent
         found = error_fields(error, check_call_sites=self.check_call_sites)
         if found is not None:
             # Its signatures (global ids) travel with it: every process raises it with
