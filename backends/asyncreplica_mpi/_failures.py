@@ -210,6 +210,7 @@ class Failures:
     _ctl: Any
     _heads: np.ndarray[Any, Any]
     _call_name: str  # the strategy call entered last (see call_begins)
+    _number: int  # exchanges so far
     offset: int
     _waiters: collections.deque[Any]
 
@@ -530,13 +531,13 @@ class Failures:
         error it alone found, which the program caught): pairing its next call with the
         others' would combine values of different calls, a silently wrong result. Every
         process raises ``CollectiveMismatchError`` naming each process's call instead.
-        An exiting process is not at a call: the usual report tells of it.
+        A failed or exiting process is told by the usual report.
         """
-        calls = [d.get("call") for d in details]
-        if any(c is None for c in calls) or len({int(c[0]) for c in calls}) < 2:
+        calls: list[list[Any]] = [d.get("call") or [] for d in details]
+        if any(not c for c in calls) or len({int(c[0]) for c in calls}) < 2:
             return
-        if any(Status(d["status"]) is Status.EXITED for d in details):
-            return
+        if any(Status(d["status"]) not in (Status.COLLECTIVE, Status.FINISHED) for d in details):
+            return  # a failed or exiting process: its own report tells
         head = (
             "The processes are out of step: they are at different calls of this "
             "MultiWorkerMirroredStrategy, so their values cannot be combined."

@@ -377,7 +377,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         number = self._number
         self._number = number + 1
         send = self._send
-        HEADER.pack_into(send, 0, MAGIC, status, fp, self._calls, number)
+        group, call = _CALL.get()
+        call = call if group is self._serial else self._calls
+        HEADER.pack_into(send, 0, MAGIC, status, fp, call, number)
         _FP_SLOT.pack_into(send, _FP_AT, self._fp_out)
         self._fp_out = 0  # for this exchange only
         start = HEADER_BYTES
@@ -635,7 +637,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 
     # -- what the runtime calls ----------------------------------------------------------
 
-    def call_begins(self, name: str) -> tuple[int, int]:
+    def call_begins(self, name: str) -> tuple[int, int] | None:
         """The strategy enters ``name`` (``Strategy.run``, ``Strategy.reduce``, ...).
 
         Counted before its arguments are checked: every exchange carries the count, so
@@ -646,9 +648,10 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         """
         self._calls += 1
         self._call_name = name
+        _CALL.set((self._serial, self._calls))  # its exchanges, whichever task makes them
         return self._calls, self._number
 
-    def call_ends(self, token: tuple[int, int], *, raised: bool) -> None:
+    def call_ends(self, token: object, *, raised: bool) -> None:
         """The call of ``token`` returned (or ``raised``).
 
         A call that returned without any exchange stayed in this process (a plain value
@@ -656,6 +659,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         that a process may make such calls that the others do not. One that raised is
         counted, whatever it exchanged: the others may have made their part of it.
         """
+        if not isinstance(token, tuple):
+            return
         calls, number = token
         if not raised and number == self._number and calls == self._calls:
             self._calls = calls - 1
@@ -1134,6 +1139,12 @@ BATCH_FP: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar
     "asyncreplica_mpi_batch_fp", default=None
 )
 # A per-call timeout of the cross-replica operations made inside call_timeout().
+# The number of the strategy call (see call_begins) the current task's exchanges belong
+# to: a call's own, even where another call of this process started meanwhile.
+# (the group's serial, the call's number).
+_CALL: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
+    "asyncreplica_mpi_call", default=(-1, 0)
+)
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )

@@ -240,8 +240,10 @@ def test_a_busy_process_times_out_and_the_job_aborts(tmp_path: Path) -> None:
     rc, logs, output = launch(2, "scenarios.py", "timeout", tmp_path=tmp_path)
     assert rc != 0, output
     assert logs[0].startswith("raised CollectiveTimeoutError\n"), logs[0]
-    assert "The other processes did not all reach the same point at their 1st collective" in logs[0]
-    assert "within 0.5 s (this is process 0 of 2)" in logs[0]
+    # The roll call one process gives (global ids), then what it means across processes.
+    assert "Timed out after 0.5 s waiting for replica 2 at the 1st collective" in logs[0]
+    assert "  * replica 2 did not arrive: process 1 is busy" in logs[0]
+    assert "(This is process 0 of 2.)" in logs[0]
     # Process 1 blocks for ever in recv: the launch only ended because process 0's
     # exit hook aborted the job (its stderr line may be cut off by the abort itself).
     assert logs[1] == ""

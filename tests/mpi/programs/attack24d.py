@@ -51,7 +51,9 @@ async def skew(how: str) -> None:
     w = s.experimental_distribute_values_from_function(
         lambda c: np.full(3, 10.0**c.replica_id_in_sync_group)
     )
-    for i, call in enumerate([calls[how], *[lambda: s.reduce("SUM", w, axis=None)] * 2]):
+    steps: list[Callable[[], Awaitable[Any]]] = [calls[how]]
+    steps += [lambda: s.reduce("SUM", w, axis=None)] * 2
+    for i, call in enumerate(steps):
         try:
             result = await call()
             values = [np.asarray(r).ravel()[0] for r in s.experimental_local_results(result)]
