@@ -637,7 +637,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 
     # -- what the runtime calls ----------------------------------------------------------
 
-    def call_begins(self, name: str) -> tuple[int, int] | None:
+    def call_begins(self, name: str) -> tuple[int, int, Any]:
         """The strategy enters ``name`` (``Strategy.run``, ``Strategy.reduce``, ...).
 
         Counted before its arguments are checked: every exchange carries the count, so
@@ -648,8 +648,10 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         """
         self._calls += 1
         self._call_name = name
-        _CALL.set((self._serial, self._calls))  # its exchanges, whichever task makes them
-        return self._calls, self._number
+        # Its exchanges carry its number, whichever of its tasks makes them; reset when
+        # it ends (a reduce in a merge_fn leaves its run's number to the run).
+        token = _CALL.set((self._serial, self._calls))
+        return self._calls, self._number, token
 
     def call_ends(self, token: object, *, raised: bool) -> None:
         """The call of ``token`` returned (or ``raised``).
@@ -661,7 +663,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         """
         if not isinstance(token, tuple):
             return
-        calls, number = token
+        calls, number, reset = token
+        with contextlib.suppress(ValueError):  # ended in another context than it began
+            _CALL.reset(reset)
         if not raised and number == self._number and calls == self._calls:
             self._calls = calls - 1
 
