@@ -33,6 +33,9 @@ running                    interrupted just after        interrupts.py start_the
 running                    interrupted in a wait (no     interrupts.py in_wait
                            asyncio runner)
 running                    interrupted twice (runner)    interrupts.py twice
+joined                     interrupted (SIGINT, or a     interrupts.py in_trace_merge
+                           SIGTERM handler's exit) in
+                           the trace merge's wait
 created                    interrupted in the            interrupts.py in_constructor
                            constructor's wait
 running                    peer finalized MPI            finalize_run
@@ -673,6 +676,28 @@ def test_an_interruption_in_the_constructor_is_taken_at_once_and_told(tmp_path: 
         "Ctrl-C) while it waited for the other processes to create "
         "MultiWorkerMirroredStrategy, before this process (process 1) created it"
     ) in logs[1], output
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_interruption_at_the_trace_merge_is_told_to_a_busy_peer(
+    sig: str, tmp_path: Path
+) -> None:
+    # KeyboardInterrupt (or a SIGTERM handler's SystemExit) while process 0 waits at the
+    # end of strategy.trace(...) for process 1, busy inside its block: the merge's wait
+    # only marked the processes out of step, and the exit hook aborted the job at once,
+    # killing process 1 without a word. It is told now, as in a collective's exchange,
+    # and the exit hook waits for its acknowledgement.
+    rc, logs, output = launch("in_trace_merge", sig, tmp_path=tmp_path, program=INTERRUPTS)
+    assert rc != 0, output
+    raised = "KeyboardInterrupt" if sig == "INT" else "SystemExit"
+    assert f"raised {raised} at the end of the trace block" in logs[0], output
+    assert logs[1].startswith(
+        "got ReplicaExitedError: Process 0 stopped waiting for the other processes at the "
+        "end of strategy.trace(...)"
+    ), output
+    told = _TOLD if sig == "INT" else "process 0 (replica 0) failed: SystemExit: 143"
+    assert told in logs[1], output
+    assert "did not acknowledge" not in output, output
 
 
 def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:
