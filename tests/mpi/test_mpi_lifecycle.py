@@ -41,6 +41,8 @@ created                    interrupted in the            interrupts.py in_constr
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
+created                    finalize (MPI finalized       finalize_mid (process 1's
+                           before the constructor)       "create")
 running                    begin run (concurrent)        refused
 running                    out of step (data timeout)    data_stall
 running                    out of step (a collective's   call_timeout
@@ -472,8 +474,15 @@ def test_every_use_after_finalize_inside_a_run_raises_backend_error(tmp_path: Pa
     rc, logs, output = launch("finalize_mid", tmp_path=tmp_path)
     assert rc == 0, output
     finalized = "BackendError: This MultiWorkerMirroredStrategy cannot be used any more: MPI "
-    for use in ("run", "reduce", "gather", "reduce_to", "next run", "create"):
+    for use in ("run", "reduce", "gather", "reduce_to", "next run"):
         assert f"{use}: {finalized}was finalized on this process" in logs[1], output
+    # A strategy never made is not "this MultiWorkerMirroredStrategy", and the rank (no
+    # MPI call may ask it) is not "-1": it is read from the strategy made before.
+    assert (
+        "create: BackendError: MultiWorkerMirroredStrategy cannot be created: MPI was "
+        "finalized in process 1 (MPI.Finalize() ran, and no MPI call may be made after it"
+    ) in logs[1], output
+    assert "process -1" not in output, output
     assert "run: ReplicaExitedError" in logs[0], output
     assert "process 1 (replica 1) finalized MPI (MPI.Finalize())" in output
     for use in ("reduce", "gather", "reduce_to", "next run"):
