@@ -134,11 +134,20 @@ def test_creations_on_two_communicators_in_opposite_orders_are_named_as_possible
         "for each other for ever"
     )
     places = {0: "COMM_WORLD", 1: "a communicator of 2 processes (not COMM_WORLD)"}
+    timed_out = 0
     for rank in range(2):
         log = logs[rank]
         peer = 1 - rank
         said = f"process {peer} has not announced itself on {places[rank]}, where this "
         assert "warning: MultiWorkerMirroredStrategy creation stalled" in log, output
-        assert log.count(said) == 2, output  # in the warning and in the timeout error
-        assert log.count(elsewhere) == 2, output
-        assert "got CollectiveTimeoutError" in log, output
+        # In the warning, and in the timeout's error where this process timed out first
+        # (the other one is then told that it gave up).
+        if "got CollectiveTimeoutError" in log:
+            timed_out += 1
+            assert log.count(said) == 2, output
+            assert log.count(elsewhere) == 2, output
+        else:
+            assert "got BackendError" in log, output
+            assert log.count(said) == 1, output
+            assert log.count(elsewhere) == 1, output
+    assert timed_out >= 1, output
