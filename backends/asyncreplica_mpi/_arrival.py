@@ -379,6 +379,9 @@ def _await_arrivals(
                 "another task of that process creates this strategy)"
                 for r, place in sorted(places.items())
             )
+            unknown = [r for r in missing if r not in places]
+            if unknown:
+                where += f"\n  * {_not_here(base, unknown)}"
             _logger.warning(
                 f"MultiWorkerMirroredStrategy creation stalled: process {rank} has waited "
                 f"{waited:.1f} s for {_ranks_text(missing)} to create theirs (every process "
@@ -397,6 +400,7 @@ def _await_arrivals(
                     f"Timed out after {timeout:g} s creating MultiWorkerMirroredStrategy: "
                     f"{_ranks_text(missing)} did not create theirs (this is process {rank} "
                     f"of {size}; arrived: {_ranks_text(sorted(set(range(size)) - set(missing)))})."
+                    f"\n\n{_not_here(base, missing)}"
                     "\n\nCreating the strategy is collective: every process must create it, "
                     "in the same order. A process that is busy, blocked or took another "
                     "branch never arrives."
@@ -409,6 +413,41 @@ def _await_arrivals(
             # without yielding: take the interruption now, not at the peers' arrival.
             take_interrupt()
             raise KeyboardInterrupt
+
+
+def _comm_text(base: Any) -> str:
+    """The communicator ``base`` in words: its MPI name, or what it is."""
+    from mpi4py import MPI
+
+    name = ""
+    with contextlib.suppress(Exception):
+        name = str(base.Get_name())
+    if base == MPI.COMM_WORLD:
+        return "COMM_WORLD"
+    if name:
+        return f"the communicator {name!r}"
+    return f"a communicator of {base.Get_size()} processes (not COMM_WORLD)"
+
+
+def _not_here(base: Any, ranks: list[int]) -> str:
+    """What a creation's stall warning and timeout say of peers it has no note from.
+
+    A peer that has not announced itself on ``base`` may be creating a strategy on
+    another communicator (a duplicate or a split of this one): its notes travel on
+    that communicator, which this process does not listen on, so it cannot be told
+    from a busy one, and two creations in opposite orders cannot be detected.
+    """
+    them = _ranks_text(ranks)
+    one = len(ranks) == 1
+    return (
+        f"{them} {'has' if one else 'have'} not announced {'itself' if one else 'themselves'} "
+        f"on {_comm_text(base)}, where this process creates it: "
+        f"{'it is' if one else 'they are'} busy or blocked, took another branch, or "
+        f"{'is' if one else 'are'} creating a strategy on another communicator (the "
+        "creations on two communicators, a duplicate or split of this one, made in "
+        "opposite orders wait for each other for ever: create the strategies in the same "
+        "order on every process)."
+    )
 
 
 def _commit(base: Any, serial: int, timeout: float | None, stall: float | None) -> None:

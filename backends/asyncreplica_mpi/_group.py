@@ -46,7 +46,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica import CollectiveError
+from asyncreplica import BackendError, CollectiveError
 from asyncreplica.abc import (
     Backend,
     CollectiveKind,
@@ -200,7 +200,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if MPI.Is_finalized():
             # No MPI routine may run any more (MPICH would abort the process).
             self._to(Event.FINALIZE)
-            self._refuse(Refusal.FINALIZED)
+            raise _finalized_before_creation(MPI)
         _exit.install_hooks(finalize=True)
         self._base = base
         # The key of the user's communicator, which the program may free (see comm_key).
@@ -1152,6 +1152,25 @@ _CALL: contextvars.ContextVar[tuple[int, int]] = contextvars.ContextVar(
 _CALL_TIMEOUT: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "asyncreplica_mpi_call_timeout", default=None
 )
+
+
+def _finalized_before_creation(MPI: Any) -> BackendError:
+    """The constructor's error after ``MPI.Finalize()``: no strategy can be created.
+
+    The process's rank is known only from a strategy created before (no MPI call may be
+    made to ask): named where one was, on ``COMM_WORLD``.
+    """
+    ranks = [g.rank for g in _exit._groups if g._base is MPI.COMM_WORLD and g.rank >= 0]
+    where = f"process {ranks[0]}" if ranks else "this process"
+    return BackendError(
+        "MultiWorkerMirroredStrategy cannot be created: MPI was finalized in "
+        f"{where} (MPI.Finalize() ran, and no MPI call may be made after it; every "
+        "strategy created before said goodbye to the other processes then).\n\n"
+        "Create every MultiWorkerMirroredStrategy before finalizing MPI: call "
+        "MPI.Finalize() only at the very end of the program (mpi4py calls it at exit by "
+        "itself), or use MirroredStrategy for work that this process does alone "
+        "afterwards."
+    )
 
 
 async def _to_the_end(work: Coroutine[Any, Any, _T]) -> _T:

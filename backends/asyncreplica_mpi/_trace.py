@@ -15,7 +15,7 @@ import numpy as np
 
 from asyncreplica import AsyncReplicaError, CollectiveDeadlockError
 
-from ._arrival import _logger
+from ._arrival import _logger, interrupt_pending, take_interrupt
 from ._lifecycle import Event, State
 from ._protocol import Status, cross_fields, describe_exception, fingerprint, from_wire, to_wire
 
@@ -250,9 +250,17 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
     announced = False
     cycle = False
     delay = 1e-5
+    # Under asyncio's runner, a Ctrl-C only cancels the main task, which this wait (it
+    # blocks the loop's thread) cannot take: it is said at once, as in a collective's
+    # wait; a second Ctrl-C raises KeyboardInterrupt here, and the peers are told.
+    interrupts = True
     try:
         while not request.Test():
             group._read_notes()
+            if interrupts and interrupt_pending():
+                interrupts = False  # said once
+                take_interrupt()
+                _logger.warning(group._interrupt_message(exchange))
             waited = time.perf_counter() - start
             if not announced and waited >= _ANNOUNCE_SECONDS:
                 announced = True
@@ -275,8 +283,17 @@ def _poll(group: MPIProcessGroup, request: Any, exchange: int) -> None:
                 group._timed_out(None, None)
             time.sleep(delay)
             delay = min(delay * 2, _MAX_SLEEP)
-    except BaseException:
+    except (AsyncReplicaError, GeneratorExit):
+        # A timeout or a cycle (the peers are told, or see it alike), or a peer's
+        # failure (they know it): out of step, nothing more to say.
         group._break("a cross-process exchange was abandoned")
+        raise
+    except BaseException as exc:
+        # An interruption (Ctrl-C, a SIGTERM handler's SystemExit) or any other
+        # exception while posted: the peers are told, as in a collective's exchange,
+        # so that a peer still busy in its block raises ReplicaExitedError naming it;
+        # the exit hook waits for their acknowledgement before it ends the job.
+        group.abandoned_by(exc, "a cross-process exchange was abandoned", stage="exchange")
         raise
     finally:
         if announced and not cycle:

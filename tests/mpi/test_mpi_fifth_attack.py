@@ -117,3 +117,37 @@ def test_every_text_sent_to_other_processes_survives_what_utf8_cannot_encode() -
         "exited after an uncaught RuntimeError: /tmp/shard-\\udcff.npy"
     )
     assert from_wire(b"\xff ok") == "\ufffd ok"
+
+
+def test_creations_on_two_communicators_in_opposite_orders_are_named_as_possible(
+    tmp_path: Path,
+) -> None:
+    # Attack 24d: process 0 creates on COMM_WORLD then on a Dup, process 1 the other way
+    # round. Each waits for the other; the warning and the timeout said only that the
+    # peer "did not create theirs", when it waits creating one on the other
+    # communicator. Its notes travel there, so the cycle cannot be seen: both now say
+    # which communicator each waits on, and that the peer may be creating elsewhere.
+    _, logs, output = launch("creation_cycle", tmp_path=tmp_path, program=PROGRAM)
+    elsewhere = (
+        "is creating a strategy on another communicator (the creations on two "
+        "communicators, a duplicate or split of this one, made in opposite orders wait "
+        "for each other for ever"
+    )
+    places = {0: "COMM_WORLD", 1: "a communicator of 2 processes (not COMM_WORLD)"}
+    timed_out = 0
+    for rank in range(2):
+        log = logs[rank]
+        peer = 1 - rank
+        said = f"process {peer} has not announced itself on {places[rank]}, where this "
+        assert "warning: MultiWorkerMirroredStrategy creation stalled" in log, output
+        # In the warning, and in the timeout's error where this process timed out first
+        # (the other one is then told that it gave up).
+        if "got CollectiveTimeoutError" in log:
+            timed_out += 1
+            assert log.count(said) == 2, output
+            assert log.count(elsewhere) == 2, output
+        else:
+            assert "got BackendError" in log, output
+            assert log.count(said) == 1, output
+            assert log.count(elsewhere) == 1, output
+    assert timed_out >= 1, output

@@ -33,11 +33,16 @@ running                    interrupted just after        interrupts.py start_the
 running                    interrupted in a wait (no     interrupts.py in_wait
                            asyncio runner)
 running                    interrupted twice (runner)    interrupts.py twice
+joined                     interrupted (SIGINT, or a     interrupts.py in_trace_merge
+                           SIGTERM handler's exit) in
+                           the trace merge's wait
 created                    interrupted in the            interrupts.py in_constructor
                            constructor's wait
 running                    peer finalized MPI            finalize_run
 joined                     finalize (then exit)          finalize_only
 finalized                  begin run                     finalize_run (process 0)
+created                    finalize (MPI finalized       finalize_mid (process 1's
+                           before the constructor)       "create")
 running                    begin run (concurrent)        refused
 running                    out of step (data timeout)    data_stall
 running                    out of step (a collective's   call_timeout
@@ -469,8 +474,15 @@ def test_every_use_after_finalize_inside_a_run_raises_backend_error(tmp_path: Pa
     rc, logs, output = launch("finalize_mid", tmp_path=tmp_path)
     assert rc == 0, output
     finalized = "BackendError: This MultiWorkerMirroredStrategy cannot be used any more: MPI "
-    for use in ("run", "reduce", "gather", "reduce_to", "next run", "create"):
+    for use in ("run", "reduce", "gather", "reduce_to", "next run"):
         assert f"{use}: {finalized}was finalized on this process" in logs[1], output
+    # A strategy never made is not "this MultiWorkerMirroredStrategy", and the rank (no
+    # MPI call may ask it) is not "-1": it is read from the strategy made before.
+    assert (
+        "create: BackendError: MultiWorkerMirroredStrategy cannot be created: MPI was "
+        "finalized in process 1 (MPI.Finalize() ran, and no MPI call may be made after it"
+    ) in logs[1], output
+    assert "process -1" not in output, output
     assert "run: ReplicaExitedError" in logs[0], output
     assert "process 1 (replica 1) finalized MPI (MPI.Finalize())" in output
     for use in ("reduce", "gather", "reduce_to", "next run"):
@@ -674,6 +686,28 @@ def test_an_interruption_in_the_constructor_is_taken_at_once_and_told(tmp_path: 
         "Ctrl-C) while it waited for the other processes to create "
         "MultiWorkerMirroredStrategy, before this process (process 1) created it"
     ) in logs[1], output
+
+
+@pytest.mark.parametrize("sig", ["INT", "TERM"])
+def test_an_interruption_at_the_trace_merge_is_told_to_a_busy_peer(
+    sig: str, tmp_path: Path
+) -> None:
+    # KeyboardInterrupt (or a SIGTERM handler's SystemExit) while process 0 waits at the
+    # end of strategy.trace(...) for process 1, busy inside its block: the merge's wait
+    # only marked the processes out of step, and the exit hook aborted the job at once,
+    # killing process 1 without a word. It is told now, as in a collective's exchange,
+    # and the exit hook waits for its acknowledgement.
+    rc, logs, output = launch("in_trace_merge", sig, tmp_path=tmp_path, program=INTERRUPTS)
+    assert rc != 0, output
+    raised = "KeyboardInterrupt" if sig == "INT" else "SystemExit"
+    assert f"raised {raised} at the end of the trace block" in logs[0], output
+    assert logs[1].startswith(
+        "got ReplicaExitedError: Process 0 stopped waiting for the other processes at the "
+        "end of strategy.trace(...)"
+    ), output
+    told = _TOLD if sig == "INT" else "process 0 (replica 0) failed: SystemExit: 143"
+    assert told in logs[1], output
+    assert "did not acknowledge" not in output, output
 
 
 def test_a_wait_outside_a_run_is_named_in_plain_words() -> None:

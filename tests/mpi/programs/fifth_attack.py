@@ -118,6 +118,33 @@ async def refused_args(how: str) -> None:
     report(f"next {await strategy.run(one_reduce)}")
 
 
+async def creation_cycle() -> None:
+    """Process 0 creates a strategy on COMM_WORLD, then one on a duplicate of it;
+    process 1 in the opposite order. Each waits for the other for ever: the stall
+    warning and the timeout (1 s, 2 s) must say the peer may be creating elsewhere."""
+    import logging
+
+    from mpi4py import MPI
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            report(f"warning: {record.getMessage()}")
+
+    logging.getLogger("asyncreplica").addHandler(Said())
+    other = MPI.COMM_WORLD.Dup()
+    options = ar.CommunicationOptions(timeout_seconds=2)
+    order = [None, other] if RANK == 0 else [other, None]
+    try:
+        for comm in order:
+            ar.MultiWorkerMirroredStrategy(
+                communicator=comm, stall_warning_seconds=1, communication_options=options
+            )
+        report("not reached")
+    except ar.CollectiveError as exc:  # the first to time out; the other is told
+        report(f"got {type(exc).__name__}")
+        report(str(exc))
+
+
 SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
     f.__name__: f
     for f in (
@@ -125,6 +152,7 @@ SCENARIOS: dict[str, Callable[..., Awaitable[None]]] = {
         badstr_run,
         badstr_exit,
         refused_args,
+        creation_cycle,
     )
 }
 

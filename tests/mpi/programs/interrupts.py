@@ -153,14 +153,55 @@ async def in_constructor() -> None:
     await runs(strategy)
 
 
+async def in_trace_merge() -> None:
+    """SIGINT (or SIGTERM, whose handler raises SystemExit: ``sys.argv[2]``) while
+    process 0 waits at the end of ``strategy.trace(...)``, outside asyncio's runner;
+    process 1 is still busy inside its block."""
+    strategy = ar.MultiWorkerMirroredStrategy()
+    term = sys.argv[2:] == ["TERM"]
+    if term:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if RANK == 0:
+        go_at_exit()
+
+        def kill() -> None:
+            report("SIGTERM" if term else "SIGINT")
+            os.kill(os.getpid(), signal.SIGTERM if term else signal.SIGINT)
+
+        def waits_in_merge() -> bool:
+            group = _exit._groups[0] if _exit._groups else None
+            pending = None if group is None else group._pending
+            return bool(
+                group is not None
+                and group._in_flight
+                and pending is not None
+                and pending[1].get("describe") == "the end of strategy.trace(...)"
+            )
+
+        when(waits_in_merge, kill)
+    try:
+        with strategy.trace(os.path.join(os.environ["ASYNCREPLICA_TEST_OUT"], "trace.json")):
+            await strategy.run(one_reduce)
+            if RANK == 1:
+                WORLD.recv(source=0, tag=_GO_TAG)  # blocked: busy inside its block
+    except ar.CollectiveError as exc:
+        report(f"got {type(exc).__name__}: {exc}")
+        return
+    except BaseException as exc:
+        report(f"raised {type(exc).__name__} at the end of the trace block")
+        raise
+    report("merged")
+
+
 if __name__ == "__main__":
     import faulthandler
 
     faulthandler.dump_traceback_later(float(os.environ.get("LIFECYCLE_GUARD_S", "60")), exit=True)
-    scenario = {f.__name__: f for f in (start_then_interrupt, in_wait, twice, in_constructor)}[
-        sys.argv[1]
-    ]
-    if sys.argv[1] == "in_wait":
+    scenario = {
+        f.__name__: f
+        for f in (start_then_interrupt, in_wait, twice, in_constructor, in_trace_merge)
+    }[sys.argv[1]]
+    if sys.argv[1] in ("in_wait", "in_trace_merge"):
         # No asyncio.Runner: SIGINT raises KeyboardInterrupt wherever the loop is: in the
         # run (reported by `runs`) or in the loop's select, out of run_until_complete.
         try:
