@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sized
-from typing import Any, final
+from typing import Any, SupportsIndex, final
 
 from .._core._nest import MAX_NEST_DEPTH, TreeDef, flatten, is_nest, map_structure, unflatten
 from .._core._signature import LeafSpec
@@ -462,7 +463,7 @@ class DistributedDataset(_Distributed):
         size = lengths.pop() if lengths else 0
         per = math.ceil(size / n)
         bounds = [(min(i * per, size), min((i + 1) * per, size)) for i in self._local]
-        split = [_wrap([_read_only(leaf[a:b]) for a, b in bounds]) for leaf in leaves]
+        split = [_wrap([_read_only(_rows(leaf, a, b)) for a, b in bounds]) for leaf in leaves]
         return unflatten(treedef, split)
 
     def _pass(self) -> Iterator[Any]:
@@ -516,9 +517,32 @@ def _is_list_batch(value: object) -> bool:
             if depth >= MAX_NEST_DEPTH:
                 return False  # flatten refuses it, by the one limit on nests
             stack.extend((child, depth + 1) for child in item)
-        elif is_nest(item) or (hasattr(item, "__len__") and not isinstance(item, str | bytes)):
+        elif is_nest(item) or _is_array_item(item):
             return False
     return True
+
+
+def _is_array_item(item: object) -> bool:
+    """Whether a list's item is an array (the list is then structure), not a number.
+
+    An item with a length (a numpy, JAX or PyTorch array) or with an axis (an array-API
+    array, which need not have ``__len__``) is an array; a number, a numpy scalar or a
+    string is not.
+    """
+    if isinstance(item, str | bytes):
+        return False
+    return hasattr(item, "__len__") or len(_shape(item) or ()) >= 1
+
+
+def _shape(leaf: object) -> tuple[object, ...] | None:
+    """``leaf.shape`` as a tuple when it has one (an array of any library), else None."""
+    shape = getattr(leaf, "shape", None)
+    if shape is None or isinstance(leaf, type):
+        return None
+    try:
+        return tuple(shape)
+    except TypeError:  # a shape that is not a sequence of sizes: not an array's
+        return None
 
 
 def _flatten_batch(batch: Any) -> tuple[list[Any], TreeDef]:
@@ -530,27 +554,62 @@ def _flatten_batch(batch: Any) -> tuple[list[Any], TreeDef]:
     return flatten(batch, _is_list_batch, "a dataset element")
 
 
-def _unbatched(leaf: object) -> str | None:
-    """Why ``leaf`` has no batch axis to split, or None when it has one.
+def _batch_axis(leaf: object) -> int | str:
+    """The length of ``leaf``'s batch axis, or why it has none (a description of it).
 
     The one rule for every leaf of every element, whatever container holds it (a tuple,
-    a namedtuple, a mapping or a list that is structure): a leaf is batched when it has
-    a length and can be sliced, and is not a 0-d array. A Python or numpy scalar, or a
-    0-d array, is an unbatched sample.
+    a namedtuple, a mapping or a list that is structure), and whatever library made it:
+
+    - a leaf with a ``shape`` (a numpy, JAX, PyTorch or array-API array) is batched
+      when it has at least one axis: its batch is ``shape[0]`` long, sliced with
+      standard indexing (``x[a:b]``). A 0-d array, or a numpy scalar, is an unbatched
+      sample. The array API standard has no ``__len__`` (array_api_strict leaves it
+      out), so the shape is read, never ``len``;
+    - any other leaf is batched when it has a length and can be sliced (a list of
+      numbers); a Python number is an unbatched sample.
     """
+    shape = _shape(leaf)
+    if shape is not None:
+        if not shape:
+            return f"a 0-d array {leaf!r:.60}"
+        if not hasattr(leaf, "__getitem__"):
+            return f"{type(leaf).__name__} {leaf!r:.60} (it cannot be sliced)"
+        first = shape[0]
+        if isinstance(first, SupportsIndex) and not isinstance(first, bool):
+            return operator.index(first)  # an int (numpy's, too)
+        if hasattr(leaf, "__len__"):  # an axis of unknown size (None): its length
+            return len(leaf)
+        return f"an array whose first axis has unknown size {first!r}: {leaf!r:.60}"
     if not hasattr(leaf, "__len__") or not hasattr(leaf, "__getitem__"):
         return f"{type(leaf).__name__} {leaf!r:.60}"
-    if getattr(leaf, "ndim", None) == 0:
-        return f"a 0-d array {leaf!r:.60}"
-    return None
+    return len(leaf)
+
+
+def _rows(leaf: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of a batched leaf, along its first axis.
+
+    An array-API array is indexed as the standard specifies, ``x[a:b, ...]`` (a lone
+    slice on an array of several axes is not standard, and array_api_strict refuses
+    it); numpy and JAX give the same view either way. Anything else (a list, a PyTorch
+    tensor) is sliced with ``x[a:b]``.
+    """
+    if hasattr(leaf, "__array_namespace__"):
+        return leaf[slice(start, stop), ...]
+    return leaf[start:stop]
+
+
+def _unbatched(leaf: object) -> str | None:
+    """Why ``leaf`` has no batch axis to split, or None when it has one (see :func:`_batch_axis`)."""
+    axis = _batch_axis(leaf)
+    return axis if isinstance(axis, str) else None
 
 
 def _batch_length(leaf: object) -> int:
     """The length of ``leaf``'s batch axis; raises UnbatchedElementError when it has none."""
-    why = _unbatched(leaf)
-    if why is not None:
+    axis = _batch_axis(leaf)
+    if isinstance(axis, str):
         raise UnbatchedElementError(
-            f"a distributed dataset's element has a leaf without a batch axis, {why}: with "
+            f"a distributed dataset's element has a leaf without a batch axis, {axis}: with "
             "several replicas each element must be a batch (a global batch: an array or a "
             "list of numbers, or a tuple, namedtuple or dict of them) that can be split along "
             "its first axis. Tuples, namedtuples and dicts are structure, so a "
@@ -558,16 +617,17 @@ def _batch_length(leaf: object) -> int:
             "batch the dataset first (with several replicas an element is a global batch), "
             "e.g. np.stack(samples), or pass [np.array([3.0])] rather than [np.array(3.0)]"
         )
-    return len(leaf)  # type: ignore[arg-type]
+    return axis
 
 
 def _lengths(batch: Any) -> tuple[int, ...] | None:
     """The first-axis length of each leaf; None if a leaf has no first axis (unbatched)."""
     out = []
     for leaf in _flatten_batch(batch)[0]:
-        if _unbatched(leaf) is not None:
+        axis = _batch_axis(leaf)
+        if isinstance(axis, str):
             return None
-        out.append(len(leaf))
+        out.append(axis)
     return tuple(out)
 
 
@@ -581,7 +641,7 @@ def _empty(leaf: Any) -> Any:
     """
     if _unbatched(leaf) is not None:
         return leaf * 0
-    return leaf[:0]
+    return _rows(leaf, 0, 0)
 
 
 class _Epoch:
