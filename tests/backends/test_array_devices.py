@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 _JAX_DEVICES = textwrap.dedent(
     """
+    import os, sys
     import anyio, jax, jax.numpy as jnp, numpy as np
     import asyncreplica as ar
 
@@ -74,6 +75,11 @@ _JAX_DEVICES = textwrap.dedent(
         print("ok")
 
     anyio.run(main)
+    # XLA's CPU client sometimes aborts in its own interpreter-exit teardown with four
+    # host devices ("terminate called without an active exception", seen once in CI after
+    # "ok" was printed); everything this test checks has run by now, so skip the teardown.
+    sys.stdout.flush()
+    os._exit(0)
     """
 )
 
