@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from time import perf_counter_ns
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core._ledger import key_index
 from .._version import __version__
-from ._records import _Collective, _RunState, did_not_arrive
+from ._records import IN_FLIGHT, UNFINISHED, _Collective, _RunState, did_not_arrive
 
 if TYPE_CHECKING:
     from collections import deque
@@ -32,6 +33,7 @@ class Recording(Protocol):
     _origin: int
     _origin_unix_ns: int
     _records: deque[_Collective | _RunState]
+    _active: list[_RunState]
     _size: int
     _dropped_events: int
     _dropped_collectives: int
@@ -122,6 +124,15 @@ class _Builder:
             else:
                 start = self.add_collective(record)
             first = start if first is None else min(first, start)
+        # Runs still going when the trace is written (a loop stopped with a run pending, a
+        # write from a merge_fn or another task): marked, never shown as if complete.
+        now = perf_counter_ns()
+        for run in tracer._active:
+            self.add_run(run, written_at=now)
+            for record in sorted(run.open.values(), key=lambda r: r.id):
+                start = self.add_collective(record, written_at=now)
+                first = start if first is None else min(first, start)
+            first = run.begin if first is None else min(first, run.begin)
         for failure in tracer._failures:
             self.add_failure(failure)
         if tracer._dropped_events:
@@ -168,15 +179,20 @@ class _Builder:
             },
         }
 
-    def add_run(self, run: _RunState) -> None:
-        end = run.end if run.end is not None else run.begin
-        status = "cancelled" if run.cancelled else "failed" if run.failed else "ok"
+    def add_run(self, run: _RunState, *, written_at: int | None = None) -> None:
+        """The run's slice; ``written_at``: the run had not ended when the trace was written."""
+        if written_at is not None:
+            end, status = written_at, UNFINISHED
+        else:
+            end = run.end if run.end is not None else run.begin
+            status = "cancelled" if run.cancelled else "failed" if run.failed else "ok"
         self.slice(
             ("runs", 0),
             run.begin,
             end,
             {
-                "name": f"run {run.index}" + ("" if status == "ok" else f" ({status})"),
+                "name": f"run {run.index}"
+                + ("" if status == "ok" else f" ({status.partition(':')[0]})"),
                 "cat": "run",
                 "args": {
                     "run": run.index,
@@ -187,10 +203,12 @@ class _Builder:
             },
         )
 
-    def add_collective(self, record: _Collective) -> int:
+    def add_collective(self, record: _Collective, *, written_at: int | None = None) -> int:
+        """The collective's slices; ``written_at``: it was in flight when the trace was written."""
         arrived = [t for t in record.arrivals if t is not None]
         first, last_arrival = min(arrived), max(arrived)
-        complete = record.closed_at is None
+        complete = record.closed_at is None and written_at is None
+        closed_at = written_at if written_at is not None else record.closed_at
         common: dict[str, Any] = {}
         if isinstance(record.key, int):
             common["position"] = record.key
@@ -203,6 +221,8 @@ class _Builder:
             late_us=round((last_arrival - first) / 1000, 3) if complete else None,
             status="completed"
             if complete
+            else IN_FLIGHT
+            if written_at is not None
             else "never completed: the run was cancelled"
             if record.cancelled
             else "never completed: the run failed",
@@ -215,14 +235,18 @@ class _Builder:
             # Each replica's slice shows its own call: after a mismatch they differ.
             label, described = self.describe(signature)
             resumed = record.resumes[replica]
-            end = resumed if resumed is not None else record.closed_at or start
+            end = resumed if resumed is not None else closed_at or start
             waited = (last_arrival if complete else end) - start
             event = self.slice(
                 ("replica", replica),
                 start,
                 end,
                 {
-                    "name": label if complete else f"{label} (never completed)",
+                    "name": label
+                    if complete
+                    else f"{label} (in flight)"
+                    if written_at is not None
+                    else f"{label} (never completed)",
                     "cat": "collective",
                     "args": {
                         **described,
@@ -238,7 +262,7 @@ class _Builder:
             if replica == record.last:
                 late_slice = event
         if record.d0 is not None:
-            d1 = record.d1 if record.d1 is not None else record.closed_at or record.d0
+            d1 = record.d1 if record.d1 is not None else closed_at or record.d0
             reference = None if record.last is None else record.signatures[record.last]
             if reference is None:
                 reference = next(s for s in record.signatures if s is not None)

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from .._core._signature import Signature
 
 
+#: A run's status in a trace written while it was still going, and its collectives'.
+UNFINISHED = "unfinished: still running when the trace was written"
+IN_FLIGHT = "in flight when the trace was written"
+
+
 class _RunState:
     """One run being recorded, and, once ended, its record in the ring buffer."""
 

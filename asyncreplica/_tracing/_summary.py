@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ._recorder import PathLike
-from ._records import did_not_arrive
+from ._records import UNFINISHED, did_not_arrive
 
 __all__ = ["load_trace", "summarize"]
 
@@ -212,10 +212,11 @@ def _num_replicas(run_records: list[_Slice]) -> int:
 
 
 def _cancelled(trace: Mapping[str, Any], slices: list[_Slice]) -> list[str]:
-    """Lines for each run cancelled from outside, with the collectives left pending."""
+    """Lines for each run cancelled from outside or still going, with what was pending."""
     lines: list[str] = []
     for run in _collectives(trace, "run"):
-        if run.args.get("status") != "cancelled":
+        status = run.args.get("status")
+        if status not in ("cancelled", UNFINISHED):
             continue
         index = run.args.get("run")
         pending = sorted(
@@ -226,14 +227,19 @@ def _cancelled(trace: Mapping[str, Any], slices: list[_Slice]) -> list[str]:
             ),
             key=lambda s: (s.args.get("replica", -1), s.start),
         )
-        lines += ["", f"Run {index} was cancelled by a scope around Strategy.run (not a failure)"]
+        lines += [
+            "",
+            f"Run {index} was cancelled by a scope around Strategy.run (not a failure)"
+            if status == "cancelled"
+            else f"Run {index} was still running when the trace was written",
+        ]
         if not pending:
             lines[-1] += "; no collective was in flight."
             continue
         lines[-1] += "; collectives in flight:"
         for s in pending:
             at = f" at {s.args['call_site']}" if s.args.get("call_site") else ""
-            label = s.name.removesuffix(" (never completed)")
+            label = s.name.removesuffix(" (never completed)").removesuffix(" (in flight)")
             value = f" on {s.args['value']}" if s.args.get("value") else ""
             lines.append(f"  replica {s.args.get('replica')}: waiting {label}{value}{at}")
     return lines
