@@ -93,6 +93,32 @@ def _coroutine_error(fn: object) -> TypeError:
     )
 
 
+class _Crossing:
+    """``ProcessGroup.call_begins``/``call_ends`` around one call.
+
+    A class, not ``contextlib.contextmanager``: that one re-raises an exception through
+    a generator and sets its ``__traceback__``, which an exception class may refuse
+    (the user's exception would become an ``AttributeError``), and it adds frames.
+    """
+
+    __slots__ = ("group", "name", "token")
+
+    def __init__(self, group: ProcessGroup, name: str) -> None:
+        self.group = group
+        self.name = name
+        self.token: object = None
+
+    def __enter__(self) -> None:
+        self.token = self.group.call_begins(self.name)
+
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        self.group.call_ends(self.token, raised=kind is not None)
+
+
+#: Outside MultiWorkerMirroredStrategy no call is counted.
+_NOT_CROSSING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+
+
 class Strategy:
     """The base of every strategy: run a function on replicas and combine their values.
 
@@ -436,8 +462,7 @@ class Strategy:
             out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
             return unflatten(treedef, out)
 
-    @contextlib.contextmanager
-    def _crossing(self, name: str) -> Iterator[None]:
+    def _crossing(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Count a call that may cross processes (``ProcessGroup.call_begins``).
 
         Entered before the call checks its arguments: a process that refuses them alone
@@ -445,16 +470,7 @@ class Strategy:
         one (every process raises that it is out of step instead).
         """
         group = self._group
-        if group is None:
-            yield
-            return
-        token = group.call_begins(name)
-        raised = True
-        try:
-            yield
-            raised = False
-        finally:
-            group.call_ends(token, raised=raised)
+        return _NOT_CROSSING if group is None else _Crossing(group, name)
 
     async def gather(self, value: Any, axis: int) -> Any:
         """Concatenate each replica's component along ``axis`` (cross-replica context).
