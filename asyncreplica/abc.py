@@ -57,7 +57,14 @@ from ._core._match import RULES as MATCH_RULES
 from ._core._match import differing_fields as signature_differences
 from ._core._nest import TreeDef, structure_message, treedef_key, treedef_str
 from ._core._report import error_text, key_text, value_text
-from ._core._signature import CallSite, CollectiveKind, LeafSpec, ReduceOp, Signature
+from ._core._signature import (
+    CallSite,
+    CollectiveKind,
+    LeafSpec,
+    MergeFnKey,
+    ReduceOp,
+    Signature,
+)
 from ._registry import available_backends, register_backend
 
 __all__ = [
@@ -67,6 +74,7 @@ __all__ = [
     "EXACT_MEAN_COUNT",
     "LeafSpec",
     "MATCH_RULES",
+    "MergeFnKey",
     "ProcessGroup",
     "ReduceOp",
     "Signature",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from ._codes import see_also
 from ._nest import self_unequal_hint, treedef_str
-from ._signature import CallSite, CollectiveKind, Signature, ordinal
+from ._signature import CallSite, CollectiveKind, MergeFnKey, Signature, ordinal
 
 __all__ = [
     "ALIKE_MARK",
@@ -335,6 +335,8 @@ def mismatch_message(
         )
     elif "array type" in fields:
         lines.append(_array_types_hint(signatures))
+    elif "merge_fn" in fields and _bound_hint(signatures):
+        lines += _bound_hint(signatures)
     elif fields == ("call site",):
         lines.append(
             "The calls look alike but come from different places in the code: usually one "
@@ -353,6 +355,46 @@ def mismatch_message(
         )
     lines.append(_see("CollectiveMismatchError"))
     return "\n".join(lines)
+
+
+def _merge_fn_key(signature: Signature) -> MergeFnKey | None:
+    """The :class:`MergeFnKey` in a signature (a library API's key holds one)."""
+    key = signature.merge_fn
+    parts = key if type(key) is tuple else (key,)
+    return next((part for part in parts if isinstance(part, MergeFnKey)), None)
+
+
+def _bound_hint(signatures: Mapping[int, Signature]) -> list[str]:
+    """Lines naming the bound values that differ, when the merge functions' code agrees."""
+    keys = {rid: _merge_fn_key(sig) for rid, sig in sorted(signatures.items())}
+    found = [key for key in keys.values() if key is not None]
+    if len(found) != len(keys) or len({key.code for key in found}) != 1:
+        return []
+    values = {rid: dict(key.bound) for rid, key in keys.items() if key is not None}
+    labels = list(dict.fromkeys(label for key in found for label, _ in key.bound))
+    differing = [label for label in labels if len({v.get(label) for v in values.values()}) > 1]
+    if not differing:
+        return []
+    rows: dict[str, list[int]] = {}
+    for rid, bound in values.items():
+        text = ", ".join(
+            f"{label}={bound.get(label, '(not a plain value)')}" for label in differing
+        )
+        rows.setdefault(text, []).append(rid)
+    lines = [
+        (
+            "The replicas passed the same merge function with different values bound into "
+            "it. merge_fn runs once, as replica 0 passed it, so the other replicas' values "
+            "would be silently replaced by replica 0's:"
+        )
+    ]
+    lines += [f"  * {format_replicas(ids)}: {text}" for text, ids in rows.items()]
+    lines.append(
+        "Pass per-replica values through merge_call's args= or kwargs= (merge_fn receives "
+        "them as PerReplica values), not through a functools.partial, a bound method's "
+        "instance, a closure or a default."
+    )
+    return lines
 
 
 def _array_types_hint(signatures: Mapping[int, Signature]) -> str:

@@ -16,7 +16,15 @@ from typing import NamedTuple
 
 from ._nest import TreeDef, treedef_str
 
-__all__ = ["CallSite", "CollectiveKind", "LeafSpec", "ReduceOp", "Signature", "ordinal"]
+__all__ = [
+    "CallSite",
+    "CollectiveKind",
+    "LeafSpec",
+    "MergeFnKey",
+    "ReduceOp",
+    "Signature",
+    "ordinal",
+]
 
 
 class ReduceOp(enum.Enum):
@@ -130,6 +138,28 @@ def _short_path(filename: str) -> str:
     return "/".join(parts[-2:]) if len(parts) > 2 else filename
 
 
+class MergeFnKey(NamedTuple):
+    """What identifies a merge function across replicas.
+
+    ``merge_fn`` runs once, as replica 0 passed it, so besides its code the replicas
+    must agree on every value bound into it that can be compared exactly: numbers,
+    strings, bytes, ``None`` and tuples of them, held by a ``functools.partial``, a
+    bound method's instance, a closure cell or a default. Other bound objects are not
+    compared (``_runtime/_merge_key.py`` builds the key).
+
+    Attributes:
+        code: The function's code object (or the callable itself, without one).
+        bound: ``(label, repr)`` of each plain bound value, in a fixed order.
+    """
+
+    code: object
+    bound: tuple[tuple[str, str], ...] = ()
+
+    def bound_text(self) -> str:
+        """``lr=0.1, self.scale=2``: the bound values, for messages."""
+        return ", ".join(f"{label}={text}" for label, text in self.bound)
+
+
 class Signature(NamedTuple):
     """Everything that must agree across replicas at one position.
 
@@ -138,8 +168,9 @@ class Signature(NamedTuple):
         op: The reduce op (all_reduce, reduce_scatter).
         axis: The axis (all_gather, reduce_scatter).
         source: The source replica (broadcast).
-        merge_fn: What identifies the merge function (merge_call): its code object,
-            so closures over different values still match; None for other kinds.
+        merge_fn: What identifies the merge function (merge_call): a
+            :class:`MergeFnKey`, its code and plain bound values (a library API built
+            on merge_call passes a tuple holding one); None for other kinds.
         merge_fn_name: The merge function's qualified name, for reports.
         name: The user's ``name=`` for the collective, if any.
         structure: The treedef of the value (None for barrier and merge_call).

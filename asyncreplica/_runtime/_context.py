@@ -23,6 +23,7 @@ from ._ending import stop_iteration_error
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
+from ._merge_key import merge_fn_key, merge_fn_name
 from ._mode import MODE, Mode, current_mode
 from ._run import LIVE_RUNS, Collective
 from ._values import component
@@ -773,23 +774,6 @@ def _key_set(treedef: TreeDef) -> TreeDef:
     return (cls, keys, tuple(_key_set(child) for child in children))
 
 
-def _fn_name(fn: Callable[..., Any]) -> str:
-    """A function's qualified name for reports (a callable object's type's)."""
-    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
-
-
-def _merge_fn_key(merge_fn: Callable[..., Any]) -> object:
-    """What identifies a merge function across replicas: its code, not the closure."""
-    fn: object = merge_fn
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        call = getattr(type(fn), "__call__", None)  # noqa: B004 -- we want its code
-        code = getattr(call, "__code__", None)
-    return code if code is not None else fn
-
-
 class ReplicaContext:
     """The context of one replica inside ``Strategy.run``: its id and its collectives.
 
@@ -1188,7 +1172,7 @@ class ReplicaContext:
             )
         args, kwargs = _check_args(args, kwargs, "merge_call")
         return self._merge_call(
-            run, merge_fn, args, kwargs, _merge_fn_key(merge_fn), _fn_name(merge_fn)
+            run, merge_fn, args, kwargs, merge_fn_key(merge_fn), merge_fn_name(merge_fn)
         )
 
     def _merge_call(

@@ -24,12 +24,11 @@ from .._values import DistributedValues, IndexedSlices, Mirrored
 from ._context import (
     DefaultReplicaContext,
     _check_args,
-    _fn_name,
-    _merge_fn_key,
     broke,
     hold_result,
     hold_results,
 )
+from ._merge_key import merge_fn_key, merge_fn_name
 from ._mode import current_mode
 from ._values import flatten_distributed
 
@@ -736,8 +735,8 @@ class StrategyExtended:
 
             # What the replicas must agree on is the user's fn (by code, as merge_call's
             # merge_fn) and group, not this closure, which is the same on every replica.
-            key = ("extended.update", _merge_fn_key(fn), group)
-            name = f"extended.update({_fn_name(fn)}{'' if group else ', group=False'})"
+            key = ("extended.update", merge_fn_key(fn), group)
+            name = f"extended.update({merge_fn_name(fn)}{'' if group else ', group=False'})"
             return await replica._merge_call(
                 run, merge_fn, (_VarRef(var), *args), kwargs, key, name
             )

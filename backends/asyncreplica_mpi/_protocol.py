@@ -39,6 +39,7 @@ from asyncreplica.abc import (
     CallSite,
     CollectiveKind,
     LeafSpec,
+    MergeFnKey,
     ReduceOp,
     Signature,
     check_reduced,
@@ -192,12 +193,16 @@ def signature_fields(
             shape[gathered] = -1
         leaves.append([shape, spec.dtype, spec.sparse, spec.array_type])
     merge_fn = signature.merge_fn
-    # merge_call's key is its merge_fn's code; a library API's (extended.update) is a
-    # tuple holding the user's fn's code, whose name tells the rest.
-    parts = merge_fn if isinstance(merge_fn, tuple) else (merge_fn,)
-    code = next((p for p in parts if getattr(p, "co_filename", None) is not None), None)
-    if code is not None:
+    # merge_call's key is a MergeFnKey (its merge_fn's code and plain bound values); a
+    # library API's (extended.update) is a tuple holding the user's fn's, whose name
+    # tells the rest. The text compared across processes holds all of them.
+    parts = merge_fn if type(merge_fn) is tuple else (merge_fn,)
+    key = next((p for p in parts if isinstance(p, MergeFnKey)), None)
+    code: Any = None if key is None else key.code
+    if key is not None and getattr(code, "co_filename", None) is not None:
         merge_fn = f"{signature.merge_fn_name} ({code.co_filename}:{code.co_firstlineno})"
+        if key.bound:
+            merge_fn += f" with {key.bound_text()}"
     elif merge_fn is not None:
         merge_fn = signature.merge_fn_name
     site = signature.call_site
@@ -659,6 +664,7 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     statuses = [Status(d["status"]) for d in details]
     lines: list[str] = []
     paths: dict[int, str] = {}
+    merge_fns: list[str] = []
     if all(s is Status.COLLECTIVE for s in statuses):
         fields = differing_fields(details)
         if any(
@@ -680,6 +686,17 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
             "process (rank, local data): move it out of the branch, or make every process "
             "take the same path."
         )
+        if fields == ["merge_fn"]:
+            # The same text as one process's: the function, its place, its bound values.
+            merge_fns = [f"  * process {d['rank']}: {d['fields'].get('merge_fn')}" for d in details]
+            fix = (
+                "merge_fn runs once, as the first replica passed it, so every replica must "
+                "pass the same function with the same plain values (numbers, strings, "
+                "bytes, None, tuples of them) bound into it. Pass per-replica values "
+                "through merge_call's args= or kwargs= (merge_fn receives them as "
+                "PerReplica values), not through a functools.partial, a bound method's "
+                "instance, a closure or a default."
+            )
     else:
         waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
@@ -716,6 +733,8 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
     positions = {d["fields"].get("position") for d in details if d.get("fields")}
     for d in details:
         lines.append(f"  * {_replicas(d)} {_what(d, len(positions) > 1, paths.get(d['rank']))}")
+    if merge_fns:
+        lines += ["", "Their merge functions:", *merge_fns]
     # The exception adds its last line, the `asyncreplica explain` command of its kind.
     lines += ["", rule, fix]
     return kind, "\n".join(lines)

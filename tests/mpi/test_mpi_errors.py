@@ -196,6 +196,20 @@ def test_sparse_on_one_process_and_dense_on_another_is_a_sparsity_mismatch(
         assert logs[rank].endswith("again 2.0\n"), logs[rank]
 
 
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_merge_fn_bound_to_other_values_on_one_process_is_a_mismatch_everywhere(
+    n: int, tmp_path: Path
+) -> None:
+    rc, logs, output = launch(n, "errors.py", "merge_bound", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(n):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["merge_fn"], logs[rank]
+        assert "lr=0.25" in logs[rank], logs[rank]
+        assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
+
+
 def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
     tmp_path: Path,
 ) -> None:

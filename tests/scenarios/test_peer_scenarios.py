@@ -513,6 +513,28 @@ async def test_s11_different_merge_fn() -> None:
 async def test_s11_closures_of_one_merge_fn_match_and_replica_0s_runs() -> None:
     s = strategy(2)
 
+    def make_merge_fn(scale: object) -> Callable[..., Any]:
+        def merge_fn(strategy: ar.Strategy, value: Any) -> Any:
+            return scale, strategy.experimental_local_results(value)
+
+        return merge_fn
+
+    shared = np.float32(10)  # not a plain value of Python's: bound by identity, one object
+
+    async def step() -> Any:
+        ctx = context()
+        rid = ctx.replica_id_in_sync_group
+        return await ctx.merge_call(make_merge_fn(shared), args=(float(rid),))
+
+    with anyio.fail_after(HANG_GUARD):
+        result = await s.run(step)
+    assert result == (10, (0.0, 1.0))  # TF semantics: replica 0's closure, run once
+
+
+async def test_s11_closures_over_different_plain_values_are_a_mismatch() -> None:
+    """Replica 0's closure runs for all: a bound value that differs would be dropped."""
+    s = strategy(2)
+
     def make_merge_fn(scale: int) -> Callable[..., Any]:
         def merge_fn(strategy: ar.Strategy, value: Any) -> Any:
             return scale, strategy.experimental_local_results(value)
@@ -524,9 +546,9 @@ async def test_s11_closures_of_one_merge_fn_match_and_replica_0s_runs() -> None:
         rid = ctx.replica_id_in_sync_group
         return await ctx.merge_call(make_merge_fn(10 + rid), args=(float(rid),))
 
-    with anyio.fail_after(HANG_GUARD):
-        result = await s.run(step)
-    assert result == (10, (0.0, 1.0))  # TF semantics: replica 0's closure, run once
+    error = await fails(s, step, ar.CollectiveMismatchError)
+    assert error.fields == ("merge_fn",)
+    assert "  * replica 0: scale=10\n  * replica 1: scale=11" in str(error)
 
 
 _VALUE = np.arange(6, dtype=np.float32)

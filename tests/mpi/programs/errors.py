@@ -32,6 +32,10 @@ Scenarios:
 * ``reduce_dtype``: 2 replicas per process; ``strategy.reduce`` of components of float32
   on the last replica, float64 elsewhere (found inside the last process alone):
   ``CollectiveMismatchError`` (dtype) everywhere.
+* ``merge_bound``: 2 replicas per process; every replica passes one merge function,
+  a ``functools.partial`` binding ``lr=0.5`` everywhere but on the last process
+  (``lr=0.25``): ``CollectiveMismatchError`` (merge_fn) everywhere, never replica 0's
+  ``lr`` silently.
 * ``reduce_shape``: 2 replicas per process; ``strategy.reduce`` (``axis=None``) of a
   component of another shape on replica 1 (found inside process 0 alone): ``ValueError``
   everywhere.
@@ -40,6 +44,7 @@ Scenarios:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 
@@ -146,6 +151,17 @@ def mixed_ranks(context: ar.ValueContext) -> object:
     return np.ones((2, 3)) if context.replica_id_in_sync_group == 0 else np.ones((2, 3, 1))
 
 
+def _lr(strategy: ar.Strategy, value: object, lr: float) -> float:
+    return lr
+
+
+async def merge_bound() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    lr = 0.25 if RANK == SIZE - 1 else 0.5
+    return await ctx.merge_call(functools.partial(_lr, lr=lr), args=(1.0,))
+
+
 SCENARIOS = {
     "queued": (queued, 1),
     "raise": (raise_, 2),
@@ -160,6 +176,7 @@ SCENARIOS = {
     "too_big_then_shape": (too_big_then_shape, 2),
     "reduce_dtype": (None, 2),
     "reduce_shape": (None, 2),
+    "merge_bound": (merge_bound, 2),
 }
 
 

@@ -1,0 +1,164 @@
+"""A merge function's bound values must agree across replicas (attack 23g, finding 2).
+
+``merge_fn`` runs once, as replica 0 passed it. It was matched by code object only, so
+a value bound into it that differed per replica (a ``functools.partial`` keyword, a bound
+method's instance attribute, a closure cell, a default) was silently replaced by
+replica 0's: every replica got a result computed with ``lr=0.1``. Plain bound values
+(numbers, strings, bytes, None, tuples of them) are now part of what must agree; other
+bound objects are not compared (replica 0's are used, as in TensorFlow).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+
+import asyncreplica as ar
+
+pytestmark = pytest.mark.anyio
+
+
+def strategy(n: int = 3) -> ar.MirroredStrategy:
+    return ar.MirroredStrategy([f"CPU:{i}" for i in range(n)])
+
+
+def apply(strategy: ar.Strategy, value: Any, lr: object) -> object:
+    return lr
+
+
+def scaled(lr: object, strategy: ar.Strategy, value: Any) -> object:
+    return lr
+
+
+class Optimizer:
+    def __init__(self, lr: object) -> None:
+        self.lr = lr
+        self.name = "sgd"
+
+    def apply(self, strategy: ar.Strategy, value: Any) -> object:
+        return self.lr
+
+
+class Scaled:
+    def __init__(self, lr: object) -> None:
+        self.lr = lr
+
+    def __call__(self, strategy: ar.Strategy, value: Any) -> object:
+        return self.lr
+
+
+def _closure(lr: object) -> Callable[..., Any]:
+    def merge_fn(strategy: ar.Strategy, value: Any) -> object:
+        return lr
+
+    return merge_fn
+
+
+def _default(lr: object) -> Callable[..., Any]:
+    return lambda strategy, value, lr=lr: lr
+
+
+def _kwdefault(lr: object) -> Callable[..., Any]:
+    def merge_fn(strategy: ar.Strategy, value: Any, *, lr: object = lr) -> object:
+        return lr
+
+    return merge_fn
+
+
+BINDINGS: dict[str, tuple[Callable[[object], Callable[..., Any]], str]] = {
+    "partial keyword": (lambda lr: functools.partial(apply, lr=lr), "lr"),
+    "partial argument": (lambda lr: functools.partial(scaled, lr), "partial arg 0"),
+    "nested partial": (lambda lr: functools.partial(functools.partial(apply, lr=lr)), "lr"),
+    "bound method": (lambda lr: Optimizer(lr).apply, "self.lr"),
+    "callable object": (lambda lr: Scaled(lr), "self.lr"),
+    "closure cell": (_closure, "lr"),
+    "default": (_default, "lr"),
+    "keyword-only default": (_kwdefault, "lr"),
+}
+
+
+def _run(s: ar.MirroredStrategy, make: Callable[[int], Callable[..., Any]]) -> Any:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(make(ctx.replica_id_in_sync_group), args=(1.0,))
+
+    return s.run(step)
+
+
+@pytest.mark.parametrize("binding", sorted(BINDINGS))
+async def test_a_plain_value_bound_differently_per_replica_is_a_mismatch(binding: str) -> None:
+    bind, label = BINDINGS[binding]
+    lrs = [0.1, 0.2]
+    with pytest.raises(ar.CollectiveMismatchError) as caught:
+        await _run(strategy(2), lambda r: bind(lrs[r]))
+    error = caught.value
+    assert error.fields == ("merge_fn",)
+    text = str(error)
+    assert "different values bound into it" in text
+    assert f"  * replica 0: {label}=0.1\n  * replica 1: {label}=0.2\n" in text
+    assert "Pass per-replica values through merge_call's args= or kwargs=" in text
+
+
+@pytest.mark.parametrize("binding", sorted(BINDINGS))
+async def test_equal_plain_values_bound_on_every_replica_match(binding: str) -> None:
+    bind, _ = BINDINGS[binding]
+    # Equal values that are distinct objects on each replica (floats computed per replica).
+    result = await _run(strategy(), lambda r: bind(float(f"0.{5 + r - r}")))
+    assert ar.MirroredStrategy(["CPU:0"]).experimental_local_results(result) in ((0.5,), (0.5,) * 3)
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        (1, 1.0),  # int and float: another type, another value
+        (True, 1),
+        (0.0, -0.0),
+        ("a", b"a"),
+        ((1, 2), (1, 3)),
+        (None, 0),
+        (np.float32(0.5), 0.5),
+        (2**70, 2**70 + 1),
+    ],
+    ids=repr,
+)
+async def test_plain_values_differ_by_type_and_exact_value(a: object, b: object) -> None:
+    with pytest.raises(ar.CollectiveMismatchError, match="different values bound into it"):
+        await _run(strategy(2), lambda r: _closure(a if r == 0 else b))
+
+
+async def test_nan_bound_on_every_replica_matches() -> None:
+    result = await _run(strategy(2), lambda r: _closure(float("nan")))
+    values = ar.MirroredStrategy(["CPU:0"]).experimental_local_results(result)
+    assert all(math.isnan(v) for v in values)
+
+
+async def test_objects_that_are_not_plain_values_are_not_compared() -> None:
+    """An array or a dict bound per replica: replica 0's is used (documented, as in TF)."""
+
+    def make(r: int) -> Callable[..., Any]:
+        return functools.partial(apply, lr={"lr": r})
+
+    s = strategy(2)
+    result = await _run(s, make)
+    assert s.experimental_local_results(result) == ({"lr": 0}, {"lr": 0})
+
+
+async def test_extended_update_compares_its_functions_bound_values() -> None:
+    w = ar.Mirrored([1.0, 1.0])
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        d = [0.5, 0.25][ctx.replica_id_in_sync_group]
+        return await ctx.strategy.extended.update(w, lambda x, d=d: x - d)
+
+    with pytest.raises(ar.CollectiveMismatchError) as caught:
+        await strategy(2).run(step)
+    assert caught.value.fields == ("merge_fn",)
+    assert "  * replica 0: d=0.5\n  * replica 1: d=0.25\n" in str(caught.value)
