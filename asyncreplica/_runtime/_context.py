@@ -851,12 +851,23 @@ class ReplicaContext:
             "contextvars.Context().run(...), or the event loop's own task (trio closing an "
             "async generator left unfinished: use `async with aclosing(...)`)."
         )
-        raise ReplicaContextError(
+        error = ReplicaContextError(
             f"{api} was called on the ReplicaContext of replica {self.replica_id_in_sync_group} from "
             "outside that replica (another replica, or a task it started). Call "
             "asyncreplica.get_replica_context() in the coroutine that issues the collective."
             + fresh
         )
+        if (
+            mode is None
+            and run is not None
+            and run._loop is None
+            and not run._errors
+            and _in_trio_system_task(run)
+        ):
+            # trio closes an async generator left unfinished in its own system task and
+            # only logs what escapes it: the run, still live, fails with the refusal.
+            run._fail(self._replica_id, error)
+        raise error
 
     def _options(self, options: CommunicationOptions | None) -> float | None:
         defaults = self._strategy.communication_options

@@ -459,19 +459,21 @@ async def test_the_default_context_taken_outside_the_run_is_refused_in_a_replica
 
 @pytest.mark.filterwarnings("ignore::ResourceWarning")  # trio's, for the generator left
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-async def test_trio_a_refusal_in_an_async_generator_finalizer_is_only_logged_and_unused(
+async def test_trio_a_refusal_in_an_async_generator_finalizer_after_the_run_is_only_logged(
     anyio_backend: object, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The limit, pinned (docs/hangs.md): trio closes an async generator left unfinished
     in its own system task, outside the replica, and only logs what its ``finally``
-    raises. The collective there is refused (ReplicaContextError), so its value is never
-    produced: the run's results (which do not depend on it) are right, nothing waits for
-    it, nothing is silently wrong. ``async with aclosing(...)`` raises it in the step."""
+    raises. While the run is live that refusal fails the run
+    (``test_async_generator_cleanup.py``); a generator that outlives the run is closed
+    after it returned: its collective is refused (the run has finished), so its value is
+    never produced, nothing waits for it, and trio logs the refusal."""
     if anyio_backend != "trio":
         pytest.skip("trio only (asyncio: the run raises the refusal)")
     import gc
 
     events: list[object] = []
+    kept: list[object] = []
 
     async def agen(ctx: ar.ReplicaContext) -> Any:
         try:
@@ -481,13 +483,16 @@ async def test_trio_a_refusal_in_an_async_generator_finalizer_is_only_logged_and
             events.append(await ctx.all_reduce("SUM", 1.0))
 
     async def step() -> Any:
-        async for _ in agen(_ctx()):
+        values = agen(_ctx())
+        kept.append(values)  # outlives the run
+        async for _ in values:
             break
         return 7.0
 
     s = strategy()
     with caplog.at_level("ERROR", logger="trio.async_generator_errors"):
         results = s.experimental_local_results(await s.run(step))
+        kept.clear()
         gc.collect()
         for _ in range(100):
             if len(caplog.records) >= 2:
@@ -498,6 +503,7 @@ async def test_trio_a_refusal_in_an_async_generator_finalizer_is_only_logged_and
     refused = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert len(refused) == 2
     assert all(isinstance(e, ar.ReplicaContextError) for e in refused), refused
+    assert all("whose Strategy.run has finished" in str(e) for e in refused), refused
 
 
 class _WrongStrategyGather(NumpyBackend):
