@@ -229,6 +229,6 @@ def ordinal(n: int) -> str:
 
 # The public module to import them from (asyncreplica.abc): tracebacks, repr and help()
 # name it, and pickle finds them there. ReduceOp's is ``asyncreplica``, set there.
-for _cls in (CallSite, CollectiveKind, LeafSpec, Signature):
+for _cls in (CallSite, CollectiveKind, LeafSpec, MergeFnKey, Signature):
     _cls.__module__ = "asyncreplica.abc"
 del _cls
