@@ -148,10 +148,14 @@ async def test_default_replica_context_all_reduce_is_identity() -> None:
     assert await ctx.all_reduce("sum", []) == []
 
 
-async def test_default_replica_context_all_gather_is_identity_even_for_scalars() -> None:
+async def test_default_replica_context_all_gather_is_identity() -> None:
     ctx = ar.get_replica_context()
-    np.testing.assert_array_equal(await ctx.all_gather(5.0, 0), 5.0)
-    np.testing.assert_array_equal(await ctx.all_gather(np.arange(3), 0), [0, 1, 2])
+    value = np.arange(3)
+    assert await ctx.all_gather(value, 0) is value
+    # A scalar is refused, as a replica's all_gather refuses it (it was returned as it
+    # was, and the program failed on its first run of several replicas).
+    with pytest.raises(ValueError, match="rank >= 1"):
+        await ctx.all_gather(5.0, 0)
 
 
 async def test_default_replica_context_merge_call_is_direct_call() -> None:

@@ -15,6 +15,12 @@ touching a single leaf. A treedef node is ``None`` for a leaf, or
 mappings ``(sorted keys, KeyOrder, default_factory or None)``, and for a found node its
 :class:`Node` (which compares its own metadata and rebuilds it).
 
+Rebuilding (``unflatten``, in :func:`_build`, the one place) calls the container's
+constructor and checks what it gave back: the type itself holding exactly the items given,
+each the very object; anything else is a ``TypeError`` naming the type, never a structure
+changed silently (a ``tuple`` subclass whose ``__new__`` takes ``*items``, a dict subclass
+that adds a key).
+
 Two mappings with the same keys are the same structure whatever order their keys
 were inserted in, as in TensorFlow's ``nest`` (which sorts dict keys): the insertion
 order is kept in a :class:`KeyOrder`, which rebuilds the mapping as it was but takes
@@ -275,12 +281,18 @@ def _build(cls: type, keys: object, children: list[object]) -> object:
             return children
         if cls is tuple:
             return tuple(children)
+        # A namedtuple is rebuilt with its _make (its constructor takes fields).
+        named: Callable[[list[object]], object] | None = (
+            getattr(cls, "_make", None) if hasattr(cls, "_fields") else None
+        )
+        how = "type(s)(items)" if named is None else "type(t)._make(items)"
         try:
-            if hasattr(cls, "_fields") and hasattr(cls, "_make"):
-                return cls._make(children)
-            return cls(children)
+            rebuilt = cls(children) if named is None else named(children)
         except Exception as error:
-            raise TypeError(_not_rebuilt(cls, "type(s)(items)", error)) from error
+            raise TypeError(_not_rebuilt(cls, how, error)) from error
+        if type(rebuilt) is not cls or not _holds_items(rebuilt, children):
+            raise TypeError(_changed(cls, how, rebuilt, len(children)))
+        return rebuilt
     assert isinstance(keys, tuple)
     ordered, insertion, factory = keys
     items = dict(zip(ordered, children, strict=True))
@@ -297,11 +309,46 @@ def _build(cls: type, keys: object, children: list[object]) -> object:
         return items
     make: Callable[..., object] = cls
     try:
-        if issubclass(cls, defaultdict):
-            return make(factory, items)
-        return make(items)
+        rebuilt = make(factory, items) if issubclass(cls, defaultdict) else make(items)
     except Exception as error:
         raise TypeError(_not_rebuilt(cls, "type(m)(items)", error)) from error
+    if type(rebuilt) is not cls or not _holds(rebuilt, items):
+        raise TypeError(_changed(cls, "type(m)(items)", rebuilt, len(items)))
+    return rebuilt
+
+
+def _holds_items(sequence: object, items: list[object]) -> bool:
+    """Whether ``sequence`` (a rebuilt list or tuple) holds exactly ``items``, in order.
+
+    Each the very object given: a constructor that takes its items another way (a
+    ``tuple`` subclass whose ``__new__`` takes ``*items`` holds one item, the list) or
+    converts them does not. Read by iterating, as flattening reads it.
+    """
+    if not isinstance(sequence, list | tuple) or len(sequence) != len(items):
+        return False
+    try:
+        return all(got is item for got, item in zip(sequence, items, strict=True))
+    except ValueError:  # an __iter__ that disagrees with __len__
+        return False
+
+
+def _holds(mapping: object, items: dict[object, object]) -> bool:
+    """Whether ``mapping`` (a rebuilt Mapping) holds exactly ``items``.
+
+    The same keys, each with the very object given. A constructor that drops, adds or
+    converts items, or a ``__getitem__`` that gives other objects back, does not.
+    """
+    if not isinstance(mapping, Mapping):
+        return False
+    try:
+        if len(mapping) != len(items):
+            return False
+        for key, value in items.items():
+            if key not in mapping or mapping[key] is not value:
+                return False
+    except Exception:
+        return False  # a user's mapping that cannot be read back: not rebuilt
+    return True
 
 
 def _type_name(cls: type) -> str:
@@ -320,6 +367,46 @@ def _not_rebuilt(cls: type, how: str, error: Exception) -> str:
         "items)), and a list or tuple subclass as type(s)(items) (a namedtuple with "
         f"_make(items)): give {cls.__qualname__} a constructor that takes its items that "
         "way, or pass a plain dict (dict(m)) or list"
+    )
+
+
+def _changed(cls: type, how: str, rebuilt: object, count: int) -> str:
+    """The message for a user's container type that did not give back exactly its items.
+
+    Its constructor accepted the items but did not return a container of that type
+    holding exactly them (each the very object given): the structure, or a value, would
+    change silently (a ``tuple`` subclass whose ``__new__`` takes ``*items`` gains a
+    nesting level on every pass).
+    """
+    name = cls.__qualname__
+    try:
+        size = f" of length {len(rebuilt)}"  # type: ignore[arg-type]
+    except Exception:
+        size = ""
+    items = "1 item" if count == 1 else f"{count} items"
+    if issubclass(cls, Mapping):
+        held = "those keys, each with the very value given"
+        why = "ignores or converts the dict it is given, or its __getitem__ gives other objects"
+        fix = f"give {name} a constructor that keeps the dict it is given, or pass a plain dict (dict(m))"
+    else:
+        held = "those items, in order, each the very object given"
+        why = f"takes its items another way ({name}(*items), say) or converts them"
+        plain, make = (
+            ("list", "__init__(self, items)")
+            if issubclass(cls, list)
+            else ("tuple", "__new__(cls, items)")
+        )
+        fix = (
+            f"make {name} a namedtuple (rebuilt with _make), give it a constructor that "
+            f"takes one iterable of items and keeps them (def {make}), or pass a plain "
+            f"{plain} ({plain}(s))"
+        )
+    return (
+        f"the container type {_type_name(cls)} could not be rebuilt as {how}: given "
+        f"{items}, it returned a {_type_name(type(rebuilt))}{size}, not a {name} holding "
+        f"{held} (its constructor {why}). asyncreplica rebuilds a collective's value, a "
+        "run's arguments and results and a dataset element so, and refuses a rebuild "
+        f"that would silently change their structure or values: {fix}"
     )
 
 

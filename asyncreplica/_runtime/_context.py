@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._core._dtypes import reduced_dtype, refusal
+from .._core._dtypes import reduce_refusal, reduced_dtype, refusal
 from .._core._nest import TreeDef, flatten, regroup, select_replica
 from .._core._report import key_text, see_also, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
@@ -23,6 +23,7 @@ from ._ending import stop_iteration_error
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
+from ._issuing import reducible as _reducible
 from ._merge_key import merge_fn_key, merge_fn_name
 from ._mode import MODE, Mode, current_mode
 from ._run import LIVE_RUNS, Collective
@@ -614,7 +615,8 @@ def get_replica_context() -> ReplicaContext | None:
 
     Inside ``Strategy.run`` this is the replica's own context; inside
     ``strategy.scope()`` or a ``merge_fn`` it is None; elsewhere it is the default
-    replica context (one replica, whose collectives are the identity).
+    replica context (one replica, whose collectives are the identity, after the checks a
+    replica's collectives make: a call a replica refuses is refused there too).
     """
     context: ReplicaContext | None = current_mode().replica
     if LIVE_RUNS and isinstance(context, DefaultReplicaContext):
@@ -761,6 +763,36 @@ def _check_args(args: object, kwargs: object, what: str) -> tuple[Sequence[Any],
     return args, kwargs
 
 
+def _cross_replica_error(api: str) -> ReplicaContextError:
+    """The error of a replica context's ``api`` called in cross-replica context."""
+    return ReplicaContextError(
+        f"{api} needs a replica context, but it was called in cross-replica context "
+        "(inside strategy.scope() or a merge_fn). There, use the cross-replica APIs: "
+        "await strategy.reduce(...), await strategy.gather(...), or "
+        "await strategy.extended.reduce_to(...)."
+    )
+
+
+def _merge_call_checks(
+    merge_fn: object, args: object, kwargs: object
+) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """``merge_call``'s checks of its arguments (a replica's and the default context's).
+
+    Returns ``(args, kwargs)``, ``kwargs`` a mapping. Their structure is checked next,
+    by :func:`_merge_structure` (a nest too deep is refused there).
+    """
+    if not callable(merge_fn):
+        raise TypeError(
+            f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
+        )
+    return _check_args(args, kwargs, "merge_call")
+
+
+def _merge_structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> TreeDef:
+    """The structure of ``merge_call``'s arguments that replicas must agree on."""
+    return _key_set(flatten((args, kwargs))[1])
+
+
 def _key_set(treedef: TreeDef) -> TreeDef:
     """``treedef`` as regrouping compares it: a mapping is its set of keys, nothing more.
 
@@ -836,12 +868,7 @@ class ReplicaContext:
                 "created it: call asyncreplica.get_replica_context() inside the step function."
             )
         if mode is not None and mode.cross_replica:
-            raise ReplicaContextError(
-                f"{api} needs a replica context, but it was called in cross-replica context "
-                "(inside strategy.scope() or a merge_fn). There, use the cross-replica APIs: "
-                "await strategy.reduce(...), await strategy.gather(...), or "
-                "await strategy.extended.reduce_to(...)."
-            )
+            raise _cross_replica_error(api)
         fresh = (
             ""
             if mode is not None
@@ -931,6 +958,88 @@ class ReplicaContext:
             raise TypeError(f"name must be a string or None, got {value_text(name)}")
         return str.__str__(name)
 
+    # -- each collective's checks ------------------------------------------------------
+    #
+    # What a collective checks of its arguments, in its order, before it is issued: one
+    # place for the replicas' contexts and the default one, whose collectives run the
+    # same checks and then return the value itself. A call a replica refuses is refused
+    # there too, with the same error (tests/runtime/test_attack_eighth_round_structure.py
+    # compares them call by call).
+
+    def _all_reduce_checks(
+        self,
+        reduce_op: ReduceOp | str,
+        value: Any,
+        options: CommunicationOptions | None,
+        name: object,
+    ) -> None:
+        """``all_reduce``'s checks, in its order.
+
+        The name (:meth:`all_reduce`), then the op, the options and the value
+        (``_issuing.all_reduce``, whose compiled body makes them inline: one leaf's on a
+        fast path, a value of several leaves through ``_reducible``, as here).
+        """
+        self._check_name(name)
+        op = ReduceOp.parse(reduce_op)
+        self._options(options)
+        _reducible(self, op, value)
+
+    def _all_gather_checks(
+        self, value: Any, axis: object, options: CommunicationOptions | None, name: object
+    ) -> tuple[float | None, list[object], TreeDef, tuple[LeafSpec, ...], int, str | None]:
+        """``(timeout, leaves, treedef, specs, axis, name)`` of a valid ``all_gather``."""
+        timeout = self._options(options)
+        leaves, treedef = _flatten(value)
+        specs = self._describe(leaves, treedef)
+        checked = _check_axis(axis, specs, "all_gather", sparse_ok=False)
+        return timeout, leaves, treedef, specs, checked, self._check_name(name)
+
+    def _broadcast_checks(
+        self, value: Any, source: object, name: object
+    ) -> tuple[float | None, list[object], TreeDef, tuple[LeafSpec, ...], str | None]:
+        """``(timeout, leaves, treedef, specs, name)`` of a valid ``broadcast``."""
+        n = self.num_replicas_in_sync
+        if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
+            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
+        timeout = self._options(None)
+        leaves, treedef = _flatten(value)
+        specs = self._describe(leaves, treedef)
+        _refuse_broadcast_slices(specs)
+        return timeout, leaves, treedef, specs, self._check_name(name)
+
+    def _reduce_scatter_checks(
+        self, reduce_op: ReduceOp | str, value: Any, axis: object, name: object
+    ) -> tuple[
+        ReduceOp, float | None, list[object], TreeDef, tuple[LeafSpec, ...], int, str | None
+    ]:
+        """``(op, timeout, leaves, treedef, specs, axis, name)`` of a valid ``reduce_scatter``.
+
+        Its leaves are held to ``all_reduce``'s rule (:func:`reduce_refusal`) after the
+        axis: a boolean is refused when each replica issues the call, before any waits
+        (as ``all_reduce`` refuses it), not by the backend once all have arrived.
+        """
+        op = ReduceOp.parse(reduce_op)
+        timeout = self._options(None)
+        leaves, treedef = _flatten(value)
+        specs = self._describe(leaves, treedef)
+        checked = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
+        error = reduce_refusal(op, specs)
+        if error is not None:
+            raise error
+        n = self.num_replicas_in_sync
+        for spec in specs:
+            size = spec.shape[checked]
+            if size % n:
+                raise ValueError(
+                    f"reduce_scatter splits axis {checked} into {n} equal chunks, but a value of "
+                    f"shape {spec.shape} has {size} elements there: pad it to a multiple of {n}"
+                )
+        return op, timeout, leaves, treedef, specs, checked, self._check_name(name)
+
+    def _barrier_checks(self, name: object) -> tuple[float | None, str | None]:
+        """``(timeout, name)`` of a valid ``barrier``."""
+        return self._options(None), self._check_name(name)
+
     # -- collectives ------------------------------------------------------------------
 
     def all_reduce(
@@ -1010,14 +1119,13 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("all_gather")
-        timeout = self._options(options)
-        leaves, treedef = _flatten(value)
-        specs = self._describe(leaves, treedef)
-        axis = _check_axis(axis, specs, "all_gather", sparse_ok=False)
+        timeout, leaves, treedef, specs, axis, name = self._all_gather_checks(
+            value, axis, options, name
+        )
         signature = Signature(
             CollectiveKind.ALL_GATHER,
             axis=axis,
-            name=self._check_name(name),
+            name=name,
             structure=treedef,
             leaves=specs,
             call_path=call_path(),
@@ -1049,17 +1157,11 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("broadcast")
-        n = self.num_replicas_in_sync
-        if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
-            raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
-        timeout = self._options(None)
-        leaves, treedef = _flatten(value)
-        specs = self._describe(leaves, treedef)
-        _refuse_broadcast_slices(specs)
+        timeout, leaves, treedef, specs, name = self._broadcast_checks(value, source, name)
         signature = Signature(
             CollectiveKind.BROADCAST,
             source=source,
-            name=self._check_name(name),
+            name=name,
             structure=treedef,
             leaves=specs,
             call_path=call_path(),
@@ -1086,31 +1188,23 @@ class ReplicaContext:
             This replica's chunk of the result (read-only views).
 
         Raises:
-            ValueError: Bad ``reduce_op`` or ``axis``, or a dimension that does not
-                divide by the number of replicas.
+            ValueError: Bad ``reduce_op`` or ``axis``, a scalar leaf, or a dimension that
+                does not divide by the number of replicas.
+            TypeError: A leaf is not numeric, or is boolean (raised by this call).
+            NotImplementedError: A leaf is an ``IndexedSlices``.
             CollectiveMismatchError: See :meth:`all_reduce`.
             ReplicaExitedError: See :meth:`all_reduce`.
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("reduce_scatter")
-        op = ReduceOp.parse(reduce_op)
-        timeout = self._options(None)
-        leaves, treedef = _flatten(value)
-        specs = self._describe(leaves, treedef)
-        axis = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
-        n = self.num_replicas_in_sync
-        for spec in specs:
-            size = spec.shape[axis]
-            if size % n:
-                raise ValueError(
-                    f"reduce_scatter splits axis {axis} into {n} equal chunks, but a value of "
-                    f"shape {spec.shape} has {size} elements there: pad it to a multiple of {n}"
-                )
+        op, timeout, leaves, treedef, specs, axis, name = self._reduce_scatter_checks(
+            reduce_op, value, axis, name
+        )
         signature = Signature(
             CollectiveKind.REDUCE_SCATTER,
             op=op,
             axis=axis,
-            name=self._check_name(name),
+            name=name,
             structure=treedef,
             leaves=specs,
             call_path=call_path(),
@@ -1135,10 +1229,8 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("barrier")
-        timeout = self._options(None)
-        signature = Signature(
-            CollectiveKind.BARRIER, name=self._check_name(name), call_path=call_path()
-        )
+        timeout, name = self._barrier_checks(name)
+        signature = Signature(CollectiveKind.BARRIER, name=name, call_path=call_path())
 
         return Collective(run, self._replica_id, signature, None, _dispatch_barrier, None, timeout)
 
@@ -1177,11 +1269,7 @@ class ReplicaContext:
                 ``merge_fn`` included).
         """
         run = self._require_current("merge_call")
-        if not callable(merge_fn):
-            raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
-            )
-        args, kwargs = _check_args(args, kwargs, "merge_call")
+        args, kwargs = _merge_call_checks(merge_fn, args, kwargs)
         return self._merge_call(
             run, merge_fn, args, kwargs, merge_fn_key(merge_fn), merge_fn_name(merge_fn)
         )
@@ -1210,7 +1298,7 @@ class ReplicaContext:
             merge_fn_name=name,
             # The replicas' arguments are regrouped leaf by leaf: their structures must
             # agree, and a replica that disagrees is named when it arrives.
-            structure=_key_set(flatten(payload[1:])[1]),
+            structure=_merge_structure(payload[1], payload[2]),
             call_path=call_path(),
         )
         return Collective(
@@ -1270,15 +1358,25 @@ class DefaultReplicaContext(ReplicaContext):
 
     As in TensorFlow, ``all_reduce`` and ``all_gather`` return the value itself (no
     arithmetic, no dtype change) and ``merge_call`` calls ``merge_fn`` directly in
-    cross-replica context.
+    cross-replica context. Each collective first makes the checks a replica's makes
+    (the ``_*_checks`` methods it inherits, one place): a call that a one-replica
+    ``MirroredStrategy`` refuses is refused here with the same error, so a program
+    written against the default strategy meets no new refusal on its first real run.
     """
 
     def _require_current(self, api: str) -> Run:
         raise AssertionError("the default replica context has no run")
 
-    def _validate(self, value: Any) -> None:
-        leaves, treedef = flatten(value)
-        self._describe(leaves, treedef)
+    async def _enter(self, api: str) -> None:
+        """Refuse ``api`` where a replica's context would refuse it.
+
+        Beside a live run of several replicas, or in cross-replica context (a
+        ``merge_fn``, ``strategy.scope()``).
+        """
+        if LIVE_RUNS:
+            await _refuse_default_collective(api)
+        if current_mode().cross_replica:
+            raise _cross_replica_error(api)
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -1294,11 +1392,8 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to combine)."""
-        if LIVE_RUNS:
-            await _refuse_default_collective("all_reduce")
-        ReduceOp(reduce_op)
-        self._options(options)
-        self._validate(value)
+        await self._enter("all_reduce")
+        self._all_reduce_checks(reduce_op, value, options, name)
         return value
 
     async def all_gather(
@@ -1310,41 +1405,28 @@ class DefaultReplicaContext(ReplicaContext):
         name: str | None = None,
     ) -> Any:
         """Return ``value`` unchanged (one replica: nothing to gather)."""
-        if LIVE_RUNS:
-            await _refuse_default_collective("all_gather")
-        self._options(options)
-        leaves, treedef = flatten(value)
-        for spec in self._describe(leaves, treedef):
-            if spec.sparse:
-                raise NotImplementedError("all_gather does not support IndexedSlices")
-        if isinstance(axis, bool) or not isinstance(axis, int):
-            raise TypeError(f"all_gather: axis must be an int, got {value_text(axis)}")
+        await self._enter("all_gather")
+        self._all_gather_checks(value, axis, options, name)
         return value
 
     async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
         """Return ``value`` unchanged (one replica)."""
-        if LIVE_RUNS:
-            await _refuse_default_collective("broadcast")
-        if source != 0:
-            raise ValueError(f"source must be a replica id in 0..0, got {value_text(source)}")
-        leaves, treedef = flatten(value)
-        _refuse_broadcast_slices(self._describe(leaves, treedef))
+        await self._enter("broadcast")
+        self._broadcast_checks(value, source, name)
         return value
 
     async def reduce_scatter(
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
     ) -> Any:
         """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
-        if LIVE_RUNS:
-            await _refuse_default_collective("reduce_scatter")
-        ReduceOp(reduce_op)
-        self._validate(value)
+        await self._enter("reduce_scatter")
+        self._reduce_scatter_checks(reduce_op, value, axis, name)
         return value
 
     async def barrier(self, *, name: str | None = None) -> None:
         """Return at once (one replica)."""
-        if LIVE_RUNS:
-            await _refuse_default_collective("barrier")
+        await self._enter("barrier")
+        self._barrier_checks(name)
 
     async def merge_call(
         self,
@@ -1355,17 +1437,10 @@ class DefaultReplicaContext(ReplicaContext):
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
         if LIVE_RUNS:
             _refuse_default_in_replica("merge_call")
-        if not callable(merge_fn):
-            raise TypeError(
-                f"merge_fn must be callable as merge_fn(strategy, *args, **kwargs), got {value_text(merge_fn)}"
-            )
         if current_mode().replica is not self:
-            raise ReplicaContextError(
-                "merge_call was called in cross-replica context (inside a merge_fn or "
-                "strategy.scope()); it is available in replica context only. Inside a "
-                "merge_fn, call the cross-replica APIs directly."
-            )
-        args, kwargs = _check_args(args, kwargs, "merge_call")
+            raise _cross_replica_error("merge_call")
+        args, kwargs = _merge_call_checks(merge_fn, args, kwargs)
+        _merge_structure(tuple(args), dict(kwargs))
         token = MODE.set(Mode(self._strategy, True, None))
         try:
             result = merge_fn(self._strategy, *args, **kwargs)

@@ -29,9 +29,9 @@ from ._mode import MODE
 
 if TYPE_CHECKING:
     from .._options import CommunicationOptions
-    from ._protocols import IssuingContext, IssuingRun, IssuingStrategy
+    from ._protocols import Describer, IssuingContext, IssuingRun, IssuingStrategy
 
-__all__ = ["all_reduce", "flatten_value"]
+__all__ = ["all_reduce", "flatten_value", "reducible"]
 
 # Types seen to be leaves: a value of one of these skips flattening (a cache, not a rule).
 _LEAF_TYPES: Final[set[type]] = set()
@@ -78,6 +78,25 @@ def flatten_value(value: object) -> tuple[list[object], TreeDef]:
     elif len(_LEAF_TYPES) < 256:
         _LEAF_TYPES.update(map(type, leaves))
     return leaves, treedef
+
+
+def reducible(
+    ctx: Describer, op: ReduceOp, value: object
+) -> tuple[list[object], TreeDef, tuple[LeafSpec, ...]]:
+    """``value``'s leaves, treedef and specs, when ``op`` may reduce it; else its error.
+
+    The rule for the value of a reduction issued in a replica context, in one place:
+    each leaf is one the backend holds (``ctx._describe``) and ``op`` reduces
+    (:func:`reduce_refusal`). ``all_reduce`` and ``reduce_scatter`` check their value
+    with it, and so does the default replica context, whose collectives return the
+    value itself: a call refused in a replica is refused there too.
+    """
+    leaves, treedef = flatten_value(value)
+    specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
+    refusal = reduce_refusal(op, specs)
+    if refusal is not None:
+        raise refusal
+    return leaves, treedef, specs
 
 
 def all_reduce(
@@ -144,11 +163,7 @@ def all_reduce(
             # The signature holds spec and path: their ids stay theirs while cached.
             _SIGNATURES[cache_key] = signature
     else:
-        leaves, treedef = flatten_value(value)
-        specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
-        refusal = reduce_refusal(op, specs)
-        if refusal is not None:
-            raise refusal
+        leaves, treedef, specs = reducible(ctx, op, value)
         if name is not None:
             name = ctx._check_name(name)
         # A plain tuple build: the named tuple's keyword constructor costs more

@@ -143,12 +143,20 @@ async def test_strategy_reduce_of_a_mapping_that_cannot_be_rebuilt_names_its_typ
 
 
 class FlipMap(collections.abc.Mapping[str, Any]):
-    """Yields key 'a' on odd passes and 'b' on even ones; both keys are present."""
+    """Yields key 'a' on odd passes and 'b' on even ones; both keys are present.
 
-    def __init__(self, *_: Any) -> None:
+    Rebuilt as ``FlipMap(items)``, it keeps the items it is given (one that ignored them
+    would give back other values than the reduced ones: refused since, see
+    test_attack_eighth_round_structure.py).
+    """
+
+    def __init__(self, items: dict[str, Any] | None = None) -> None:
         self.n = 0
+        self.d = {} if items is None else items
 
     def __getitem__(self, k: str) -> Any:
+        if k in self.d:
+            return self.d[k]
         if k in ("a", "b"):
             return np.array([1.0])
         raise KeyError(k)
@@ -165,7 +173,10 @@ async def test_a_mapping_whose_iteration_changes_is_read_in_one_pass() -> None:
     async def step() -> Any:
         ctx = ar.get_replica_context()
         assert ctx is not None
-        return await ctx.all_reduce("sum", FlipMap())
+        out = await ctx.all_reduce("sum", FlipMap())
+        assert out.d.keys() == {"a"}  # the key read in the one pass, holding the sum
+        np.testing.assert_array_equal(out.d["a"], [2.0])
+        return out
 
     result = await strategy().run(step)
     for value in strategy().experimental_local_results(result):
