@@ -26,7 +26,11 @@ __all__ = [
 
 
 def normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Non-negative axes of a value of this shape.
+    """Non-negative axes of a value of this shape, in ascending order.
+
+    Sorted here, once: the order in which ``axis`` names them does not change the
+    reduction, so it must not change its bits either (a complex ``PROD`` over
+    ``(1, 0)`` rounded differently from one over ``(0, 1)``).
 
     Raises:
         ValueError: An axis is out of range or named twice.
@@ -39,7 +43,7 @@ def normalize_axes(axes: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, 
         out.append(a % rank)
     if len(set(out)) != len(out):
         raise ValueError(f"`axis` {axes} names the same axis twice")
-    return tuple(out)
+    return tuple(sorted(out))
 
 
 def _replicas(ids: Sequence[int]) -> str:

@@ -262,6 +262,8 @@ def reduce(op: ReduceOp, components: Sequence[Array], axis: tuple[int, ...] | No
     """``Strategy.reduce`` of one leaf's components (``axis`` already non-negative)."""
     if axis is None:
         return combine(op, components)
+    # The order in which ``axis`` names the axes is not part of the reduction: ascending.
+    axis = tuple(sorted(axis))
     first = components[0]
     _check_reducible(first.dtype)
     error = empty_extremum_error(op, [tuple(c.shape) for c in components], axis)
