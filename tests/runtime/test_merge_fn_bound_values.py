@@ -10,6 +10,11 @@ bound objects are not compared (replica 0's are used, as in TensorFlow).
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+import decimal
+import enum
+import fractions
 import functools
 import math
 from collections.abc import Callable
@@ -162,3 +167,130 @@ async def test_extended_update_compares_its_functions_bound_values() -> None:
         await strategy(2).run(step)
     assert caught.value.fields == ("merge_fn",)
     assert "  * replica 0: d=0.5\n  * replica 1: d=0.25\n" in str(caught.value)
+
+
+# -- attack 23h, finding 1: what the first key missed -------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedOptimizer:
+    lr: float
+
+    def apply(self, strategy: ar.Strategy, value: Any) -> float:
+        return self.lr
+
+
+class SlottedCallable:
+    __slots__ = ("lr",)
+
+    def __init__(self, lr: float) -> None:
+        self.lr = lr
+
+    def __call__(self, strategy: ar.Strategy, value: Any) -> float:
+        return self.lr
+
+
+class Base:
+    lr = 0.0
+
+    def apply(self, strategy: ar.Strategy, value: Any) -> float:
+        return self.lr
+
+
+class SmallSteps(Base):
+    lr = 0.1
+
+
+class LargeSteps(Base):
+    lr = 0.2
+
+
+class Colour(enum.Enum):
+    RED = 1
+    BLUE = 2
+
+
+Pair = collections.namedtuple("Pair", "a b")
+
+
+class Shown(float):
+    def __repr__(self) -> str:
+        return "x"
+
+
+def _decorated(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(strategy: ar.Strategy, value: Any) -> Any:
+        return fn(strategy, value)
+
+    return wrapper
+
+
+def _update_a(strategy: ar.Strategy, value: Any) -> str:
+    return "a"
+
+
+def _update_b(strategy: ar.Strategy, value: Any) -> str:
+    return "b"
+
+
+def _deep(value: object, depth: int) -> object:
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+DIFFERING: dict[str, Callable[[int], Callable[..., Any]]] = {
+    "slotted dataclass method": lambda r: SlottedOptimizer([0.1, 0.2][r]).apply,
+    "slotted callable object": lambda r: SlottedCallable([0.1, 0.2][r]),
+    "method inherited by subclasses": lambda r: [SmallSteps, LargeSteps][r]().apply,
+    "different functions behind one decorator": lambda r: _decorated([_update_a, _update_b][r]),
+    "a closure cell holding a partial": lambda r: _closure(functools.partial(apply, lr=r)),
+    "Fraction": lambda r: _closure(fractions.Fraction(1, 10 + r)),
+    "Decimal": lambda r: _closure(decimal.Decimal(f"0.{r + 1}")),
+    "enum member": lambda r: _closure([Colour.RED, Colour.BLUE][r]),
+    "namedtuple": lambda r: _closure(Pair(0.1, 0.1 * (r + 1))),
+    "tuple nested deeper than 3": lambda r: _closure(_deep(r, 6)),
+    "int longer than str allows": lambda r: _closure(10**5000 + r),
+    "float subclass with one repr": lambda r: _closure(Shown(0.1 * (r + 1))),
+    "numpy scalars alike in legacy print": lambda r: _closure(
+        [np.float32(0.1), np.float16(0.1)][r]
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIFFERING))
+async def test_what_the_first_key_missed_is_a_mismatch(case: str) -> None:
+    legacy = np.get_printoptions()["legacy"]
+    np.set_printoptions(legacy="1.25")  # numpy scalars print alike: the key is not repr
+    try:
+        with pytest.raises(ar.CollectiveMismatchError) as caught:
+            await _run(strategy(2), DIFFERING[case])
+    finally:
+        np.set_printoptions(legacy=legacy)
+    assert caught.value.fields == ("merge_fn",)
+
+
+SAME: dict[str, Callable[[int], Callable[..., Any]]] = {
+    "slotted dataclass method": lambda r: SlottedOptimizer(float("0.5")).apply,
+    "one decorated function": lambda r: _decorated(_update_a),
+    "a closure cell holding equal partials": lambda r: _closure(functools.partial(apply, lr=1)),
+    "int longer than str allows": lambda r: _closure(10**5000),
+    "equal namedtuples": lambda r: _closure(Pair(0.5, (1, 2))),
+    "a recursive closure": lambda r: _recursive(),
+}
+
+
+def _recursive() -> Callable[..., Any]:
+    def merge_fn(strategy: ar.Strategy, value: Any) -> object:
+        return merge_fn if value is None else 1.0
+
+    return merge_fn
+
+
+@pytest.mark.parametrize("case", sorted(SAME))
+async def test_equal_bindings_of_those_kinds_match(case: str) -> None:
+    s = strategy(2)
+    result = await _run(s, SAME[case])
+    # merge_fn ran (a nest's leaves come back per replica; one value, one component).
+    assert len(s.experimental_local_results(result)) in (1, 2)

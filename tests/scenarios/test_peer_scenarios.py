@@ -519,7 +519,7 @@ async def test_s11_closures_of_one_merge_fn_match_and_replica_0s_runs() -> None:
 
         return merge_fn
 
-    shared = np.float32(10)  # not a plain value of Python's: bound by identity, one object
+    shared = np.float32(10)  # the same value on every replica: the closures match
 
     async def step() -> Any:
         ctx = context()
