@@ -20,6 +20,7 @@ from .._options import CommunicationOptions
 from .._values import PerReplica
 from . import _tasks
 from ._ending import stop_iteration_error
+from ._held import held_leaves
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
@@ -96,7 +97,8 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
     """Refuse inputs whose shape or dtype changed while their collective was in flight.
 
     A collective reads its inputs when the last replica arrives, not when it is issued
-    (docs/concepts.md, "When inputs are read").
+    (docs/concepts.md, "When inputs are read"); a value the backend converts was
+    converted when it was issued (``_held``), and the converted array is what is read.
     Each replica's leaves must still be what its own signature described: an in-place
     reshape (``x.shape = ...``, ``x.resize``) in flight would otherwise give every
     replica a result of a shape no signature said. An all_gather's replicas differ
@@ -907,29 +909,58 @@ class ReplicaContext:
         except TypeError as exc:
             raise self._leaf_error(exc, leaves, treedef) from exc
 
-    def _leaf_error(self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef) -> TypeError:
+    def _held(self, leaves: list[object], treedef: TreeDef = None) -> list[object]:
+        """``leaves`` as the collective reads them: each converted once, now.
+
+        The one rule (``_held.held_leaves``): a leaf the backend converts (an object with
+        only ``__array__``) is converted here, when the replica issues the collective,
+        and the collective describes and combines that array, never the value again. A
+        refusal names the replica and the leaf (:meth:`_leaf_error`); any other error of
+        the conversion is raised as it is, the user's own.
+        """
+        strategy = self._strategy
+        return held_leaves(
+            strategy.backend,
+            strategy._as_is,
+            leaves,
+            lambda exc, j: (
+                self._leaf_error(exc, leaves, treedef, j) if isinstance(exc, TypeError) else exc
+            ),
+        )
+
+    def _leaf_error(
+        self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef, index: int | None = None
+    ) -> TypeError:
         """``exc`` (the backend refused a leaf), saying which replica and which leaf.
 
         A refusal of the collective this replica issues (see ``REFUSAL_MARK``), naming
         the backend that holds the replicas' values (under MPI the local one, as in one
-        process) and the global replica id.
+        process) and the global replica id. ``index`` is the refused leaf where known
+        (its conversion raised: it is not converted again to find it); otherwise the
+        first leaf the backend refuses to describe.
         """
         backend = self._strategy.backend
         holder = self._strategy._local_backend
         paths = list(_leaf_paths(treedef, "value"))
         for j, leaf in enumerate(leaves):
-            try:
-                backend.describe(leaf)
-            except TypeError:
-                kind = type(leaf)
-                where = paths[j] if j < len(paths) else f"leaf {j} of the value"
-                return refusal(
-                    TypeError(
-                        f"replica {self.replica_id_in_sync_group} passed {where} of type "
-                        f"{kind.__module__}.{kind.__qualname__}, which the "
-                        f"{holder.name or type(holder).__name__} backend cannot hold: {exc}"
-                    )
+            if index is None:
+                try:
+                    backend.describe(leaf)
+                except TypeError:
+                    pass
+                else:
+                    continue
+            elif j != index:
+                continue
+            kind = type(leaf)
+            where = paths[j] if j < len(paths) else f"leaf {j} of the value"
+            return refusal(
+                TypeError(
+                    f"replica {self.replica_id_in_sync_group} passed {where} of type "
+                    f"{kind.__module__}.{kind.__qualname__}, which the "
+                    f"{holder.name or type(holder).__name__} backend cannot hold: {exc}"
                 )
+            )
         return exc
 
     @staticmethod
@@ -1027,6 +1058,7 @@ class ReplicaContext:
         run = self._require_current("all_gather")
         timeout = self._options(options)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         axis = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         signature = Signature(
@@ -1069,6 +1101,7 @@ class ReplicaContext:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         _refuse_broadcast_slices(specs)
         signature = Signature(
@@ -1111,6 +1144,7 @@ class ReplicaContext:
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         axis = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         n = self.num_replicas_in_sync

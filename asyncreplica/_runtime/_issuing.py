@@ -111,16 +111,21 @@ def all_reduce(
     leaves: list[object]
     treedef: TreeDef = None
     signature: Signature | None
-    if type(value) in _LEAF_TYPES:
+    kind = type(value)
+    if kind in _LEAF_TYPES:
         # One leaf (the common case): the signature is interned by the leaf's spec
         # and call path (both interned themselves), so every replica at this call
         # shares one signature object: the ledger compares them by identity, and
         # no new signature is kept alive per collective.
         leaves = [value]
+        if kind not in strategy._as_is:
+            # A value the backend converts is converted once, now (_held's rule).
+            leaves = ctx._held(leaves)
+            value = leaves[0]
         try:
             spec = run.describe(value)
         except TypeError as exc:
-            raise ctx._leaf_error(exc, leaves, None) from exc
+            raise ctx._leaf_error(exc, leaves, None, 0) from exc
         if name is not None:
             name = ctx._check_name(name)
         path = call_path()
@@ -145,6 +150,8 @@ def all_reduce(
             _SIGNATURES[cache_key] = signature
     else:
         leaves, treedef = flatten_value(value)
+        if not strategy._as_is.issuperset(map(type, leaves)):
+            leaves = ctx._held(leaves, treedef)  # converted once, now (_held's rule)
         specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
         refusal = reduce_refusal(op, specs)
         if refusal is not None:
