@@ -169,6 +169,30 @@ class Backend(abc.ABC):
         """
         return tuple(map(self.describe, values))
 
+    def convert(self, value: object) -> object:
+        """The leaf a collective reads for ``value``, converted once, when it is issued.
+
+        The runtime calls this when a replica issues a collective (or calls a
+        cross-replica API such as ``Strategy.reduce``), before :meth:`describe`, and from
+        then on reads what it returns: the signature describes it, the backend combines
+        it. A value the backend holds as it is (its own arrays, numbers, the foreign
+        arrays it accepts) is returned as it is; it is read when the last replica
+        arrives, and a change of its shape or dtype in flight is refused. A value the
+        backend would convert to read it (the numpy backend: an object with only
+        ``__array__``, a ``memoryview``) is converted here, once, so that a second
+        conversion that returns something else (another dtype or shape, an error)
+        cannot change what is combined.
+
+        Return ``value`` itself only where every value of its type is read as it is: the
+        runtime then remembers the type and does not call this for it again. The
+        default returns ``value`` (every value is read as it is).
+
+        Raises:
+            TypeError: As :meth:`describe`, for a value the backend cannot hold (the
+                error of the conversion, if it raised one, as ``__cause__``).
+        """
+        return value
+
     @abc.abstractmethod
     async def all_reduce(
         self, op: ReduceOp, values: Leaves, *, bytes_per_pack: int = 0

@@ -101,7 +101,9 @@ class Rendezvous:
             return running.get(self.loop)
         return self.current_task()
 
-    def arrive_at(self, key: Key, replica: int, payload: object, complete: bool) -> Slot:
+    def arrive_at(
+        self, key: Key, replica: int, signature: Signature, payload: object, complete: bool
+    ) -> Slot:
         """Put ``payload`` in the slot of ``key``; a complete slot leaves the pending ones."""
         slots = self.slots
         slot = slots.get(key)
@@ -109,6 +111,7 @@ class Rendezvous:
             slot = Slot(self, key, self.num_replicas, self.clock())
             slots[key] = slot
         slot.payloads[replica] = payload
+        slot.signatures[replica] = signature
         if complete:
             del slots[key]
         return slot
@@ -131,7 +134,7 @@ class Rendezvous:
         except CollectiveError as exc:
             run._fail(replica, exc)
             raise
-        slot = self.arrive_at(key, replica, call.payload, complete)
+        slot = self.arrive_at(key, replica, call._signature, call.payload, complete)
         call._slot = slot
         if complete:
             if self.local and call._signature.kind is not CollectiveKind.MERGE_CALL:
@@ -237,6 +240,9 @@ class Slot:
         self.run: Any = rv.run
         self.key: Key = key
         self.payloads: list[Any] = [None] * num_replicas
+        # Each replica's signature, as it issued the collective: an all_gather's differ
+        # along the axis, and each replica's leaves are held to its own in flight.
+        self.signatures: list[Any] = [None] * num_replicas
         self.results: Sequence[Any] = ()
         self.done = False  # results are set
         self.waiters: list[Any] = []  # asyncio futures, or one trio event

@@ -20,6 +20,7 @@ from .._options import CommunicationOptions
 from .._values import PerReplica
 from . import _tasks
 from ._ending import stop_iteration_error
+from ._held import held_leaves
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
@@ -98,72 +99,83 @@ def _check_unchanged(run: Run, call: Collective, payloads: Sequence[Any]) -> Non
     """Refuse inputs whose shape or dtype changed while their collective was in flight.
 
     A collective reads its inputs when the last replica arrives, not when it is issued
-    (docs/concepts.md, "When inputs are read"). Each replica's leaves must still be what
-    its signature described: an in-place reshape (``x.shape = ...``, ``x.resize``) in
-    flight would otherwise give every replica a result of a shape no signature said.
-    For collectives of one leaf it costs one shape and one dtype comparison per
-    replica; a leaf that fails them (or has no ``shape``: a number, ``IndexedSlices``)
-    is described again, and refused unless that finds its signature's shape and dtype:
-    the batch path's rule (the numpy backend's ``_check_described``), with the same
-    ``ValueError``.
-    The numpy backend checks batches (see its general path).
+    (docs/concepts.md, "When inputs are read"); a value the backend converts was
+    converted when it was issued (``_held``), and the converted array is what is read.
+    Each replica's leaves must still be what its own signature described: an in-place
+    reshape (``x.shape = ...``, ``x.resize``) in flight would otherwise give every
+    replica a result of a shape no signature said. An all_gather's replicas differ
+    along the axis, each with its own signature (the slot keeps them): a leaf resized
+    along the axis is refused too. For collectives of one leaf it costs one shape and
+    one dtype comparison per replica; a leaf that fails them (or has no ``shape``: a
+    number, ``IndexedSlices``) is described again, and refused unless that finds its
+    signature's shape and dtype: the batch path's rule (the numpy backend's
+    ``_check_described``), with the same ``ValueError``. A batch of all_gather,
+    broadcast or reduce_scatter is checked here leaf by leaf; the numpy backend checks
+    an all_reduce's batch (see its general path).
     """
     signature = call._signature
     specs = signature.leaves
-    describe = run.describe
-    if len(specs) != 1:
+    kind = signature.kind
+    if len(specs) != 1 and kind is CollectiveKind.ALL_REDUCE:
         # A batch: describing every leaf again would cost a third of a small batch's
         # all_reduce. The numpy backend checks a batch against what it described at
         # issue where it looks at the leaves anyway (see its general path).
         return
-    spec0 = specs[0]
-    shape, name = spec0.shape, spec0.dtype
     names = _DTYPE_NAMES
-    try:
-        same = all(
-            getattr(leaves[0], "shape", None) == shape and names.get(_dtype_key(leaves[0])) == name
-            for leaves in payloads
-        )
-    except TypeError:  # an unhashable dtype object: described below
-        same = False
-    if same:
-        # The common case: the shape and dtype an array has now are the ones it was
-        # issued with. The dtype counts as much as the shape: numpy still lets
-        # ``x.dtype = np.int64`` reinterpret a float64 array in place (deprecated), and
-        # the backend would read its bits under the float64 signature. A dtype object
-        # not yet in _DTYPE_NAMES is described below, once, and added.
-        return
-    gather = signature.kind is CollectiveKind.ALL_GATHER
+    slot = call._slot
+    own: Sequence[Any] | None = None
+    if kind is CollectiveKind.ALL_GATHER and slot is not None:
+        own = slot.signatures  # each replica's, as it issued the collective
+    elif len(specs) == 1:
+        spec0 = specs[0]
+        shape, name = spec0.shape, spec0.dtype
+        try:
+            same = all(
+                getattr(leaves[0], "shape", None) == shape
+                and names.get(_dtype_key(leaves[0])) == name
+                for leaves in payloads
+            )
+        except TypeError:  # an unhashable dtype object: described below
+            same = False
+        if same:
+            # The common case: the shape and dtype an array has now are the ones it was
+            # issued with. The dtype counts as much as the shape: numpy still lets
+            # ``x.dtype = np.int64`` reinterpret a float64 array in place (deprecated),
+            # and the backend would read its bits under the float64 signature. A dtype
+            # object not yet in _DTYPE_NAMES is described below, once, and added.
+            return
+    describe = run.describe
     for r, leaves in enumerate(payloads):
-        if len(leaves) != len(specs):
+        issued = signature if own is None or own[r] is None else own[r]
+        dues = issued.leaves
+        if len(leaves) != len(dues):
             continue  # the ledger compared structures; nothing to compare leaf by leaf here
         for j, leaf in enumerate(leaves):
-            spec = specs[j]
+            spec = dues[j]
+            try:
+                if (
+                    getattr(leaf, "shape", None) == spec.shape
+                    and names.get(_dtype_key(leaf)) == spec.dtype
+                ):
+                    continue
+            except TypeError:  # an unhashable dtype object: described
+                pass
             try:
                 now = describe(leaf)
             except TypeError:
                 now = None
-            if now is spec or (now is not None and _same_spec(now, spec, signature.axis, gather)):
+            if now is spec or (now is not None and now == spec):
                 _remember_dtype(leaf, now)
                 continue
             replica = r + run.strategy._replica_offset
             raise ValueError(
-                f"replica {replica}'s value changed while its {signature.describe()} was in "
+                f"replica {replica}'s value changed while its {issued.describe()} was in "
                 f"flight: leaf {j} was {spec} when the collective was issued and is "
                 f"{now if now is not None else type(leaf).__name__} now. A collective reads its "
                 "inputs when the last replica arrives: do not reshape, resize or write to a "
                 "value until the await of its collective returns (pass a copy, x.copy(), to "
                 "keep using the original)."
             )
-
-
-def _same_spec(now: LeafSpec, spec: LeafSpec, axis: int | None, gather: bool) -> bool:
-    if now == spec:
-        return True
-    if not gather or axis is None or now[1:] != spec[1:] or len(now.shape) != len(spec.shape):
-        return False
-    # all_gather: replicas' values may differ along the axis (each its own signature).
-    return now.shape[:axis] + now.shape[axis + 1 :] == spec.shape[:axis] + spec.shape[axis + 1 :]
 
 
 def _check_results(
@@ -919,29 +931,58 @@ class ReplicaContext:
         except TypeError as exc:
             raise self._leaf_error(exc, leaves, treedef) from exc
 
-    def _leaf_error(self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef) -> TypeError:
+    def _held(self, leaves: list[object], treedef: TreeDef = None) -> list[object]:
+        """``leaves`` as the collective reads them: each converted once, now.
+
+        The one rule (``_held.held_leaves``): a leaf the backend converts (an object with
+        only ``__array__``) is converted here, when the replica issues the collective,
+        and the collective describes and combines that array, never the value again. A
+        refusal names the replica and the leaf (:meth:`_leaf_error`); any other error of
+        the conversion is raised as it is, the user's own.
+        """
+        strategy = self._strategy
+        return held_leaves(
+            strategy.backend,
+            strategy._as_is,
+            leaves,
+            lambda exc, j: (
+                self._leaf_error(exc, leaves, treedef, j) if isinstance(exc, TypeError) else exc
+            ),
+        )
+
+    def _leaf_error(
+        self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef, index: int | None = None
+    ) -> TypeError:
         """``exc`` (the backend refused a leaf), saying which replica and which leaf.
 
         A refusal of the collective this replica issues (see ``REFUSAL_MARK``), naming
         the backend that holds the replicas' values (under MPI the local one, as in one
-        process) and the global replica id.
+        process) and the global replica id. ``index`` is the refused leaf where known
+        (its conversion raised: it is not converted again to find it); otherwise the
+        first leaf the backend refuses to describe.
         """
         backend = self._strategy.backend
         holder = self._strategy._local_backend
         paths = list(_leaf_paths(treedef, "value"))
         for j, leaf in enumerate(leaves):
-            try:
-                backend.describe(leaf)
-            except TypeError:
-                kind = type(leaf)
-                where = paths[j] if j < len(paths) else f"leaf {j} of the value"
-                return refusal(
-                    TypeError(
-                        f"replica {self.replica_id_in_sync_group} passed {where} of type "
-                        f"{kind.__module__}.{kind.__qualname__}, which the "
-                        f"{holder.name or type(holder).__name__} backend cannot hold: {exc}"
-                    )
+            if index is None:
+                try:
+                    backend.describe(leaf)
+                except TypeError:
+                    pass
+                else:
+                    continue
+            elif j != index:
+                continue
+            kind = type(leaf)
+            where = paths[j] if j < len(paths) else f"leaf {j} of the value"
+            return refusal(
+                TypeError(
+                    f"replica {self.replica_id_in_sync_group} passed {where} of type "
+                    f"{kind.__module__}.{kind.__qualname__}, which the "
+                    f"{holder.name or type(holder).__name__} backend cannot hold: {exc}"
                 )
+            )
         return exc
 
     @staticmethod
@@ -990,6 +1031,7 @@ class ReplicaContext:
         """``(timeout, leaves, treedef, specs, axis, name)`` of a valid ``all_gather``."""
         timeout = self._options(options)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         checked = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         return timeout, leaves, treedef, specs, checked, self._check_name(name)
@@ -1003,6 +1045,7 @@ class ReplicaContext:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         _refuse_broadcast_slices(specs)
         return timeout, leaves, treedef, specs, self._check_name(name)
@@ -1021,6 +1064,7 @@ class ReplicaContext:
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
         leaves, treedef = _flatten(value)
+        leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         checked = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         error = reduce_refusal(op, specs)

@@ -28,6 +28,7 @@ from ._context import (
     hold_result,
     hold_results,
 )
+from ._held import held_leaves
 from ._merge_key import merge_fn_key, merge_fn_name
 from ._mode import current_mode
 from ._values import flatten_distributed
@@ -69,6 +70,10 @@ class ContainerStrategy(Protocol):
     @property
     def backend(self) -> Backend:
         """The strategy's backend."""
+
+    @property
+    def _as_is(self) -> set[type]:
+        """The leaf types its backend reads as they are (``_held``: not converted)."""
 
     @property
     def communication_options(self) -> CommunicationOptions:
@@ -124,24 +129,38 @@ def _is_number(value: object) -> bool:
 _NUMBERS = (int, float, complex)
 
 
-def describe_components(
+def held_components(
     strategy: ContainerStrategy, components: Sequence[object]
-) -> list[LeafSpec]:
-    """The backend's spec of each replica's component; a refusal names that replica.
+) -> tuple[list[object], list[LeafSpec]]:
+    """Each replica's component as the backend reads it, and its spec; a refusal names it.
 
     The cross-replica APIs (``Strategy.reduce``, ``gather``, ``extended.reduce_to``,
-    ``batch_reduce_to``) describe one component per replica, as a collective describes
-    each replica's value in that replica: the refusal says whose component it was.
+    ``batch_reduce_to``) read one component per replica as a collective reads each
+    replica's value in that replica: converted once, now, where the backend converts it
+    (``_held``'s rule: the components returned are what is combined, never the values
+    again), then described. An error says whose component it was.
     """
-    describe = strategy.backend.describe
+    backend = strategy.backend
+    offset = strategy._replica_offset
+
+    def noted(error: Exception, i: int) -> Exception:
+        error.add_note(f"(in replica {i + offset}'s component of the distributed value)")
+        return error
+
+    held = held_leaves(backend, strategy._as_is, list(components), noted)
+    describe = backend.describe
     specs = []
-    for i, component in enumerate(components, strategy._replica_offset):
+    for i, component in enumerate(held):
         try:
             specs.append(describe(component))
         except Exception as error:
-            error.add_note(f"(in replica {i}'s component of the distributed value)")
-            raise
-    return specs
+            raise noted(error, i)  # noqa: B904 (the error itself, noted)
+    return held, specs
+
+
+def held_value(strategy: ContainerStrategy, value: object) -> object:
+    """One plain value as the backend reads it: converted once, now (``_held``'s rule)."""
+    return held_leaves(strategy.backend, strategy._as_is, [value], lambda error, _: error)[0]
 
 
 async def reduce_leaf(
@@ -170,7 +189,7 @@ async def reduce_leaf(
         components = [strategy._component(i, leaf) for i in range(n)] if replicas else [leaf]
         specs: list[LeafSpec] | None = None
         try:
-            specs = describe_components(strategy, components)
+            components, specs = held_components(strategy, components)
             norm = check_reduced(op, specs, axes, 0 if group is None else group.offset)
         except (CollectiveMismatchError, TypeError, ValueError) as error:
             if group is None:
@@ -208,7 +227,9 @@ async def reduce_leaf(
     # raises it and none waits.
     crossing = group is not None and min(group.replica_counts) == 1
     norm = None
+    given = leaf
     try:
+        leaf = held_value(strategy, leaf)  # converted once, now (_held's rule)
         spec = describe(leaf)
         if type(leaf) in _NUMBERS:
             # A plain Python number reduces in TensorFlow's dtype for it (int32, float32).
@@ -234,8 +255,8 @@ async def reduce_leaf(
     # The one value's result: the local backend copies or reduces it.
     local = strategy._local_backend
     if norm is None:
-        if isinstance(leaf, IndexedSlices):
-            return leaf  # not an array
+        if isinstance(given, IndexedSlices):
+            return given  # not an array
         # The value itself, as a new writable array (never the caller's own object): no
         # arithmetic, as TensorFlow (the MEAN of a plain int32 is that int32 value).
         return await _copy_of(local, where, leaf, spec)
@@ -269,12 +290,13 @@ async def plain_gathered(strategy: ContainerStrategy, leaf: object) -> object:
         return leaf
     local = strategy._local_backend
     try:
-        spec = local.describe(leaf)
+        held = held_value(strategy, leaf)  # converted once, now (_held's rule)
+        spec = local.describe(held)
     except TypeError:
         return leaf
     where = f"the {local.name!r} backend's reduce ({type(local).__name__}.reduce), "
     where += "copying a plain value for Strategy.gather"
-    return await _copy_of(local, where, leaf, spec)
+    return await _copy_of(local, where, held, spec)
 
 
 def reduced_spec(op: ReduceOp, spec: LeafSpec, axes: tuple[int, ...] | None) -> LeafSpec:
@@ -600,7 +622,9 @@ class StrategyExtended:
         describe = backend.describe
         dues = []
         for j in range(len(batch)):
-            specs = describe_components(strategy, [per_replica[i][j] for i in range(n)])
+            held, specs = held_components(strategy, [per_replica[i][j] for i in range(n)])
+            for i in range(n):
+                per_replica[i][j] = held[i]  # what the batch combines (converted once)
             check_components("extended.reduce_to", CollectiveKind.ALL_REDUCE, op, specs)
             shapes = [tuple(s.shape) for s in specs]
             if len(set(shapes)) > 1:
@@ -651,6 +675,7 @@ class StrategyExtended:
         strategy = self._strategy
         if _is_number(value) or isinstance(value, DistributedValues):
             return value
+        value = held_value(strategy, value)  # converted once, now (_held's rule)
         spec = strategy.backend.describe(value)
         if count is None:
             # A copy on this process (under MPI, the wrapped backend's would sum it

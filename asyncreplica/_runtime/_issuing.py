@@ -86,12 +86,14 @@ def reducible(
     """``value``'s leaves, treedef and specs, when ``op`` may reduce it; else its error.
 
     The rule for the value of a reduction issued in a replica context, in one place:
-    each leaf is one the backend holds (``ctx._describe``) and ``op`` reduces
+    each leaf is converted once, now, if the backend converts it (``ctx._held``), is
+    one the backend holds (``ctx._describe``) and ``op`` reduces
     (:func:`reduce_refusal`). ``all_reduce`` and ``reduce_scatter`` check their value
     with it, and so does the default replica context, whose collectives return the
     value itself: a call refused in a replica is refused there too.
     """
     leaves, treedef = flatten_value(value)
+    leaves = ctx._held(leaves, treedef)  # converted once, now (_held's rule)
     specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
     refusal = reduce_refusal(op, specs)
     if refusal is not None:
@@ -130,16 +132,21 @@ def all_reduce(
     leaves: list[object]
     treedef: TreeDef = None
     signature: Signature | None
-    if type(value) in _LEAF_TYPES:
+    kind = type(value)
+    if kind in _LEAF_TYPES:
         # One leaf (the common case): the signature is interned by the leaf's spec
         # and call path (both interned themselves), so every replica at this call
         # shares one signature object: the ledger compares them by identity, and
         # no new signature is kept alive per collective.
         leaves = [value]
+        if kind not in strategy._as_is:
+            # A value the backend converts is converted once, now (_held's rule).
+            leaves = ctx._held(leaves)
+            value = leaves[0]
         try:
             spec = run.describe(value)
         except TypeError as exc:
-            raise ctx._leaf_error(exc, leaves, None) from exc
+            raise ctx._leaf_error(exc, leaves, None, 0) from exc
         if name is not None:
             name = ctx._check_name(name)
         path = call_path()

@@ -56,6 +56,10 @@ class IssuingStrategy(Protocol):
     def _communication_options(self) -> CommunicationOptions:
         """The strategy's default options."""
 
+    @property
+    def _as_is(self) -> set[type]:
+        """The leaf types its backend reads as they are (``_held``: not converted)."""
+
 
 class Describer(Protocol):
     """Describes a replica's leaves, or says which leaf the backend refused."""
@@ -63,8 +67,13 @@ class Describer(Protocol):
     def _describe(self, leaves: Sequence[object], treedef: TreeDef = None) -> tuple[LeafSpec, ...]:
         """The spec of each leaf (TypeError naming the replica and the leaf if one is refused)."""
 
-    def _leaf_error(self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef) -> TypeError:
-        """``exc`` (the backend refused a leaf), saying which replica and which leaf."""
+    def _held(self, leaves: list[object], treedef: TreeDef = None) -> list[object]:
+        """The leaves as the collective reads them: converted once, now (``_held``)."""
+
+    def _leaf_error(
+        self, exc: TypeError, leaves: Sequence[object], treedef: TreeDef, index: int | None = None
+    ) -> TypeError:
+        """``exc`` (the backend refused a leaf, ``index`` if known), naming replica and leaf."""
 
 
 class IssuingContext(Describer, Protocol):

@@ -400,7 +400,7 @@ class Run(Watching):
         tracer = self.tracer
         if tracer is not None:
             tracer.arrive(replica, key, signature)
-        slot = self._rv.arrive_at(key, replica, call.payload, complete)
+        slot = self._rv.arrive_at(key, replica, signature, call.payload, complete)
         call._slot = slot
         if complete:
             result = await self._dispatch(call, key, slot)

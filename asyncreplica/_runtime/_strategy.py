@@ -49,7 +49,7 @@ from ._extended import (
     StrategyExtended,
     axis_tuple,
     check_components,
-    describe_components,
+    held_components,
     normalize_axes,
     plain_gathered,
     reduce_leaf,
@@ -148,6 +148,8 @@ class Strategy:
         self._backend = backend
         # The backend of this process's replicas alone (under MPI, the wrapped one).
         self._local_backend = backend
+        # The leaf types the backend reads as they are (Backend.convert; see _held).
+        self._as_is: set[type] = set()
         self._communication_options = communication_options
         self._check_call_sites = check_call_sites
         self._extended = StrategyExtended(self)
@@ -518,7 +520,7 @@ class Strategy:
                 out.append(await plain_gathered(self, leaf))
                 continue
             try:
-                specs = describe_components(self, components)
+                components, specs = held_components(self, components)
                 rank = len(specs[0].shape)
                 # all_gather's shape row needs the axis itself (a negative one counts
                 # from the end of the first component's rank; out of range: below).

@@ -387,6 +387,18 @@ class BackendConformanceTests(abc.ABC):
         ):
             assert self.backend.describe_leaves(batch) == tuple(map(self.backend.describe, batch))
 
+    def test_convert_reads_the_backends_own_arrays_as_they_are(self) -> None:
+        """``convert`` returns the backend's own arrays themselves, described the same.
+
+        The runtime remembers a type ``convert`` returned as it is and converts no value of
+        it again (see ``Backend.convert``); what it returns for any value must describe as
+        that value does.
+        """
+        for dtype in DTYPES:
+            value = self.from_numpy(np.zeros((2, 3), dtype=dtype), self.devices[0])
+            assert self.backend.convert(value) is value
+            assert self.backend.describe(self.backend.convert(value)) == LeafSpec((2, 3), dtype)
+
     def test_describe_indexed_slices_gives_the_dense_shape(self) -> None:
         """An ``IndexedSlices`` is described by its dense shape and its values' dtype."""
         (value,) = self._slices([2])

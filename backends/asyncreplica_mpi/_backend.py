@@ -372,6 +372,10 @@ class MPIBackend(Backend):
                 return spec._replace(array_type=library.name)
         return self.inner.describe(value)
 
+    def convert(self, value: object) -> object:
+        """``value`` as a collective reads it: the local backend converts it (once)."""
+        return self.inner.convert(value)
+
     def describe_leaves(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
         """Describe several leaves (the local backend's batch path for numpy arrays)."""
         if list(map(type, values)).count(np.ndarray) == len(values):

@@ -99,6 +99,10 @@ def _check_described(values: Leaves, layouts: dict[int, _Layout]) -> None:
                 )
 
 
+# What NumpyBackend.convert returns as it is: arrays (a subclass is held to its shape and
+# dtype in flight, as an ndarray is) and immutable numbers.
+_READ_AS_IS = (np.ndarray, np.generic, int, float, complex)
+
 # Leaf specs by (shape, dtype): the same spec object for the same kind of leaf.
 _specs: dict[tuple[tuple[int, ...], np.dtype[Any]], LeafSpec] = {}
 # The same specs by dtype, then shape: for describing a batch of one dtype at once.
@@ -770,6 +774,36 @@ class NumpyBackend(Backend):
                         self._keep_layout(values, dtype, shapes)
                         return specs  # type: ignore[return-value]
         return self._describe_each(values)
+
+    def convert(self, value: object) -> object:
+        """``value`` as a collective reads it, converted once; see :meth:`Backend.convert`.
+
+        Numpy arrays (a subclass too: a change of its shape or dtype in flight is
+        refused), numpy scalars, Python numbers and foreign arrays (JAX, PyTorch, ...)
+        are read as they are. Anything else this backend holds (an object with only
+        ``__array__``, a ``memoryview``, a ``bytearray``) is converted now, as
+        :meth:`describe` converts it, and refused as it refuses it; ``IndexedSlices``
+        come back as new ones whose parts are converted so. The collective then reads
+        the converted array, never the value again.
+        """
+        if type(value) is np.ndarray or isinstance(value, _READ_AS_IS):
+            return value
+        if isinstance(value, IndexedSlices):
+            # A new one every time (its parts decide, not its type: see Backend.convert).
+            return IndexedSlices(
+                self._converted(value.values, "IndexedSlices.values"),
+                self._converted(value.indices, "IndexedSlices.indices"),
+                value.dense_shape,
+            )
+        if library_of(value) is not None:
+            return value
+        return self._checked(value, "a collective's value")
+
+    def _converted(self, part: object, what: str) -> object:
+        """A part of ``IndexedSlices``, converted as :meth:`convert` converts a leaf."""
+        if isinstance(part, _READ_AS_IS) or library_of(part) is not None:
+            return part
+        return self._checked(part, what)
 
     def _describe_each(self, values: Sequence[object]) -> tuple[LeafSpec, ...]:
         """Describe leaf by leaf (shapes not seen before); keep a plain batch's layout too.
