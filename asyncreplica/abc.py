@@ -342,6 +342,22 @@ class ProcessGroup(abc.ABC):
     def begin_run(self) -> None:
         """A ``Strategy.run`` starts on this process."""
 
+    #: How often a run that spans several processes calls :meth:`watch_peers`, in
+    #: seconds; None (the default): never.
+    peer_watch_seconds: float | None = None
+
+    def watch_peers(self) -> None:  # noqa: B027 -- optional
+        """Raise what must end this process's run now: another process's failure.
+
+        Called every :attr:`peer_watch_seconds` for the whole of a ``Strategy.run``, on
+        its event loop, between the replicas' steps (never inside a backend call).
+        Whatever it raises (an ``Exception``) fails the run as a replica's error does:
+        the replicas are cancelled and the run raises it. So a process whose replicas
+        are at no collective (each awaits something else: its event loop is idle)
+        learns of a peer's failure (a timeout, an error, an exit) all the same. It must
+        not wait, nor take part in any exchange itself. The default raises nothing.
+        """
+
     @abc.abstractmethod
     async def end_run(
         self,

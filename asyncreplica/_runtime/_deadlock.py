@@ -51,6 +51,8 @@ class Watching(Parking):
     _scan_gen: int
     _scan_rid: int
     _deferred: int
+    _mains_done: bool
+    _peer_timer: asyncio.TimerHandle | None
 
     def _log_resumed(self, slot: Slot) -> None:
         """A collective that was reported stalled completed after all."""
@@ -68,6 +70,41 @@ class Watching(Parking):
         except anyio.get_cancelled_exc_class():
             if _ending.requested():
                 raise
+
+    def _hear_peers(self, group: ProcessGroup) -> bool:
+        """Fail the run with another process's failure (:meth:`ProcessGroup.watch_peers`).
+
+        A replica at a collective hears of a peer's failure in the collective's own
+        wait; this hears of it while no replica is at one (each awaits something else),
+        and fails the run with it, as a replica's error would: the replicas are
+        cancelled and the run raises it. Whether to call it again.
+        """
+        if self.failed or self.closed or self._mains_done:
+            return False
+        try:
+            group.watch_peers()
+        except Exception as error:
+            self._fail(-1, error)
+            return False
+        return True
+
+    def _peer_tick(
+        self, loop: asyncio.AbstractEventLoop, group: ProcessGroup, seconds: float
+    ) -> None:
+        """asyncio: :meth:`_hear_peers` from a timer, every ``seconds`` (no task, no thread)."""
+        if self._hear_peers(group):
+            self._peer_timer = loop.call_later(seconds, self._peer_tick, loop, group, seconds)
+
+    async def _watch_peers(self, group: ProcessGroup, seconds: float) -> None:
+        """trio: :meth:`_hear_peers` every ``seconds``, in a task of the run's."""
+        try:
+            while True:
+                await anyio.sleep(seconds)
+                if not self._hear_peers(group):
+                    return
+        except anyio.get_cancelled_exc_class():
+            if _ending.requested():
+                raise  # the run's end (or a scope around it); else see _watch_stalls
 
     async def _watch_stalls_loop(self, stall: float) -> None:
         while True:

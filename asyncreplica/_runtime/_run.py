@@ -9,7 +9,10 @@ Failure: the first error (a replica's exception, a ledger error, a timeout) is
 recorded as a *root cause* and the run's cancel scope is cancelled, so every other
 replica is cancelled, not reported. ``Strategy.run`` raises the root cause itself
 (with a note naming the replica) or, if several replicas failed independently before
-the cancellation reached them, an ``ExceptionGroup`` of them in replica order.
+the cancellation reached them, an ``ExceptionGroup`` of them in replica order. A run
+that spans several processes also asks its group, on a timer, for another process's
+failure told while none of this process's replicas is at a collective, and fails
+with it (``ProcessGroup.watch_peers``).
 
 Time enters only here: a waiter that has waited ``stall_warning_seconds`` logs a
 warning (and logs again if the collective completes after all); one that has waited
@@ -344,6 +347,8 @@ class Run(Watching):
         self._also_left: dict[Key, list[int]] = {}
         self._after_left: list[tuple[int, Key, str, CollectiveError]] = []
         self._mains_done = False
+        # The timer that watches the other processes (asyncio; see _peer_tick).
+        self._peer_timer: asyncio.TimerHandle | None = None
 
     # -- collectives ----------------------------------------------------------------
 
@@ -903,6 +908,18 @@ class Run(Watching):
             async with anyio.create_task_group() as outer:
                 if stall and self.num_replicas > 1:
                     outer.start_soon(self._watch_stalls, stall, name="asyncreplica stall watch")
+                group = self.group
+                seconds = None if group is None or group.size < 2 else group.peer_watch_seconds
+                if seconds is not None:
+                    assert group is not None
+                    if loop is not None:  # a timer costs less than a task, every run
+                        self._peer_timer = loop.call_later(
+                            seconds, self._peer_tick, loop, group, seconds
+                        )
+                    else:
+                        outer.start_soon(
+                            self._watch_peers, group, seconds, name="asyncreplica peer watch"
+                        )
                 if self.num_replicas > 1:
                     self._stopping = anyio.Event()
                     outer.start_soon(
@@ -946,6 +963,9 @@ class Run(Watching):
             for error in escaped:
                 self._fail(-1, error)
         finally:
+            if self._peer_timer is not None:
+                self._peer_timer.cancel()
+                self._peer_timer = None
             await self._tear_down(loop, cancelled)
         if self._errors:
             raise self._root_cause()

@@ -82,6 +82,8 @@ _finalize_keyval: list[Any] = []
 
 _POLL_SECONDS = 1e-3
 _ACK_SECONDS = 10.0  # how long a failed process waits for its peers' acknowledgements
+# How long a goodbye waits before telling the peers it waits (see farewell).
+_ENDING_SECONDS = 0.05
 _EXIT_STALL_SECONDS = 30.0  # without any group's own stall_warning_seconds
 
 
@@ -406,14 +408,7 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
         if silent and group._broken is not None:
             # The job is aborted next (out of step), which stops those peers before they
             # report anything: say why here, on this process's output.
-            _say(
-                f"asyncreplica: process {group.rank}: "
-                + ", ".join(group._process(r) for r in silent)
-                + f" did not acknowledge this process's failure within {_ACK_SECONDS:g} s "
-                "(busy outside collectives, or blocked in a call that does not yield): "
-                f"{'it is' if len(silent) == 1 else 'they are'} stopped with the MPI job "
-                "now, before reporting the failure."
-            )
+            _say(_silent_message(group, silent))
         return
     acknowledge(group)
 
@@ -422,6 +417,44 @@ def settle_failure(group: MPIProcessGroup) -> Generator[Any, None, None]:
         return time.monotonic() >= until
 
     yield _Until(ended)
+
+
+def _silent_message(group: MPIProcessGroup, silent: list[int]) -> str:
+    """Why ``silent`` peers did not acknowledge this process's failure (then aborted).
+
+    A peer that read the failure (its ``"told"`` note: its run raised it, or its next
+    use of the strategy will) runs, and goes on after the error without exiting. One
+    that did not read it either does not yield (a computation, a blocking call) inside
+    a run, or has no run of this strategy in progress (nothing reads the notes then):
+    a peer whose loop is known to run is never called busy.
+    """
+    told = [r for r in silent if r in group._told_peers]
+    unread = [r for r in silent if r not in group._told_peers]
+    parts = []
+    if told:
+        one = len(told) == 1
+        parts.append(
+            ", ".join(group._process(r) for r in told)
+            + f" did not acknowledge this process's failure within {_ACK_SECONDS:g} s: "
+            + ("it" if one else "each")
+            + " read it (its run raised it, or its next use of the strategy will), and "
+            + ("goes" if one else "go")
+            + f" on without exiting: {'it is' if one else 'they are'} stopped with the MPI "
+            "job now"
+        )
+    if unread:
+        one = len(unread) == 1
+        parts.append(
+            ", ".join(group._process(r) for r in unread)
+            + f" did not acknowledge this process's failure within {_ACK_SECONDS:g} s: "
+            + ("it" if one else "each")
+            + " did not read it (busy inside a run in a call that does not yield, such "
+            "as a computation or a blocking call, or with no run of "
+            f"{group.label()} in progress, whose next use raises it): "
+            f"{'it is' if one else 'they are'} stopped with the MPI job now, before "
+            "reporting the failure"
+        )
+    return f"asyncreplica: process {group.rank}: " + "; ".join(parts) + "."
 
 
 def farewell(
@@ -472,7 +505,13 @@ def farewell(
     # The fingerprint says whether this process sent exit notes (see _note_exit): the
     # peers then receive them, so that none is left unreceived at MPI_Finalize.
     request = group._post(Status.EXITED, int(noted))
-    yield request
+    # A peer whose run is in progress with no replica at a collective makes this
+    # exchange once told (see Waiting.watch_peers); peers that exit too meet it sooner.
+    told_after = time.monotonic() + _ENDING_SECONDS
+    yield _Until(lambda: bool(request.Test()) or time.monotonic() >= told_after)
+    if not request.Test():
+        group._tell_ending(Status.EXITED)
+        yield request
     group._in_flight = False
     if group._unanimous():
         if noted:

@@ -166,6 +166,11 @@ def _retrieve(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _this_process(rank: int, size: int) -> str:
+    """``(This is process 0 of 2.)``: in a timeout's message, replaced where a peer raises it."""
+    return f"(This is process {rank} of {size}.)"
+
+
 IN_STEP = "_ar_in_step"
 
 
@@ -200,6 +205,8 @@ class Failures:
     _departed: list[int]
     _failed_here: bool
     _peer_failure: dict[str, Any] | None
+    _peer_error: CollectiveError | None  # the error built for it (see _raise_peer_failure)
+    _stopped: ReplicaExitedError | None  # see _stop_run
     _run_ended: bool
     _running: bool
     _run_thread: threading.Thread | None  # where the run in progress began
@@ -357,6 +364,22 @@ class Failures:
             )
 
     def _raise_peer_failure(self, failure: dict[str, Any]) -> NoReturn:
+        """Raise a peer's failure, told by its note: the same error object at every call.
+
+        A collective's wait and the run's watch (:meth:`watch_peers`) may both read it:
+        the run records one root cause. The first call tells the peers that this process
+        read it (a ``"told"`` note: the failed process then knows that this one's event
+        loop runs, see ``_exit.settle_failure``).
+        """
+        error = self._peer_error
+        if error is None:
+            error = self._peer_error = self._peer_failure_error(failure)
+            with contextlib.suppress(Exception):  # best effort: it only names a state
+                self._tell_peers({"kind": "told"})
+        raise error
+
+    def _peer_failure_error(self, failure: dict[str, Any]) -> CollectiveError:
+        """The error for a peer's failure note; the processes are out of step from here."""
         rank = int(failure["rank"])
         timeout = failure.get("timeout")
         self._break(
@@ -367,6 +390,12 @@ class Failures:
             else f"process {rank} failed after the processes agreed on a collective"
         )
         self._run_ended = True
+        timed_out = failure.get("timeout_error")
+        if timeout is not None and isinstance(timed_out, dict):
+            # The peer's own CollectiveTimeoutError, with its fields (global ids): one
+            # process raises it for the run, so every process does, whether its replicas
+            # waited at that collective, at none (idle), or were busy elsewhere.
+            return self._told_timeout(rank, timed_out)
         what = failure.get("what") or "a collective"
         first = (
             f"Process {rank} failed while moving the data of {what}, after every process "
@@ -427,7 +456,7 @@ class Failures:
             if current is not None
             else {}
         )
-        raise ReplicaExitedError(
+        return ReplicaExitedError(
             self.offsets[rank],
             int(failure.get("position", 0) or 0),
             waiting,
@@ -436,6 +465,58 @@ class Failures:
             name=failure.get("name"),
             message="\n".join(lines),
         )
+
+    def _told_timeout(self, rank: int, fields: dict[str, Any]) -> CollectiveTimeoutError:
+        """Process ``rank``'s timeout (its note's ``fields``), as this process raises it.
+
+        The same class, ``position``, ``timeout``, ``arrived`` and ``missing`` as the
+        peer's error; its message too, saying which process timed out.
+        """
+        placeholder = self.current or Signature(CollectiveKind.BARRIER)
+        message = str(fields.get("message") or "").replace(
+            _this_process(rank, self.size),
+            f"(Process {rank} timed out and told this process, process {self.rank} of "
+            f"{self.size}.)",
+        )
+        return CollectiveTimeoutError(
+            int(fields.get("position", 0)),
+            float(fields.get("timeout", 0.0)),
+            dict.fromkeys((int(r) for r in fields.get("arrived", ())), placeholder),
+            dict.fromkeys((int(r) for r in fields.get("missing", ())), ""),
+            message=message or None,
+        )
+
+    def _stop_run(self, ending: dict[str, Any]) -> ReplicaExitedError:
+        """A peer waits at this process's next exchange with a failed run's end, or exits.
+
+        Told by its ``"ending"`` note (see ``_waiting.Waiting.watch_peers``) while no
+        replica of this process is at a collective: the run cannot complete. The error
+        returned fails the run (its replicas are cancelled, as one process cancels the
+        other replicas of a failed run); no collective exchange may be posted in this run
+        any more (see ``_start``); the run's end then makes the exchange the peer waits
+        at, saying so (``"stopped"``), and raises what every process raises for it (see
+        ``_end_run``), so that the processes stay in step. This error is raised itself
+        only where that exchange cannot be made.
+        """
+        rank = int(ending["rank"])
+        what = "exited" if Status(int(ending["status"])) is Status.EXITED else "failed"
+        error = ReplicaExitedError(
+            self.offsets[rank],
+            0,
+            {},
+            exited_count=0,
+            exited_last=None,
+            message=(
+                f"Process {rank} {what} while no replica of this process was at a collective "
+                f"(this is process {self.rank} of {self.size}), so this run cannot complete "
+                "on any process: its replicas were cancelled.\n\nLook at the failing "
+                "process's own error (it is raised there, with its traceback)."
+            ),
+        )
+        self._stopped = error
+        self._ended = []  # this run posts no collective exchange any more (see _start)
+        self._ended_error = error
+        return error
 
     def failed_after_agreement(self, error: BaseException) -> None:
         """This process failed after an agreement: tell the peers, who wait for its data.
@@ -503,7 +584,7 @@ class Failures:
             what = "" if fields is None else f" at their {fields['position']}"
             first = "The other processes did not all reach the same point"
         after = (
-            f"(This is process {self.rank} of {self.size}.) A process that is alive but "
+            f"{_this_process(self.rank, self.size)} A process that is alive but "
             "busy (I/O, a long computation) or stuck delays every other one. The processes "
             "are now out of step: the job cannot continue."
         )
@@ -512,14 +593,24 @@ class Failures:
             float(self._limit or 0),
             {},
             {},
-            message=f"{first}{what} within {self._limit:g} s {after[1:-1]}.",
+            message=f"{first}{what} within {self._limit:g} s. {after}",
         )
         if not data and fields is not None:
             # The roll call one process gives: which replicas (global ids) arrived and
             # which did not, by the peers' announcements that they wait here.
             error = self._timeout_roll_call(position, fields, after) or error
         self._failed_here = True
-        self._tell_peers({**self._failure_note(error), "timeout": self._limit})
+        # Its fields travel with the note: the peers raise this error (see _told_timeout).
+        timed_out = {
+            "position": error.position,
+            "timeout": error.timeout,
+            "arrived": sorted(error.arrived),
+            "missing": sorted(error.missing),
+            "message": str(error),
+        }
+        self._tell_peers(
+            {**self._failure_note(error), "timeout": self._limit, "timeout_error": timed_out}
+        )
         raise error from None
 
     def _raise_out_of_step(self, details: list[dict[str, Any]]) -> None:
@@ -703,6 +794,8 @@ class Failures:
                 message=message,
             )
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
+        # The process that ended the run, not one stopped by its end (see _stop_run).
+        gone = [d for d in gone if not d.get("stopped")] or gone
         first = gone[0]["replicas"][0] if gone else 0
         raise ReplicaExitedError(
             first,

@@ -46,7 +46,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from asyncreplica import BackendError, CollectiveError
+from asyncreplica import BackendError, CollectiveError, ReplicaExitedError
 from asyncreplica.abc import (
     Backend,
     CollectiveKind,
@@ -255,6 +255,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # Each peer's latest wait at an exchange of this group: (its number, what it is).
         self._peer_at: dict[int, tuple[int, str]] = {}
         self._peer_failure: dict[str, Any] | None = None
+        self._peer_error: CollectiveError | None = None  # its error (see _raise_peer_failure)
+        # A peer's failed run's end or goodbye, waiting for this process's exchange of
+        # that number (its "ending" note, see watch_peers), and the error that stopped
+        # this process's run for one (see _stop_run).
+        self._endings: dict[int, dict[str, Any]] = {}
+        self._stopped: ReplicaExitedError | None = None
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []
         # A receive of any peer's bell, always posted (see _park).
@@ -263,6 +269,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._agreed = False  # the current collective's agreement is made
         self._agreed_at = 0.0  # when (perf_counter), for the data transfer's timeout
         self._acks: set[int] = set()  # peers that reported our failure (at exit)
+        self._told_peers: set[int] = set()  # peers that read our failure (a "told" note)
         self._acked = False  # this process acknowledged a peer's failure (at exit)
         self._failed_peers: set[int] = set()  # peers that told us they failed
         # Peers that wait on another group (strategy): (its label, where), by rank.
@@ -510,6 +517,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         deadline = None if self._limit is None else anyio.current_time() + self._limit
         try:
             if not self._spun:
+                if status is Status.FAILED:
+                    self._tell_ending(status)  # a peer at no collective makes it (watch_peers)
                 await self._wait(request, deadline)
                 if self._unanimous():
                     self._last = pending
@@ -684,6 +693,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._run_ended = False
         self._ended = None
         self._ended_error = None
+        self._stopped = None
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
     # exchanges and their data must leave every process in the same order.
@@ -971,7 +981,9 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         if not self._running:
             return  # not this group's run (begin_run refused it)
         details = None
-        refused = issued_refusal(error)
+        # The run's watch stopped it (see _stop_run): a peer waits at this exchange.
+        stopped = error is not None and error is self._stopped
+        refused = None if stopped else issued_refusal(error)
         if self._in_flight and self._broken is None:
             # An exchange this process posted was left before it completed: an
             # exception (Ctrl-C outside asyncio's runner) landed between posting and
@@ -993,7 +1005,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             else:
                 status = Status.FINISHED if error is None else Status.FAILED
                 detail: dict[str, Any] = {"error": None}
-                if error is not None:
+                if stopped:
+                    # Not a failure of this process's: it was told of the peer's. Its own
+                    # fingerprint, so that the exchange is never unanimous with the
+                    # peer's: every process builds the error from the details.
+                    detail["stopped"] = True
+                elif error is not None:
                     detail["error"] = describe_failure(error)
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
@@ -1002,7 +1019,7 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                         # Its own ledger's (a collective issued while another is in
                         # flight): every process raises the lowest rank's text.
                         detail["ledger_error"] = str(error)
-                fp = 0
+                fp = fingerprint({"stopped": True}) if stopped else 0
                 if "ledger_error" in detail:
                     # Processes whose ledgers' texts differ compare them (see
                     # _complete_error); where they agree the exchange is unanimous.
@@ -1033,6 +1050,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
             self._running = False
             if self._state is State.RUNNING:
                 self._to(Event.END_RUN)
+        if stopped:
+            self._raise_stopped(details, report)
         if details is not None and error is None:
             self._raise_for_structure(details)
             self._raise_for(details)
@@ -1043,6 +1062,24 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _raise_stopped(self, details: list[dict[str, Any]] | None, report: Any) -> None:
+        """After a run its watch stopped (see _stop_run): raise what every process raises.
+
+        The details of the exchange the peer waited at (its failed run's end, or its
+        goodbye): the error the peers at a collective raise too. Without them (the
+        processes fell out of step meanwhile), a peer's failure read since, if any;
+        else the run raises the stop's own error.
+        """
+        try:
+            if details is not None:
+                self._raise_for(details)
+            if self._peer_error is not None:
+                raise self._peer_error
+        except Exception as alike:  # a refusal keeps its class (ValueError, TypeError, ...)
+            if isinstance(alike, CollectiveError) and alike.report is None:
+                alike.report = report  # this process's replicas, as for a collective's
+            raise alike from None
 
     def _raise_for_structure(self, details: Sequence[Mapping[str, Any]]) -> None:
         """Raise regroup's ValueError where every process finished, with other structures.

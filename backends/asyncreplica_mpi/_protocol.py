@@ -556,6 +556,8 @@ def _what(detail: Mapping[str, Any], positions: bool, path: str | None = None) -
     status = Status(detail["status"])
     if status is Status.FINISHED:
         return "finished their step function (no more collectives)"
+    if status is Status.FAILED and detail.get("stopped"):
+        return "had no replica at a collective: it was told, and cancelled its replicas"
     if status is Status.FAILED:
         return f"failed: {detail.get('error') or 'an exception'}"
     if status is Status.EXITED:
@@ -699,7 +701,14 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
             )
     else:
         waiting = [d for d in details if Status(d["status"]) is Status.COLLECTIVE]
-        gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
+        # Those whose run's watch stopped it, told of another's end (see _stop_run): they
+        # are no culprits.
+        stopped = [d for d in details if d.get("stopped")]
+        gone = [
+            d
+            for d in details
+            if Status(d["status"]) is not Status.COLLECTIVE and not d.get("stopped")
+        ]
         failed = [
             d
             for d in gone
@@ -712,11 +721,24 @@ def outcome_message(details: Sequence[Mapping[str, Any]]) -> tuple[str, str]:
                 f"{culprit[0].upper()}{culprit[1:]} failed, so this run cannot complete "
                 "on any process."
             )
-        elif waiting:
+        elif waiting and gone:
             culprit = ", ".join(f"process {d['rank']}" for d in gone)
             lines.append(
                 f"Replicas of {culprit} stopped issuing collectives while other processes "
                 f"wait at their {waiting[0]['fields']['position']}."
+            )
+        elif stopped and gone:
+            culprit = ", ".join(f"process {d['rank']}" for d in gone)
+            verb = (
+                "ended"
+                if any(Status(d["status"]) is not Status.EXITED for d in gone)
+                else "finalized MPI"
+                if all(d.get("finalized") for d in gone)
+                else "exited"
+            )
+            lines.append(
+                f"{culprit[0].upper()}{culprit[1:]} {verb} while this run was in progress, "
+                "so it cannot complete on any process."
             )
         else:
             lines.append("The processes ended the run differently.")

@@ -229,6 +229,8 @@ def agree_blocking(
     request = group._start(status, detail, fp, (), None)
     if request is None:
         return None
+    if status is Status.FAILED and not request.Test():
+        group._tell_ending(status)  # a peer whose run waits nowhere makes it (watch_peers)
     pending = group._pending
     _poll(group, request, group._number - 1)
     if group._unanimous():

@@ -30,7 +30,7 @@ from . import _exit
 from ._arrival import _logger, comm_key, interrupt_pending, take_interrupt
 from ._failures import Failures, _exchange_text
 from ._lifecycle import State
-from ._protocol import from_wire, to_wire
+from ._protocol import Status, from_wire, to_wire
 
 __all__ = ["Waiting", "tell_creating", "thread_multiple"]
 
@@ -59,6 +59,10 @@ _ANNOUNCE_SECONDS = 0.05
 # Under asyncio's runner, the first Ctrl-C only cancels the main task, which a shielded
 # wait defers: a long wait looks at the runner's count this often, to say so at once.
 _INTERRUPT_POLL_SECONDS = 0.2
+# A run spanning several processes reads the peers' notes this often while no wait of
+# its own reads them (see Waiting.watch_peers): a process whose replicas are at no
+# collective learns of a peer's failure within it. One Iprobe per tick, on a timer.
+_LISTEN_SECONDS = 0.02
 _NOTE_TAG = 1
 _BELL_TAG = 2  # an empty message after each note: it wakes a parked wait
 
@@ -176,6 +180,9 @@ class Waiting(Failures):
     _peer_failure: dict[str, Any] | None
     _failed_peers: set[int]
     _acks: set[int]
+    _told_peers: set[int]
+    _endings: dict[int, dict[str, Any]]
+    _busy: bool
     _elsewhere: dict[int, tuple[str, str]]
     _blocked_elsewhere: dict[int, int]
     _in_flight: bool
@@ -481,7 +488,8 @@ class Waiting(Failures):
             )
         return (
             f"process {rank} is busy outside collectives (a computation, I/O, a blocking "
-            "call) or waits for one of its own replicas (its own error names where)"
+            "call) or its replicas await something else (one of its own replicas, an "
+            "event, I/O)"
         )
 
     def _interrupt_message(self, exchange: int | None, *, data: bool = False) -> str:
@@ -616,6 +624,12 @@ class Waiting(Failures):
                     self._peer_failure = note
             elif kind == "ack":
                 self._acks.add(source)
+            elif kind == "told":
+                self._told_peers.add(source)
+            elif kind == "ending":
+                if len(self._endings) > 16:
+                    self._endings = {k: v for k, v in self._endings.items() if k >= self._number}
+                self._endings.setdefault(int(note["number"]), {**note, "rank": source})
             elif kind == "elsewhere":
                 self._elsewhere[source] = (str(note.get("label")), str(note.get("what")))
                 if isinstance(note.get("blocked"), int):
@@ -628,6 +642,46 @@ class Waiting(Failures):
         failure = self._peer_failure
         if failure is not None and not self._failed_here:
             self._raise_peer_failure(failure)
+
+    #: How often a run reads the peers' notes while no wait of its own does (see
+    #: :meth:`watch_peers`).
+    peer_watch_seconds: float | None = _LISTEN_SECONDS
+
+    def watch_peers(self) -> None:
+        """Raise a peer's failure told while this process waits nowhere (every tick of a run).
+
+        A collective's wait reads the peers' notes and raises a peer's failure; a run
+        whose replicas are at no collective (each awaits something else, or computes)
+        has no such wait, so the run calls this every :attr:`peer_watch_seconds`, on
+        its event loop (``ProcessGroup.watch_peers``): an ``Iprobe`` of the notes only
+        (never the exchanges', the data's or the bell's messages), no thread, no task
+        on asyncio. It raises:
+
+        * a peer's failure note (a timeout, a failure after an agreement, an abandoned
+          exchange): the peer's error, as a collective's wait raises it;
+        * a peer's ``"ending"`` note: it waits, with a failed run's end or its goodbye at
+          exit, at the exchange this process makes next, and this process has no
+          exchange or data transfer in progress: :meth:`_stop_run`'s error, after which
+          the run's end makes that exchange (the processes stay in step).
+        """
+        if self._state is not State.RUNNING or self._run_ended or self._stopped is not None:
+            return  # (finalized, closed or failed: no MPI call, nothing more to end)
+        if self._busy or self._in_flight:
+            return  # an exchange or data transfer in progress: its wait reads the notes
+        self._read_notes()  # a peer's failure note raises here
+        ending = self._endings.get(self._number)
+        if ending is not None:
+            raise self._stop_run(ending)
+
+    def _tell_ending(self, status: Status) -> None:
+        """Tell the peers that this process waits at its last posted exchange with ``status``.
+
+        A failed run's end (or a refused run's exchange), or the goodbye at exit: a peer
+        whose replicas are at no collective makes that exchange then (see
+        :meth:`watch_peers`) instead of leaving this process waiting.
+        """
+        with contextlib.suppress(Exception):  # best effort: a waiting peer meets it anyway
+            self._tell_peers({"kind": "ending", "number": self._number - 1, "status": int(status)})
 
     async def wait_data(self, request: Any) -> None:
         """Wait for a posted data transfer (the caller shields it), watching for failures.
