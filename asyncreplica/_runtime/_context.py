@@ -18,7 +18,7 @@ from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, CollectiveError, ReplicaContextError
 from .._options import CommunicationOptions
 from .._values import PerReplica
-from . import _tasks
+from . import _default, _tasks
 from ._ending import stop_iteration_error
 from ._held import held_leaves
 from ._inspect import call_path
@@ -686,12 +686,13 @@ def _live_here() -> Run | None:
     return None
 
 
-async def _refuse_default_collective(api: str) -> None:
+def _refuse_default_collective(api: str) -> bool:
     """Refuse a default context's collective in a replica's task or beside a live run.
 
     In a trio system task (``token.run_sync_soon`` from a thread spawning one, say) an
     exception is a ``TrioInternalError`` that ends trio itself: there the refusal fails
-    the run instead (which raises it) and the task waits until trio cancels it.
+    the run instead (which raises it), and True says that the collective must wait until
+    trio cancels its task.
     """
     try:
         _refuse_default_in_replica(api)
@@ -702,7 +703,8 @@ async def _refuse_default_collective(api: str) -> None:
         if not run._errors:  # else the run fails already (this task's spawn, say)
             run._noted.add(id(error))  # it names no replica: no replica note
             run._fail(-1, error)
-        await anyio.sleep_forever()
+        return True
+    return False
 
 
 def _in_trio_system_task(run: Run) -> bool:
@@ -803,6 +805,21 @@ def _merge_call_checks(
 def _merge_structure(args: tuple[Any, ...], kwargs: dict[str, Any]) -> TreeDef:
     """The structure of ``merge_call``'s arguments that replicas must agree on."""
     return _key_set(flatten((args, kwargs))[1])
+
+
+def _merge_signature(
+    key: object, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Signature:
+    """A ``merge_call``'s signature: what identifies its merge function, its arguments."""
+    return Signature(
+        CollectiveKind.MERGE_CALL,
+        merge_fn=key,
+        merge_fn_name=name,
+        # The replicas' arguments are regrouped leaf by leaf: their structures must
+        # agree, and a replica that disagrees is named when it arrives.
+        structure=_merge_structure(args, kwargs),
+        call_path=call_path(),
+    )
 
 
 def _key_set(treedef: TreeDef) -> TreeDef:
@@ -1001,11 +1018,13 @@ class ReplicaContext:
 
     # -- each collective's checks ------------------------------------------------------
     #
-    # What a collective checks of its arguments, in its order, before it is issued: one
-    # place for the replicas' contexts and the default one, whose collectives run the
-    # same checks and then return the value itself. A call a replica refuses is refused
-    # there too, with the same error (tests/runtime/test_attack_eighth_round_structure.py
-    # compares them call by call).
+    # What a collective checks of its arguments, in its order, before it is issued, and
+    # the signature it is issued with: one place for the replicas' contexts and the
+    # default one, whose collectives run the same checks and return a DefaultCollective
+    # of that signature (its messages describe it as a replica's do), awaited to the
+    # value itself. A call a replica refuses is refused there too, with the same error
+    # (tests/runtime/test_attack_eighth_round_structure.py compares them call by call,
+    # tests/runtime/test_default_context_awaits.py their awaits).
 
     def _all_reduce_checks(
         self,
@@ -1013,33 +1032,50 @@ class ReplicaContext:
         value: Any,
         options: CommunicationOptions | None,
         name: object,
-    ) -> None:
-        """``all_reduce``'s checks, in its order.
+    ) -> Signature:
+        """``all_reduce``'s checks, in its order; the signature of a valid call.
 
         The name (:meth:`all_reduce`), then the op, the options and the value
         (``_issuing.all_reduce``, whose compiled body makes them inline: one leaf's on a
-        fast path, a value of several leaves through ``_reducible``, as here).
+        fast path, a value of several leaves through ``_reducible``, as here), and the
+        signature it builds.
         """
-        self._check_name(name)
+        checked = self._check_name(name)
         op = ReduceOp.parse(reduce_op)
         self._options(options)
-        _reducible(self, op, value)
+        _, treedef, specs = _reducible(self, op, value)
+        return Signature(
+            CollectiveKind.ALL_REDUCE,
+            op,
+            name=checked,
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
 
     def _all_gather_checks(
         self, value: Any, axis: object, options: CommunicationOptions | None, name: object
-    ) -> tuple[float | None, list[object], TreeDef, tuple[LeafSpec, ...], int, str | None]:
-        """``(timeout, leaves, treedef, specs, axis, name)`` of a valid ``all_gather``."""
+    ) -> tuple[float | None, list[object], TreeDef, Signature]:
+        """``(timeout, leaves, treedef, signature)`` of a valid ``all_gather``."""
         timeout = self._options(options)
         leaves, treedef = _flatten(value)
         leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         checked = _check_axis(axis, specs, "all_gather", sparse_ok=False)
-        return timeout, leaves, treedef, specs, checked, self._check_name(name)
+        signature = Signature(
+            CollectiveKind.ALL_GATHER,
+            axis=checked,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
+        return timeout, leaves, treedef, signature
 
     def _broadcast_checks(
         self, value: Any, source: object, name: object
-    ) -> tuple[float | None, list[object], TreeDef, tuple[LeafSpec, ...], str | None]:
-        """``(timeout, leaves, treedef, specs, name)`` of a valid ``broadcast``."""
+    ) -> tuple[float | None, list[object], TreeDef, Signature]:
+        """``(timeout, leaves, treedef, signature)`` of a valid ``broadcast``."""
         n = self.num_replicas_in_sync
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
@@ -1048,14 +1084,20 @@ class ReplicaContext:
         leaves = self._held(leaves, treedef)
         specs = self._describe(leaves, treedef)
         _refuse_broadcast_slices(specs)
-        return timeout, leaves, treedef, specs, self._check_name(name)
+        signature = Signature(
+            CollectiveKind.BROADCAST,
+            source=source,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
+        return timeout, leaves, treedef, signature
 
     def _reduce_scatter_checks(
         self, reduce_op: ReduceOp | str, value: Any, axis: object, name: object
-    ) -> tuple[
-        ReduceOp, float | None, list[object], TreeDef, tuple[LeafSpec, ...], int, str | None
-    ]:
-        """``(op, timeout, leaves, treedef, specs, axis, name)`` of a valid ``reduce_scatter``.
+    ) -> tuple[float | None, list[object], TreeDef, Signature]:
+        """``(timeout, leaves, treedef, signature)`` of a valid ``reduce_scatter``.
 
         Its leaves are held to ``all_reduce``'s rule (:func:`reduce_refusal`) after the
         axis: a boolean is refused when each replica issues the call, before any waits
@@ -1078,11 +1120,24 @@ class ReplicaContext:
                     f"reduce_scatter splits axis {checked} into {n} equal chunks, but a value of "
                     f"shape {spec.shape} has {size} elements there: pad it to a multiple of {n}"
                 )
-        return op, timeout, leaves, treedef, specs, checked, self._check_name(name)
+        signature = Signature(
+            CollectiveKind.REDUCE_SCATTER,
+            op=op,
+            axis=checked,
+            name=self._check_name(name),
+            structure=treedef,
+            leaves=specs,
+            call_path=call_path(),
+        )
+        return timeout, leaves, treedef, signature
 
-    def _barrier_checks(self, name: object) -> tuple[float | None, str | None]:
-        """``(timeout, name)`` of a valid ``barrier``."""
-        return self._options(None), self._check_name(name)
+    def _barrier_checks(self, name: object) -> tuple[float | None, Signature]:
+        """``(timeout, signature)`` of a valid ``barrier``."""
+        timeout = self._options(None)
+        signature = Signature(
+            CollectiveKind.BARRIER, name=self._check_name(name), call_path=call_path()
+        )
+        return timeout, signature
 
     # -- collectives ------------------------------------------------------------------
 
@@ -1163,17 +1218,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("all_gather")
-        timeout, leaves, treedef, specs, axis, name = self._all_gather_checks(
-            value, axis, options, name
-        )
-        signature = Signature(
-            CollectiveKind.ALL_GATHER,
-            axis=axis,
-            name=name,
-            structure=treedef,
-            leaves=specs,
-            call_path=call_path(),
-        )
+        timeout, leaves, treedef, signature = self._all_gather_checks(value, axis, options, name)
         return Collective(
             run, self._replica_id, signature, leaves, _dispatch_all_gather, None, timeout, treedef
         )
@@ -1201,15 +1246,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("broadcast")
-        timeout, leaves, treedef, specs, name = self._broadcast_checks(value, source, name)
-        signature = Signature(
-            CollectiveKind.BROADCAST,
-            source=source,
-            name=name,
-            structure=treedef,
-            leaves=specs,
-            call_path=call_path(),
-        )
+        timeout, leaves, treedef, signature = self._broadcast_checks(value, source, name)
         return Collective(
             run, self._replica_id, signature, leaves, _dispatch_broadcast, None, timeout, treedef
         )
@@ -1241,17 +1278,8 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("reduce_scatter")
-        op, timeout, leaves, treedef, specs, axis, name = self._reduce_scatter_checks(
+        timeout, leaves, treedef, signature = self._reduce_scatter_checks(
             reduce_op, value, axis, name
-        )
-        signature = Signature(
-            CollectiveKind.REDUCE_SCATTER,
-            op=op,
-            axis=axis,
-            name=name,
-            structure=treedef,
-            leaves=specs,
-            call_path=call_path(),
         )
         return Collective(
             run,
@@ -1273,9 +1301,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("barrier")
-        timeout, name = self._barrier_checks(name)
-        signature = Signature(CollectiveKind.BARRIER, name=name, call_path=call_path())
-
+        timeout, signature = self._barrier_checks(name)
         return Collective(run, self._replica_id, signature, None, _dispatch_barrier, None, timeout)
 
     def merge_call(
@@ -1336,15 +1362,7 @@ class ReplicaContext:
         """
         timeout = self._options(None)
         payload = (merge_fn, tuple(args), dict(kwargs))
-        signature = Signature(
-            CollectiveKind.MERGE_CALL,
-            merge_fn=key,
-            merge_fn_name=name,
-            # The replicas' arguments are regrouped leaf by leaf: their structures must
-            # agree, and a replica that disagrees is named when it arrives.
-            structure=_merge_structure(payload[1], payload[2]),
-            call_path=call_path(),
-        )
+        signature = _merge_signature(key, name, payload[1], payload[2])
         return Collective(
             run, self._replica_id, signature, payload, _dispatch_merge_call, None, timeout
         )
@@ -1403,93 +1421,125 @@ class DefaultReplicaContext(ReplicaContext):
     As in TensorFlow, ``all_reduce`` and ``all_gather`` return the value itself (no
     arithmetic, no dtype change) and ``merge_call`` calls ``merge_fn`` directly in
     cross-replica context. Each collective first makes the checks a replica's makes
-    (the ``_*_checks`` methods it inherits, one place): a call that a one-replica
-    ``MirroredStrategy`` refuses is refused here with the same error, so a program
-    written against the default strategy meets no new refusal on its first real run.
+    (the ``_*_checks`` methods it inherits, one place), and returns a
+    :class:`~._default.DefaultCollective`, which keeps a replica's collective's await
+    lifecycle (``_default``): a call that a one-replica ``MirroredStrategy`` refuses is
+    refused here with the same error, so a program written against the default strategy
+    meets no new refusal on its first real run.
     """
 
     def _require_current(self, api: str) -> Run:
         raise AssertionError("the default replica context has no run")
 
-    async def _enter(self, api: str) -> None:
-        """Refuse ``api`` where a replica's context would refuse it.
+    def _enter(self, api: str) -> int:
+        """Refuse ``api`` where a replica's context would refuse it; the loop running here.
 
-        Beside a live run of several replicas, or in cross-replica context (a
-        ``merge_fn``, ``strategy.scope()``).
+        In cross-replica context (a ``merge_fn``, ``strategy.scope()``), and beside a live
+        run of several replicas. Returns :func:`~._default.loop_here` (0: no event loop
+        runs in this thread, which the collective refuses once it can say what it is), or
+        -1 when the collective must wait for trio to cancel it (see
+        :func:`_refuse_default_collective`).
         """
-        if LIVE_RUNS:
-            await _refuse_default_collective(api)
         if current_mode().cross_replica:
             raise _cross_replica_error(api)
+        loop = _default.loop_here()
+        if loop and LIVE_RUNS and _refuse_default_collective(api):
+            return -1
+        return loop
 
     @property
     def devices(self) -> tuple[str, ...]:
         """The default device, ``("CPU:0",)``."""
         return (self._strategy.extended.worker_devices[0],)
 
-    async def all_reduce(
+    def all_reduce(
         self,
         reduce_op: ReduceOp | str,
         value: Any,
         options: CommunicationOptions | None = None,
         *,
         name: str | None = None,
-    ) -> Any:
-        """Return ``value`` unchanged (one replica: nothing to combine)."""
-        await self._enter("all_reduce")
-        self._all_reduce_checks(reduce_op, value, options, name)
-        return value
+    ) -> Awaitable[Any]:
+        """Return ``value`` unchanged (one replica: nothing to combine), once awaited."""
+        loop = self._enter("all_reduce")
+        if loop < 0:
+            return anyio.sleep_forever()
+        signature = self._all_reduce_checks(reduce_op, value, options, name)
+        return _default.issue(signature, loop, _returns, value)
 
-    async def all_gather(
+    def all_gather(
         self,
         value: Any,
         axis: int,
         options: CommunicationOptions | None = None,
         *,
         name: str | None = None,
-    ) -> Any:
-        """Return ``value`` unchanged (one replica: nothing to gather)."""
-        await self._enter("all_gather")
-        self._all_gather_checks(value, axis, options, name)
-        return value
+    ) -> Awaitable[Any]:
+        """Return ``value`` unchanged (one replica: nothing to gather), once awaited."""
+        loop = self._enter("all_gather")
+        if loop < 0:
+            return anyio.sleep_forever()
+        signature = self._all_gather_checks(value, axis, options, name)[3]
+        return _default.issue(signature, loop, _returns, value)
 
-    async def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Any:
-        """Return ``value`` unchanged (one replica)."""
-        await self._enter("broadcast")
-        self._broadcast_checks(value, source, name)
-        return value
+    def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Awaitable[Any]:
+        """Return ``value`` unchanged (one replica), once awaited."""
+        loop = self._enter("broadcast")
+        if loop < 0:
+            return anyio.sleep_forever()
+        signature = self._broadcast_checks(value, source, name)[3]
+        return _default.issue(signature, loop, _returns, value)
 
-    async def reduce_scatter(
+    def reduce_scatter(
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
-    ) -> Any:
-        """Return ``value`` unchanged (one replica: the only chunk is the whole)."""
-        await self._enter("reduce_scatter")
-        self._reduce_scatter_checks(reduce_op, value, axis, name)
-        return value
+    ) -> Awaitable[Any]:
+        """Return ``value`` unchanged (one replica: the only chunk is the whole), once awaited."""
+        loop = self._enter("reduce_scatter")
+        if loop < 0:
+            return anyio.sleep_forever()
+        signature = self._reduce_scatter_checks(reduce_op, value, axis, name)[3]
+        return _default.issue(signature, loop, _returns, value)
 
-    async def barrier(self, *, name: str | None = None) -> None:
-        """Return at once (one replica)."""
-        await self._enter("barrier")
-        self._barrier_checks(name)
+    def barrier(self, *, name: str | None = None) -> Awaitable[None]:
+        """Return at once (one replica), once awaited."""
+        loop = self._enter("barrier")
+        if loop < 0:
+            return anyio.sleep_forever()
+        signature = self._barrier_checks(name)[1]
+        return _default.issue(signature, loop, _returns, None)
 
-    async def merge_call(
+    def merge_call(
         self,
         merge_fn: Callable[..., Any],
         args: Sequence[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-    ) -> Any:
-        """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context."""
-        if LIVE_RUNS:
+    ) -> Awaitable[Any]:
+        """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context, once awaited."""
+        loop = _default.loop_here()
+        if loop and LIVE_RUNS:
             _refuse_default_in_replica("merge_call")
         if current_mode().replica is not self:
             raise _cross_replica_error("merge_call")
         args, kwargs = _merge_call_checks(merge_fn, args, kwargs)
-        _merge_structure(tuple(args), dict(kwargs))
-        token = MODE.set(Mode(self._strategy, True, None))
-        try:
-            result = merge_fn(self._strategy, *args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
-        finally:
-            MODE.reset(token)
-        return result
+        args, kwargs = tuple(args), dict(kwargs)
+        signature = _merge_signature(None, merge_fn_name(merge_fn), args, kwargs)
+        return _default.issue(signature, loop, _merge, self._strategy, merge_fn, args, kwargs)
+
+
+async def _returns(value: Any) -> Any:
+    """A default collective's body: the value itself (one replica, nothing to combine)."""
+    return value
+
+
+async def _merge(
+    strategy: Strategy, merge_fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """A default ``merge_call``'s body: ``merge_fn`` called in cross-replica context."""
+    token = MODE.set(Mode(strategy, True, None))
+    try:
+        result = merge_fn(strategy, *args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+    finally:
+        MODE.reset(token)
+    return result

@@ -22,6 +22,11 @@ awaited in the order they were issued (the call path is taken at issue, the posi
 the await: both must describe the same moment), and a name is in flight at most once
 per replica.
 
+Each message is built once, by a function that needs no run (``thread_error``,
+``completed_again``, ``name_taken``, ...): the run's checks raise it with the run's side
+effects (failing the run, its report), and the default replica context's collectives
+(``_default``), which have no run, raise the very same errors.
+
 This module is interpreted on purpose (mypyc compiles the hot path that calls it).
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._core._report import mark_alike, see_also
@@ -36,19 +42,31 @@ from .._exceptions import AsyncReplicaError, CollectiveError, ReplicaContextErro
 from ._mode import MODE
 
 if TYPE_CHECKING:
+    from .._core._ledger import Report
+
     # What this module reads of a collective and its rendezvous (_collective, above).
     from ._protocols import OwnedCollective as Collective
     from ._protocols import OwnedRendezvous as Rendezvous
 
 __all__ = [
     "close_in_flight",
+    "closed_before",
+    "closed_in_flight",
+    "completed_again",
     "driven_by_hand",
     "foreign_await",
     "foreign_issue",
     "name_in_flight",
+    "name_taken",
+    "never_awaited",
     "out_of_order",
+    "out_of_turn",
     "reused",
     "runs_as",
+    "second_awaiter",
+    "thread_error",
+    "used_by_hand",
+    "used_in_thread",
 ]
 
 
@@ -72,7 +90,8 @@ def _owner(rv: Rendezvous, task: object) -> int:
     return rv.helpers.get(id(task), -1)
 
 
-def _thread_error(what: str, described: str, replica: int) -> ReplicaContextError:
+def thread_error(what: str, described: str, replica: int) -> ReplicaContextError:
+    """The error for ``what`` (issuing, awaiting) a collective in a thread not the loop's."""
     return ReplicaContextError(
         f"{what} {described} in a thread other than the event loop's "
         f"({threading.current_thread().name}), in replica {replica}.\n\n"
@@ -96,7 +115,7 @@ def foreign_issue(rv: Rendezvous, call: Collective, task: object) -> BaseExcepti
     replica = call.replica
     if threading.get_ident() != rv.thread:
         # Not run._fail: the run's cancel scope belongs to the loop's thread.
-        return _thread_error("Collective", call._signature.describe(), replica + offset)
+        return thread_error("Collective", call._signature.describe(), replica + offset)
     described = call.describe()
     owner = _owner(rv, task)
     error: AsyncReplicaError
@@ -197,6 +216,11 @@ _PASSIVE = {
 }
 
 
+def used_in_thread(replica: int, described: str, use: str = "awaited") -> ReplicaContextError:
+    """The error for ``use`` of a collective (awaited, closed, ...) in another thread."""
+    return thread_error(f"A collective was {_PASSIVE.get(use, use)}", f"({described})", replica)
+
+
 def foreign_await(
     rv: Rendezvous, call: Collective, task: object, use: str = "awaited"
 ) -> BaseException:
@@ -211,9 +235,9 @@ def foreign_await(
     offset = run.strategy._replica_offset
     replica = call.replica
     described = call.describe()
-    used = _PASSIVE.get(use, use)
     if threading.get_ident() != rv.thread:
-        return _thread_error(f"A collective was {used}", f"({described})", replica + offset)
+        return used_in_thread(replica + offset, described, use)
+    used = _PASSIVE.get(use, use)
     if run.closed:
         return ReplicaContextError(
             f"A collective of replica {replica + offset} ({described}) was {used} after the "
@@ -281,31 +305,48 @@ def reused(
     offset = run.strategy._replica_offset
     described = call.describe()
     if closed:
-        rest = (
-            f" {use} {described}, which it closed: a closed collective never runs. Issue a "
-            "new collective instead."
-        )
-        error = CollectiveError(f"Replica {replica + offset}{rest}")
-        mark_alike(error, rest)  # every replica running this code refuses it alike
-        return error
-    how = "is being awaited" if call._driver is None else "runs as a task"
+        return closed_before(replica + offset, use, described)
     if finished:
-        rest = (
-            f" {use} {described} again, after it completed: a collective runs once. Keep its "
-            "result (`result = await collective`) and use that."
-        )
-        error = CollectiveError(f"Replica {replica + offset}{rest}")
-        mark_alike(error, rest)  # every replica running this code refuses it alike
-        return error
-    error = CollectiveError(
-        f"Replica {replica + offset} {use} {described} while it {how} elsewhere in the "
-        "replica: a collective has one awaiter. Await it in one place, and share its "
-        "result (or the task that awaits it) with the other code.\n" + see_also("CollectiveError"),
-        report=run.ledger.report(),
-    )
+        return completed_again(replica + offset, use, described)
+    how = "is being awaited" if call._driver is None else "runs as a task"
+    error = second_awaiter(replica + offset, use, described, how, run.ledger.report())
     run._fail(replica, error)
     _reported(rv.task())  # the run raises it: a task that raises it again is not unread
     return error
+
+
+def closed_before(replica: int, use: str, described: str) -> CollectiveError:
+    """The error for ``use`` of a collective that its replica closed before it started."""
+    rest = (
+        f" {use} {described}, which it closed: a closed collective never runs. Issue a "
+        "new collective instead."
+    )
+    error = CollectiveError(f"Replica {replica}{rest}")
+    mark_alike(error, rest)  # every replica running this code refuses it alike
+    return error
+
+
+def completed_again(replica: int, use: str, described: str) -> CollectiveError:
+    """The error for ``use`` of a collective again, once it completed (a second await)."""
+    rest = (
+        f" {use} {described} again, after it completed: a collective runs once. Keep its "
+        "result (`result = await collective`) and use that."
+    )
+    error = CollectiveError(f"Replica {replica}{rest}")
+    mark_alike(error, rest)  # every replica running this code refuses it alike
+    return error
+
+
+def second_awaiter(
+    replica: int, use: str, described: str, how: str, report: Report | None = None
+) -> CollectiveError:
+    """The error for ``use`` of a collective that ``how`` (is being awaited) elsewhere."""
+    return CollectiveError(
+        f"Replica {replica} {use} {described} while it {how} elsewhere in the "
+        "replica: a collective has one awaiter. Await it in one place, and share its "
+        "result (or the task that awaits it) with the other code.\n" + see_also("CollectiveError"),
+        report=report,
+    )
 
 
 def runs_as(task: object, call: Collective) -> bool:
@@ -319,8 +360,13 @@ def driven_by_hand(rv: Rendezvous, call: Collective, use: str) -> BaseException:
     """The error for the replica's own code calling ``send``/``throw`` on ``call``."""
     run: Any = rv.run
     offset = run.strategy._replica_offset
+    return used_by_hand(call.replica + offset, use, call.describe())
+
+
+def used_by_hand(replica: int, use: str, described: str) -> CollectiveError:
+    """The error for ``send``/``throw`` (``use``) called on a collective by hand."""
     return CollectiveError(
-        f"Replica {call.replica + offset} {use} {call.describe()} by hand: only the event "
+        f"Replica {replica} {use} {described} by hand: only the event "
         "loop drives a collective. Await it (`result = await "
         "collective`), or run it as a task (asyncio.create_task, a task group). The "
         "collective did not start, and may still be awaited."
@@ -331,8 +377,13 @@ def close_in_flight(rv: Rendezvous, call: Collective) -> BaseException:
     """The error for closing ``call`` while it is awaited (the replica's own code)."""
     run: Any = rv.run
     offset = run.strategy._replica_offset
+    return closed_in_flight(call.replica + offset, call.describe())
+
+
+def closed_in_flight(replica: int, described: str) -> CollectiveError:
+    """The error for closing a collective while it is awaited or runs as a task."""
     return CollectiveError(
-        f"Replica {call.replica + offset} closed {call.describe()} while it is in flight "
+        f"Replica {replica} closed {described} while it is in flight "
         "(awaited, or running as a task): closing it would leave its awaiter stranded. "
         "Cancel the task that awaits it instead."
     )
@@ -367,6 +418,16 @@ def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:
         return None
     run: Any = rv.run
     offset = run.strategy._replica_offset
+    error = out_of_turn(call.replica + offset, call, older, run.ledger.report())
+    run._fail(call.replica, error)
+    _reported(rv.task())  # a task awaiting it (asyncio.wait's) raises it again, unread
+    return error
+
+
+def out_of_turn(
+    replica: int, call: Collective, older: Collective, report: Report | None = None
+) -> CollectiveError:
+    """The error for awaiting unnamed ``call`` before ``older``, issued earlier."""
     rest = (
         f" awaited {_where(call)} before "
         f"{_where(older)}, which it issued earlier and has not awaited.\n\n"
@@ -376,10 +437,8 @@ def out_of_order(rv: Rendezvous, call: Collective) -> BaseException | None:
         "values at the same position). Await each collective where you create it, or give "
         "collectives that may be awaited in any order a name=.\n" + see_also("CollectiveError")
     )
-    error = CollectiveError(f"Replica {call.replica + offset}{rest}", report=run.ledger.report())
+    error = CollectiveError(f"Replica {replica}{rest}", report=report)
     mark_alike(error, rest)  # every replica running this code refuses it alike
-    run._fail(call.replica, error)
-    _reported(rv.task())  # a task awaiting it (asyncio.wait's) raises it again, unread
     return error
 
 
@@ -388,18 +447,40 @@ def name_in_flight(rv: Rendezvous, replica: int, name: str, described: str) -> B
     run: Any = rv.run
     offset = run.strategy._replica_offset
     earlier = rv.names[replica][name]
-    error = CollectiveError(
-        f"Replica {replica + offset} issued {described} while its collective named "
+    error = name_taken(replica + offset, name, described, earlier, run.ledger.report())
+    run._fail(replica, error)
+    _reported(rv.task())  # the run raises it: a task that raises it again is not unread
+    return error
+
+
+def name_taken(
+    replica: int, name: str, described: str, earlier: Collective, report: Report | None = None
+) -> CollectiveError:
+    """The error for issuing ``described`` named ``name`` while ``earlier`` is in flight."""
+    return CollectiveError(
+        f"Replica {replica} issued {described} while its collective named "
         f"{name!r} issued earlier ({_where(earlier)}) has not completed.\n\n"
         "Named collectives match by name and use: two uses of one name in flight at once in "
         "one replica would pair by arrival order, which depends on scheduling. Give each "
         "collective in flight its own name, or await the first before issuing the second.\n"
         + see_also("CollectiveError"),
-        report=run.ledger.report(),
+        report=report,
     )
-    run._fail(replica, error)
-    _reported(rv.task())  # the run raises it: a task that raises it again is not unread
-    return error
+
+
+def never_awaited(
+    replica: int, described: Sequence[str], report: Report | None = None
+) -> CollectiveError:
+    """The error for the collectives (``described``) a replica created and never awaited."""
+    sites = "\n".join(f"  * {text}" for text in described)
+    return CollectiveError(
+        f"Replica {replica} created {len(described)} collective"
+        f"{'' if len(described) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
+        "A collective runs only when awaited; without `await` this replica skips it "
+        "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
+        + see_also("CollectiveError"),
+        report=report,
+    )
 
 
 def in_merge_fn() -> bool:

@@ -781,15 +781,10 @@ class Run(Watching):
         self.unawaited[replica].clear()
         self.issued[replica] = None
         if pending:
-            sites = "\n".join(f"  * {c.describe()}" for c in pending)
-            raise CollectiveError(
-                f"Replica {replica + self.strategy._replica_offset} created {len(pending)} "
-                f"collective"
-                f"{'' if len(pending) == 1 else 's'} that it never awaited:\n\n{sites}\n\n"
-                "A collective runs only when awaited; without `await` this replica skips it "
-                "while its peers wait for it. Write `await ctx.all_reduce(...)`.\n"
-                + see_also("CollectiveError"),
-                report=self.ledger.report(),
+            raise _ownership.never_awaited(
+                replica + self.strategy._replica_offset,
+                [c.describe() for c in pending],
+                self.ledger.report(),
             )
 
     async def _replica_main(
