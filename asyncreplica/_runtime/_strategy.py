@@ -309,37 +309,34 @@ class Strategy:
                 note naming the replica (several as an ``ExceptionGroup``). The other
                 replicas are cancelled. The strategy can run again afterwards.
         """
+        # The counting is in this frame, not a wrapper's: an error whose library frames
+        # were hidden leaves run with a bare raise, and a wrapper would add its frame.
         with self._crossing("Strategy.run"):
-            return await self._run_checked(fn, args, kwargs)
-
-    async def _run_checked(
-        self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None
-    ) -> Any:
-        if inspect.iscoroutine(fn):
-            fn.close()
-            raise _coroutine_error(fn)
-        if not callable(fn):
-            raise TypeError(f"Strategy.run expects a function, got {fn!r}")
-        if generator_step(fn):
-            raise generator_step_error(fn)
-        args, kwargs = _check_args(args, kwargs, "Strategy.run")
-        mode = current_mode()
-        if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
-            raise ReplicaContextError(
-                "Strategy.run was called inside a replica (a nested run). Method requires "
-                "being in cross-replica context: call it outside the step function, or from "
-                "a merge_fn (get_replica_context().merge_call)."
-            )
-        if mode.strategy is not self and not isinstance(mode.strategy, DefaultStrategy):
-            raise ReplicaContextError(
-                f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
-            )
-        try:
-            with scaled_gc(self._num_local):  # fewer collections while many replicas wait
-                return await self._run(fn, args, kwargs)
-        except AsyncReplicaError as error:
-            hide_library_frames(error)  # the user's frames only (see _traceback)
-            raise  # ASYNCREPLICA_FULL_TRACEBACK=1 shows asyncreplica's frames too
+            if inspect.iscoroutine(fn):
+                fn.close()
+                raise _coroutine_error(fn)
+            if not callable(fn):
+                raise TypeError(f"Strategy.run expects a function, got {fn!r}")
+            if generator_step(fn):
+                raise generator_step_error(fn)
+            args, kwargs = _check_args(args, kwargs, "Strategy.run")
+            mode = current_mode()
+            if mode.replica is not None and not isinstance(mode.replica, DefaultReplicaContext):
+                raise ReplicaContextError(
+                    "Strategy.run was called inside a replica (a nested run). Method requires "
+                    "being in cross-replica context: call it outside the step function, or from "
+                    "a merge_fn (get_replica_context().merge_call)."
+                )
+            if mode.strategy is not self and not isinstance(mode.strategy, DefaultStrategy):
+                raise ReplicaContextError(
+                    f"Mixing different strategies: {self!r} is not {mode.strategy!r}."
+                )
+            try:
+                with scaled_gc(self._num_local):  # fewer collections while many replicas wait
+                    return await self._run(fn, args, kwargs)
+            except AsyncReplicaError as error:
+                hide_library_frames(error)  # the user's frames only (see _traceback)
+                raise  # ASYNCREPLICA_FULL_TRACEBACK=1 shows asyncreplica's frames too
 
     async def _run(
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: dict[str, Any] | Any
