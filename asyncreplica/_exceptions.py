@@ -75,9 +75,24 @@ def made_mark() -> int:
     return next(_MADE)
 
 
+def own_mark(error: BaseException, name: str) -> object:
+    """The mark ``name`` that asyncreplica set on ``error``, or None.
+
+    Read from the instance's own ``__dict__``, never through ``getattr``: a user's
+    exception class whose ``__getattr__`` raises something other than
+    ``AttributeError`` (a dict-backed one's ``KeyError``) would replace the user's error
+    with that one, naming our private attribute.
+    """
+    try:
+        found: object = object.__getattribute__(error, "__dict__").get(name)
+    except Exception:  # no __dict__, or one that is not a dict
+        return None
+    return found
+
+
 def made_before(error: BaseException, mark: int) -> bool:
     """Whether ``error`` is an ``AsyncReplicaError`` this process made before ``mark``."""
-    made = getattr(error, "_ar_made", None)
+    made = own_mark(error, "_ar_made")
     return (
         isinstance(made, tuple)
         and len(made) == 2

@@ -38,6 +38,7 @@ from .._exceptions import (
     InternalError,
     ReplicaCancelledError,
     made_before,
+    own_mark,
 )
 from . import _ending, _tasks
 from ._collective import Collective, Rendezvous, Slot, fail_waiters
@@ -90,6 +91,12 @@ def _retrieve_reported(error: BaseException, task: asyncio.Task[Any]) -> None:
     """
     if not task.cancelled() and getattr(task, "_exception", None) is error:
         task.exception()
+
+
+def twin_of(error: BaseException) -> BaseException | None:
+    """The error ``error`` is a waiter's copy of (``_collective.twin``), or None."""
+    found = own_mark(error, "_ar_twin_of")
+    return found if isinstance(found, BaseException) else None
 
 
 class Parking:
@@ -165,10 +172,10 @@ class Parking:
         """
         if any(e is error for _, e in self._errors) or id(error) in self._consequences:
             return True
-        origin = getattr(error, "_ar_twin_of", None)
+        origin = twin_of(error)
         if origin is not None and (
             any(
-                e is origin or e.__cause__ is origin or getattr(e, "_ar_twin_of", None) is origin
+                e is origin or e.__cause__ is origin or twin_of(e) is origin
                 for _, e in self._errors
             )
             or id(origin) in self._consequences
@@ -405,7 +412,7 @@ class Parking:
                     # split made a new group. It is still a waiter's copy of a merge_fn's
                     # error (fail_waiters), or the error such copies were made of: marked,
                     # so that it does not count as a second failure (_recorded).
-                    origin = getattr(error, "_ar_twin_of", error)
+                    origin = twin_of(error) or error
                     with contextlib.suppress(Exception):
                         failures._ar_twin_of = origin  # type: ignore[attr-defined]
                     error = failures

@@ -181,7 +181,13 @@ def in_step(error: BaseException) -> bool:
     ``np.seterr``, computed from the same bits everywhere): nothing waits for this
     process's data, so the processes stay in step and each raises it.
     """
-    return bool(getattr(error, IN_STEP, False))
+    # The instance's own __dict__, never getattr: a user's exception whose __getattr__
+    # raises (a dict-backed one's KeyError) must stay the user's error (as
+    # asyncreplica._exceptions.own_mark reads the runtime's marks).
+    try:
+        return object.__getattribute__(error, "__dict__").get(IN_STEP) is True
+    except Exception:
+        return False
 
 
 class Failures:
