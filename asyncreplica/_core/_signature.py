@@ -149,11 +149,15 @@ class MergeFnKey(NamedTuple):
 
     Attributes:
         code: The function's code object (or the callable itself, without one).
-        bound: ``(label, repr)`` of each plain bound value, in a fixed order.
+        bound: ``(label, text)`` of each plain bound value, in a fixed order.
+        digest: A checksum of the code's body (its bytecode and constants), the same in
+            every process: two functions of one name and line (two lambdas) differ in
+            it across processes, where the code objects cannot be compared.
     """
 
     code: object
     bound: tuple[tuple[str, str], ...] = ()
+    digest: str = ""
 
     def bound_text(self) -> str:
         """``lr=0.1, self.scale=2``: the bound values, for messages."""

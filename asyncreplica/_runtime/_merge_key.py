@@ -72,7 +72,7 @@ def _text(value: object, depth: int = 0, seen: frozenset[int] = frozenset()) -> 
     if isinstance(value, enum.Enum):
         return f"{_type_name(cls)}.{value.name}"
     if isinstance(value, type):
-        return f"class {_type_name(value)}"
+        return _class_text(value, depth, seen)
     if isinstance(value, int):
         return _wrapped(cls, _int_text(value), int)
     if isinstance(value, float):
@@ -101,9 +101,44 @@ def _text(value: object, depth: int = 0, seen: frozenset[int] = frozenset()) -> 
             if cls is tuple
             else f"{_type_name(cls)}({body})"
         )
-    if callable(value) and _is_function_like(value):
-        return _function_text(value, depth + 1, seen | {id(value)})
+    if callable(value):
+        if _is_function_like(value) or hasattr(value, "__wrapped__"):
+            return _function_text(value, depth + 1, seen | {id(value)})
+        # A callable object (in a closure cell, say): its type and its plain attributes;
+        # one with none (a numpy ufunc) is not compared.
+        values = _bound_texts(_attributes("self", value), depth + 1, seen | {id(value)})
+        if len(values) < 2:
+            return None
+        return f"{_type_name(cls)} object with {_joined(values)}"
     return None
+
+
+def _class_text(cls: type, depth: int, seen: frozenset[int]) -> str:
+    """A class's name and the plain values it holds itself (a class made per replica)."""
+    own = [
+        (name, value)
+        for name, value in vars(cls).items()
+        if not name.startswith("__") and not callable(value) and not isinstance(value, type)
+    ]
+    values = _bound_texts(sorted(own), depth + 1, seen | {id(cls)})
+    text = f"class {_type_name(cls)}"
+    return text if not values else f"{text} with {', '.join(f'{k}={v}' for k, v in values)}"
+
+
+def code_digest(code: Any, depth: int = 0) -> str:
+    """A checksum of a code object's body: bytecode and constants, nested code included.
+
+    The same in every process (no address, no ``id``): ``lambda: 1.0`` and
+    ``lambda: 2.0`` have one bytecode and differ in their constants.
+    """
+    parts = [code.co_code.hex(), code.co_qualname]
+    for const in code.co_consts:
+        if hasattr(const, "co_code") and depth < _DEPTH:
+            parts.append(code_digest(const, depth + 1))
+        else:
+            text = _text(const, _DEPTH) if not isinstance(const, frozenset) else None
+            parts.append(text if text is not None else type(const).__name__)
+    return f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
 
 
 def _numpy_scalar(value: Any) -> str | None:
@@ -130,18 +165,25 @@ def _function_text(fn: object, depth: int, seen: frozenset[int]) -> str | None:
     if code is None:
         name = getattr(target, "__qualname__", None)
         module = getattr(target, "__module__", None)
-        return None if name is None else f"{module}.{name}"
+        place = None if name is None else f"{module}.{name}"
+        values = _bound_texts(bound, depth, seen)
+        if place is None or values:
+            return None if place is None else f"{place} with {_joined(values)}"
+        return place
     bound += _function_values(target, code)
     values = _bound_texts(bound, depth, seen)
     # The body's checksum tells apart two lambdas on one line.
-    body = zlib.crc32(code.co_code)
-    place = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno} #{body:08x})"
-    return place if not values else f"{place} with {', '.join(f'{k}={v}' for k, v in values)}"
+    place = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno} #{code_digest(code)})"
+    return place if not values else f"{place} with {_joined(values)}"
+
+
+def _joined(values: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values)
 
 
 def _attributes(label: str, obj: object) -> _Bound:
     """``obj``'s type and the attributes it holds (``__dict__`` and ``__slots__``)."""
-    if _text(obj) is not None:
+    if not callable(obj) and _text(obj) is not None:  # a plain value (not a callable)
         return [(label, obj)]
     bound: _Bound = [(f"type({label})", type(obj))]
     names: dict[str, None] = {}
@@ -171,6 +213,13 @@ def _unwrap(merge_fn: object) -> tuple[Any, _Bound]:
     if isinstance(fn, types.MethodType):
         bound += _attributes("self", fn.__self__)
         fn = fn.__func__
+    # A wrapper that says what it wraps (functools.wraps, lru_cache): the wrapped one.
+    for _ in range(_DEPTH):
+        wrapped = getattr(fn, "__wrapped__", None) if not hasattr(fn, "__code__") else None
+        if wrapped is None or not callable(wrapped):
+            break
+        fn, more = _unwrap(wrapped)
+        bound += more
     return fn, bound
 
 
@@ -213,10 +262,11 @@ def merge_fn_key(merge_fn: Callable[..., Any]) -> MergeFnKey:
     else:  # a callable object: its class's __call__, and the object itself
         call = getattr(type(fn), "__call__", None)  # noqa: B004 -- we want its code
         code = getattr(call, "__code__", None)
-        if code is None:
-            return MergeFnKey(fn)
+        if code is None:  # a C callable: itself, with what a partial bound into it
+            return MergeFnKey(fn, tuple(_bound_texts(bound, 0, frozenset({id(merge_fn)}))))
         bound += _attributes("self", fn)
-    return MergeFnKey(code, tuple(_bound_texts(bound, 0, frozenset({id(merge_fn)}))))
+    texts = tuple(_bound_texts(bound, 0, frozenset({id(merge_fn)})))
+    return MergeFnKey(code, texts, code_digest(code))
 
 
 def merge_fn_name(merge_fn: Callable[..., Any]) -> str:

@@ -200,7 +200,8 @@ def signature_fields(
     key = next((p for p in parts if isinstance(p, MergeFnKey)), None)
     code: Any = None if key is None else key.code
     if key is not None and getattr(code, "co_filename", None) is not None:
-        merge_fn = f"{signature.merge_fn_name} ({code.co_filename}:{code.co_firstlineno})"
+        merge_fn = f"{signature.merge_fn_name} ({code.co_filename}:{code.co_firstlineno}"
+        merge_fn += f" #{key.digest})" if key.digest else ")"
         if key.bound:
             merge_fn += f" with {key.bound_text()}"
     elif merge_fn is not None:

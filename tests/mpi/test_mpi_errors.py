@@ -210,6 +210,15 @@ def test_a_merge_fn_bound_to_other_values_on_one_process_is_a_mismatch_everywher
         assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 
+def test_two_lambdas_on_one_line_are_told_apart_across_processes(tmp_path: Path) -> None:
+    rc, logs, output = launch(2, "errors.py", "merge_lambda", tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["merge_fn"], logs[rank]
+
+
 def test_gather_of_components_of_different_ranks_is_one_class_everywhere(
     tmp_path: Path,
 ) -> None:

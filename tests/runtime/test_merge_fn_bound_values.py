@@ -294,3 +294,99 @@ async def test_equal_bindings_of_those_kinds_match(case: str) -> None:
     result = await _run(s, SAME[case])
     # merge_fn ran (a nest's leaves come back per replica; one value, one component).
     assert len(s.experimental_local_results(result)) in (1, 2)
+
+
+# -- attack 24f, finding 4: what the second key missed --------------------------------------
+
+
+@functools.cache
+def _cached(k: float, strategy: ar.Strategy) -> float:
+    return k
+
+
+class _Scaler:
+    k = 1.0
+
+    def scale(self, strategy: ar.Strategy) -> float:
+        return self.k
+
+
+class _Counter:
+    def __init__(self, k: float) -> None:
+        self.k = k
+
+    def __call__(self) -> float:
+        return self.k
+
+
+def _lambda_on_one_line(r: int) -> Callable[..., Any]:
+    return (lambda s: 1.0) if r == 0 else (lambda s: 2.0)
+
+
+def _nested_constant(r: int) -> Callable[..., Any]:
+    inner = (lambda: 1.0) if r == 0 else (lambda: 2.0)
+
+    def merge_fn(strategy: ar.Strategy) -> float:
+        return inner()
+
+    return merge_fn
+
+
+def _class_per_replica(r: int) -> Callable[..., Any]:
+    class Scaler(_Scaler):
+        k = [1.0, 2.0][r]
+
+    return Scaler().scale
+
+
+def _callable_in_a_cell(r: int) -> Callable[..., Any]:
+    counter = _Counter([1.0, 2.0][r])
+
+    def merge_fn(strategy: ar.Strategy) -> float:
+        return counter()
+
+    return merge_fn
+
+
+MISSED: dict[str, Callable[[int], Callable[..., Any]]] = {
+    "two lambdas on one line": _lambda_on_one_line,
+    "a partial of an lru_cache wrapper": lambda r: functools.partial(_cached, [1.0, 2.0][r]),
+    "lambdas differing in a constant, in a cell": _nested_constant,
+    "a class made per replica": _class_per_replica,
+    "a callable object in a cell": _callable_in_a_cell,
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISSED))
+async def test_what_the_second_key_missed_is_a_mismatch(case: str) -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(MISSED[case](ctx.replica_id_in_sync_group))
+
+    with pytest.raises(ar.CollectiveMismatchError) as caught:
+        await strategy(2).run(step)
+    assert caught.value.fields == ("merge_fn",)
+
+
+@pytest.mark.parametrize("same", [True, False])
+async def test_numpy_ufuncs_in_a_cell_are_compared_by_name(same: bool) -> None:
+    def make(r: int) -> Callable[..., Any]:
+        ufunc = np.add if same or r == 0 else np.multiply
+
+        def merge_fn(strategy: ar.Strategy) -> str:
+            return str(ufunc.__name__)
+
+        return merge_fn
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(make(ctx.replica_id_in_sync_group))
+
+    s = strategy(2)
+    if same:
+        assert s.experimental_local_results(await s.run(step)) == ("add",)
+    else:
+        with pytest.raises(ar.CollectiveMismatchError):
+            await s.run(step)

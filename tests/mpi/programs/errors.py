@@ -36,6 +36,9 @@ Scenarios:
   a ``functools.partial`` binding ``lr=0.5`` everywhere but on the last process
   (``lr=0.25``): ``CollectiveMismatchError`` (merge_fn) everywhere, never replica 0's
   ``lr`` silently.
+* ``merge_lambda``: 1 replica per process; the last process passes the other of two
+  lambdas written on one line (one name, one place, another body):
+  ``CollectiveMismatchError`` (merge_fn) everywhere.
 * ``reduce_shape``: 2 replicas per process; ``strategy.reduce`` (``axis=None``) of a
   component of another shape on replica 1 (found inside process 0 alone): ``ValueError``
   everywhere.
@@ -162,6 +165,13 @@ async def merge_bound() -> object:
     return await ctx.merge_call(functools.partial(_lr, lr=lr), args=(1.0,))
 
 
+async def merge_lambda() -> object:
+    ctx = ar.get_replica_context()
+    assert ctx is not None
+    fn = (lambda s: 1.0) if RANK != SIZE - 1 else (lambda s: 2.0)
+    return await ctx.merge_call(fn)
+
+
 SCENARIOS = {
     "queued": (queued, 1),
     "raise": (raise_, 2),
@@ -177,6 +187,7 @@ SCENARIOS = {
     "reduce_dtype": (None, 2),
     "reduce_shape": (None, 2),
     "merge_bound": (merge_bound, 2),
+    "merge_lambda": (merge_lambda, 1),
 }
 
 
