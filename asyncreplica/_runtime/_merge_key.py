@@ -11,15 +11,16 @@ exact text, every bound value whose equality can be decided exactly and cheaply:
   ``__repr__``, never a subclass's; an int too long for ``str`` in hex), numpy scalars
   (their type and exact value), ``Fraction``, ``Decimal``, enum members, classes, and
   tuples (named or not) of these;
-* functions (a closure cell holding a ``functools.partial``, a decorator's wrapped
-  function): their code's place and qualified name and, recursively, their own bound
-  values;
-* the instance of a bound method or a callable object: its type, and each attribute
-  (``__dict__`` and ``__slots__``) that is one of the above.
+* functions (a closure cell holding a ``functools.partial``, a decorator's or an
+  ``lru_cache``'s wrapped function): their code's place, qualified name and body
+  checksum (:func:`code_digest`) and, recursively, their own bound values;
+* the instance of a bound method or a callable object (also one in a closure cell): its
+  type, and each attribute (``__dict__`` and ``__slots__``) that is one of the above;
+  a class, with the plain values it holds itself.
 
 Other bound objects (arrays, lists, dicts, a replica's context) are not compared; the
-docs say that replica 0's are used. The text is the same in every process, so the same
-key crosses processes (``asyncreplica_mpi._protocol``).
+docs say that replica 0's are used. The text is the same in every process, so a process
+group can send the key to other processes as it is.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 from .._core._signature import MergeFnKey
 
-__all__ = ["merge_fn_key", "merge_fn_name"]
+__all__ = ["code_digest", "merge_fn_key", "merge_fn_name"]
 
 #: How deep values (tuples in tuples, functions in cells) are followed.
 _DEPTH = 16
