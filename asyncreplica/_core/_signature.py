@@ -142,22 +142,48 @@ class MergeFnKey(NamedTuple):
     """What identifies a merge function across replicas.
 
     ``merge_fn`` runs once, as replica 0 passed it, so besides its code the replicas
-    must agree on every value bound into it that can be compared exactly: numbers,
-    strings, bytes, ``None`` and tuples of them, held by a ``functools.partial``, a
-    bound method's instance, a closure cell or a default. Other bound objects are not
-    compared (``_runtime/_merge_key.py`` builds the key).
+    must agree on every value bound into it that can be compared exactly (numbers,
+    strings, tuples of them, functions, ...: ``_runtime/_merge_key.py`` builds the key
+    and lists them). Other bound objects are not compared.
+
+    Two keys are equal when their code, digest and the values a ``functools.partial``
+    passed agree, and either the rest of the bound values agree or both functions read
+    them from one object (``holder``: one shared instance or function, whose values are
+    the same for every replica because they are the same object's).
 
     Attributes:
         code: The function's code object (or the callable itself, without one).
-        bound: ``(label, text)`` of each plain bound value, in a fixed order.
+        bound: ``(label, text)`` of each plain bound value, in a fixed order: first the
+            ``passed`` ones a partial bound, then those the function holds.
         digest: A checksum of the code's body (its bytecode and constants), the same in
             every process: two functions of one name and line (two lambdas) differ in
             it across processes, where the code objects cannot be compared.
+        holder: ``id`` of the object the held values are read from (meaningful in one
+            process only; another process's is never equal).
+        passed: How many entries of ``bound`` a ``functools.partial`` passed.
     """
 
     code: object
     bound: tuple[tuple[str, str], ...] = ()
     digest: str = ""
+    holder: int = 0
+    passed: int = 0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MergeFnKey):
+            return NotImplemented
+        if self.code != other.code or self.digest != other.digest:
+            return False
+        if self.bound[: self.passed] != other.bound[: other.passed]:
+            return False
+        return (self.holder != 0 and self.holder == other.holder) or self.bound == other.bound
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.digest))
 
     def bound_text(self) -> str:
         """``lr=0.1, self.scale=2``: the bound values, for messages."""

@@ -9,18 +9,27 @@ exact text, every bound value whose equality can be decided exactly and cheaply:
 
 * ``None``, bools, ints, floats, complex numbers, strings and bytes (their own types'
   ``__repr__``, never a subclass's; an int too long for ``str`` in hex), numpy scalars
-  (their type and exact value), ``Fraction``, ``Decimal``, enum members, classes, and
-  tuples (named or not) of these;
+  (their type and exact value), ``Fraction``, ``Decimal``, enum members, and tuples
+  (named or not) of these;
 * functions (a closure cell holding a ``functools.partial``, a decorator's or an
-  ``lru_cache``'s wrapped function): their code's place, qualified name and body
-  checksum (:func:`code_digest`) and, recursively, their own bound values;
-* the instance of a bound method or a callable object (also one in a closure cell): its
-  type, and each attribute (``__dict__`` and ``__slots__``) that is one of the above;
-  a class, with the plain values it holds itself.
+  ``lru_cache``'s wrapped function, a ``staticmethod``): their code's place, qualified
+  name and body checksum (:func:`code_digest`) and, recursively, their own bound values;
+* objects that are called (the instance of a bound method, a callable object, also one
+  in a closure cell): their type, and each attribute (``__dict__`` and ``__slots__``)
+  that is one of the above; ``operator``'s getters by their exact ``repr``;
+* classes: their name, and the plain values and functions they hold themselves (a class
+  made per replica).
 
 Other bound objects (arrays, lists, dicts, a replica's context) are not compared; the
-docs say that replica 0's are used. The text is the same in every process, so a process
-group can send the key to other processes as it is.
+docs say that replica 0's are used. A value whose text would pass :data:`_BUDGET`
+characters (a tuple of a million floats, a deep graph of shared tuples) is not compared
+either: building the key must stay cheap. The text is the same in every process, so a
+process group can send the key to other processes as it is.
+
+Where every replica passes the very same function or instance (``opt.apply`` of one
+shared optimizer), what it holds is not compared: there is nothing of replica 0's to
+replace another replica's with, and a shared counter that each replica bumped before
+``merge_call`` is not a mismatch (``MergeFnKey.holder``).
 """
 
 from __future__ import annotations
@@ -43,6 +52,11 @@ __all__ = ["code_digest", "merge_fn_key", "merge_fn_name"]
 _DEPTH = 16
 #: Ints with more bits than this are written in hex (``str`` refuses long ones).
 _DECIMAL_BITS = 4096
+#: The longest text one bound value may have; a longer one is not compared.
+_BUDGET = 1 << 16
+#: Code objects whose digest is remembered (bounded, as the runtime's other caches).
+_DIGESTS_LIMIT = 4096
+_DIGESTS: dict[Any, str] = {}
 
 _Bound = list[tuple[str, object]]
 
@@ -63,129 +77,173 @@ def _wrapped(cls: type, text: str, base: type) -> str:
     return text if cls is base else f"{_type_name(cls)}({text})"
 
 
-def _text(value: object, depth: int = 0, seen: frozenset[int] = frozenset()) -> str | None:
-    """An exact text of ``value`` when it can be compared exactly and cheaply, else None."""
-    if depth > _DEPTH or id(value) in seen:
-        return None
-    cls = type(value)
-    if value is None or cls is bool:
-        return repr(value)
-    if isinstance(value, enum.Enum):
-        return f"{_type_name(cls)}.{value.name}"
-    if isinstance(value, type):
-        return _class_text(value, depth, seen)
-    if isinstance(value, int):
-        return _wrapped(cls, _int_text(value), int)
-    if isinstance(value, float):
-        return _wrapped(cls, float.__repr__(value), float)
-    if isinstance(value, complex):
-        return _wrapped(cls, complex.__repr__(value), complex)
-    if isinstance(value, str):
-        return _wrapped(cls, str.__repr__(value), str)
-    if isinstance(value, bytes):
-        return _wrapped(cls, bytes.__repr__(value), bytes)
-    if isinstance(value, fractions.Fraction):
-        text = f"{_int_text(value.numerator)}, {_int_text(value.denominator)}"
-        return f"{_type_name(cls)}({text})"
-    if isinstance(value, decimal.Decimal):
-        return f"{_type_name(cls)}({decimal.Decimal.__str__(value)!r})"
-    if cls.__module__ == "numpy" and getattr(value, "shape", None) == ():
-        return _numpy_scalar(value)
-    if isinstance(value, tuple):
-        inner = seen | {id(value)}
-        items = [_text(item, depth + 1, inner) for item in value]
-        if any(item is None for item in items):
-            return None
-        body = ", ".join(item for item in items if item is not None)
-        return (
-            f"({body}{',' if len(items) == 1 else ''})"
-            if cls is tuple
-            else f"{_type_name(cls)}({body})"
-        )
-    if callable(value):
-        if _is_function_like(value) or hasattr(value, "__wrapped__"):
-            return _function_text(value, depth + 1, seen | {id(value)})
-        # A callable object (in a closure cell, say): its type and its plain attributes;
-        # one with none (a numpy ufunc) is not compared.
-        values = _bound_texts(_attributes("self", value), depth + 1, seen | {id(value)})
-        if len(values) < 2:
-            return None
-        return f"{_type_name(cls)} object with {_joined(values)}"
-    return None
-
-
-def _class_text(cls: type, depth: int, seen: frozenset[int]) -> str:
-    """A class's name and the plain values it holds itself (a class made per replica)."""
-    own = [
-        (name, value)
-        for name, value in vars(cls).items()
-        if not name.startswith("__") and not callable(value) and not isinstance(value, type)
-    ]
-    values = _bound_texts(sorted(own), depth + 1, seen | {id(cls)})
-    text = f"class {_type_name(cls)}"
-    return text if not values else f"{text} with {', '.join(f'{k}={v}' for k, v in values)}"
-
-
-def code_digest(code: Any, depth: int = 0) -> str:
-    """A checksum of a code object's body: bytecode and constants, nested code included.
-
-    The same in every process (no address, no ``id``): ``lambda: 1.0`` and
-    ``lambda: 2.0`` have one bytecode and differ in their constants.
-    """
-    parts = [code.co_code.hex(), code.co_qualname]
-    for const in code.co_consts:
-        if hasattr(const, "co_code") and depth < _DEPTH:
-            parts.append(code_digest(const, depth + 1))
-        else:
-            text = _text(const, _DEPTH) if not isinstance(const, frozenset) else None
-            parts.append(text if text is not None else type(const).__name__)
-    return f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
-
-
-def _numpy_scalar(value: Any) -> str | None:
-    """A numpy scalar's type and exact value (its Python value, or its bytes)."""
-    try:
-        item = value.item()
-        if type(item) in (bool, int, float, complex):
-            return f"{type(value).__name__}({_text(item)})"
-        return f"{type(value).__name__}(0x{value.tobytes().hex()})"
-    except Exception:  # a numpy scalar that cannot be read: not compared
-        return None
-
-
-def _is_function_like(value: object) -> bool:
-    return isinstance(
-        value, types.FunctionType | types.MethodType | functools.partial | types.BuiltinFunctionType
-    )
-
-
-def _function_text(fn: object, depth: int, seen: frozenset[int]) -> str | None:
-    """A function's place and name, and its plain bound values, recursively."""
-    target, bound = _unwrap(fn)
-    code = getattr(target, "__code__", None)
-    if code is None:
-        name = getattr(target, "__qualname__", None)
-        module = getattr(target, "__module__", None)
-        place = None if name is None else f"{module}.{name}"
-        values = _bound_texts(bound, depth, seen)
-        if place is None or values:
-            return None if place is None else f"{place} with {_joined(values)}"
-        return place
-    bound += _function_values(target, code)
-    values = _bound_texts(bound, depth, seen)
-    # The body's checksum tells apart two lambdas on one line.
-    place = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno} #{code_digest(code)})"
-    return place if not values else f"{place} with {_joined(values)}"
-
-
 def _joined(values: list[tuple[str, str]]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values)
 
 
-def _attributes(label: str, obj: object) -> _Bound:
+def _is_function_like(value: object) -> bool:
+    return isinstance(
+        value,
+        types.FunctionType
+        | types.MethodType
+        | functools.partial
+        | types.BuiltinFunctionType
+        | staticmethod
+        | classmethod,
+    )
+
+
+def code_digest(code: Any, depth: int = 0) -> str:
+    """A checksum of a code object's body: bytecode, names and constants, nested code too.
+
+    The same in every process (no address, no ``id``): ``lambda: 1.0`` and
+    ``lambda: 2.0`` have one bytecode and differ in their constants, ``lambda: f()`` and
+    ``lambda: g()`` in their names.
+    """
+    found = _DIGESTS.get(code)
+    if found is not None:
+        return found
+    parts = [code.co_code.hex(), code.co_qualname, " ".join(code.co_names)]
+    for const in code.co_consts:
+        if hasattr(const, "co_code") and depth < _DEPTH:
+            parts.append(code_digest(const, depth + 1))
+        elif const is None or isinstance(const, bool | int | float | complex | str | bytes):
+            parts.append(f"{type(const).__name__}:{const!r}"[:_BUDGET])
+        else:
+            parts.append(type(const).__name__)
+    digest = f"{zlib.crc32(chr(0).join(parts).encode()):08x}"
+    if len(_DIGESTS) >= _DIGESTS_LIMIT:
+        _DIGESTS.clear()
+    _DIGESTS[code] = digest
+    return digest
+
+
+class _Texts:
+    """One key's build: each object's text once (shared objects are not walked again)."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, str | None] = {}
+        self.keep: list[object] = []  # the memo's objects stay alive (their ids stay theirs)
+        self.active: set[int] = set()  # objects being written: a cycle is not compared
+
+    def text(self, value: object, depth: int = 0) -> str | None:
+        """An exact text of ``value`` when it can be compared exactly and cheaply, else None."""
+        if depth > _DEPTH:
+            return None
+        key = id(value)
+        if key in self.memo:
+            return self.memo[key]
+        if key in self.active:
+            return None
+        self.active.add(key)
+        try:
+            found = self._text(value, depth)
+        except Exception:  # a value that cannot be read exactly: not compared
+            found = None
+        finally:
+            self.active.discard(key)
+        if found is not None and len(found) > _BUDGET:
+            found = None
+        self.memo[key] = found
+        self.keep.append(value)
+        return found
+
+    def _text(self, value: object, depth: int) -> str | None:
+        cls = type(value)
+        if value is None or cls is bool:
+            return repr(value)
+        if isinstance(value, enum.Enum):
+            return f"{_type_name(cls)}.{value.name}"
+        if isinstance(value, type):
+            return self._class(value, depth)
+        if isinstance(value, int):
+            return _wrapped(cls, _int_text(value), int)
+        if isinstance(value, float):
+            return _wrapped(cls, float.__repr__(value), float)
+        if isinstance(value, complex):
+            return _wrapped(cls, complex.__repr__(value), complex)
+        if isinstance(value, str):
+            return _wrapped(cls, str.__repr__(value), str)
+        if isinstance(value, bytes):
+            return _wrapped(cls, bytes.__repr__(value), bytes)
+        if isinstance(value, fractions.Fraction):
+            text = f"{_int_text(value.numerator)}, {_int_text(value.denominator)}"
+            return f"{_type_name(cls)}({text})"
+        if isinstance(value, decimal.Decimal):
+            return f"{_type_name(cls)}({decimal.Decimal.__str__(value)!r})"
+        if cls.__module__ == "numpy" and getattr(value, "shape", None) == ():
+            return self._numpy_scalar(value)
+        if isinstance(value, tuple):
+            if len(value) > _BUDGET // 4:
+                return None
+            items: list[str] = []
+            for item in value:
+                found = self.text(item, depth + 1)
+                if found is None:
+                    return None
+                items.append(found)
+            body = ", ".join(items)
+            if cls is tuple:
+                return f"({body}{',' if len(items) == 1 else ''})"
+            return f"{_type_name(cls)}({body})"
+        if callable(value):
+            if _is_function_like(value) or hasattr(value, "__wrapped__"):
+                return self.function(value, depth + 1)
+            if cls.__module__ == "operator":  # itemgetter(0): its repr is its value
+                return repr(value)
+            # An object that is called: its type and its plain attributes.
+            return self._object(value, depth + 1)
+        return None
+
+    def _numpy_scalar(self, value: Any) -> str | None:
+        """A numpy scalar's type and exact value (its Python value, or its bytes)."""
+        item = value.item()
+        if type(item) in (bool, int, float, complex):
+            return f"{type(value).__name__}({self.text(item)})"
+        return f"{type(value).__name__}(0x{value.tobytes().hex()})"
+
+    def _class(self, cls: type, depth: int) -> str:
+        """A class's name and what it holds itself: plain values and functions."""
+        own = [
+            (name, value)
+            for name, value in vars(cls).items()
+            if not (name.startswith("__") and name.endswith("__"))
+        ]
+        values = self.texts(sorted(own, key=lambda item: item[0]), depth + 1)
+        text = f"class {_type_name(cls)}"
+        return text if not values else f"{text} with {_joined(values)}"
+
+    def _object(self, obj: object, depth: int) -> str:
+        values = self.texts(attributes("self", obj), depth)
+        return f"{_type_name(type(obj))} object" + (f" with {_joined(values)}" if values else "")
+
+    def function(self, fn: object, depth: int) -> str | None:
+        """A function's place, name and body, and its plain bound values, recursively."""
+        target, bound = unwrap(fn)
+        code = getattr(target, "__code__", None)
+        if code is None:
+            name = getattr(target, "__qualname__", None)
+            if name is None:
+                return None
+            place = f"{getattr(target, '__module__', None)}.{name}"
+        else:
+            bound += function_values(target, code)
+            place = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}"
+            place += f" #{code_digest(code)})"
+        values = self.texts(bound, depth)
+        return place if not values else f"{place} with {_joined(values)}"
+
+    def texts(self, bound: _Bound, depth: int) -> list[tuple[str, str]]:
+        out = []
+        for label, value in bound:
+            text = self.text(value, depth)
+            if text is not None:
+                out.append((label, text))
+        return out
+
+
+def attributes(label: str, obj: object) -> _Bound:
     """``obj``'s type and the attributes it holds (``__dict__`` and ``__slots__``)."""
-    if not callable(obj) and _text(obj) is not None:  # a plain value (not a callable)
-        return [(label, obj)]
     bound: _Bound = [(f"type({label})", type(obj))]
     names: dict[str, None] = {}
     for cls in type(obj).__mro__:
@@ -203,7 +261,7 @@ def _attributes(label: str, obj: object) -> _Bound:
     return bound
 
 
-def _unwrap(merge_fn: object) -> tuple[Any, _Bound]:
+def unwrap(merge_fn: object) -> tuple[Any, _Bound]:
     """The function whose code identifies ``merge_fn``, and the values bound into it."""
     fn: Any = merge_fn
     bound: _Bound = []
@@ -212,19 +270,19 @@ def _unwrap(merge_fn: object) -> tuple[Any, _Bound]:
         bound += [(name, fn.keywords[name]) for name in sorted(fn.keywords)]
         fn = fn.func
     if isinstance(fn, types.MethodType):
-        bound += _attributes("self", fn.__self__)
+        bound += attributes("self", fn.__self__)
         fn = fn.__func__
-    # A wrapper that says what it wraps (functools.wraps, lru_cache): the wrapped one.
+    # A wrapper that says what it wraps (lru_cache, staticmethod): the wrapped one.
     for _ in range(_DEPTH):
         wrapped = getattr(fn, "__wrapped__", None) if not hasattr(fn, "__code__") else None
         if wrapped is None or not callable(wrapped):
             break
-        fn, more = _unwrap(wrapped)
+        fn, more = unwrap(wrapped)
         bound += more
     return fn, bound
 
 
-def _function_values(fn: Any, code: Any) -> _Bound:
+def function_values(fn: Any, code: Any) -> _Bound:
     """A function's closure cells and defaults, by variable name."""
     bound: _Bound = []
     cells = getattr(fn, "__closure__", None) or ()
@@ -242,35 +300,47 @@ def _function_values(fn: Any, code: Any) -> _Bound:
     return bound
 
 
-def _bound_texts(bound: _Bound, depth: int, seen: frozenset[int]) -> list[tuple[str, str]]:
-    texts = []
-    for label, value in bound:
-        try:
-            text = _text(value, depth, seen)
-        except Exception:  # a value that cannot be read exactly: not compared
-            text = None
-        if text is not None:
-            texts.append((label, text))
-    return texts
+def _holder(merge_fn: object) -> object:
+    """What holds the values a merge function reads: its instance, or the function itself.
+
+    Past any ``functools.partial`` (whose own values are always compared).
+    """
+    fn: Any = merge_fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn.__self__ if isinstance(fn, types.MethodType) else fn
 
 
 def merge_fn_key(merge_fn: Callable[..., Any]) -> MergeFnKey:
     """What replicas must agree on: the code, and every plain value bound into it."""
-    fn, bound = _unwrap(merge_fn)
+    builder = _Texts()
+    fn, bound = unwrap(merge_fn)
+    # A partial's own values are compared even for one shared instance (they differ).
+    partial = 0
+    inner: Any = merge_fn
+    while isinstance(inner, functools.partial):
+        partial += len(inner.args) + len(inner.keywords)
+        inner = inner.func
     code = getattr(fn, "__code__", None)
+    digest = ""
     if code is not None:
-        bound += _function_values(fn, code)
+        bound += function_values(fn, code)
+        digest = code_digest(code)
     else:  # a callable object: its class's __call__, and the object itself
         call = getattr(type(fn), "__call__", None)  # noqa: B004 -- we want its code
         code = getattr(call, "__code__", None)
         if code is None:  # a C callable: itself, with what a partial bound into it
-            return MergeFnKey(fn, tuple(_bound_texts(bound, 0, frozenset({id(merge_fn)}))))
-        bound += _attributes("self", fn)
-    texts = tuple(_bound_texts(bound, 0, frozenset({id(merge_fn)})))
-    return MergeFnKey(code, texts, code_digest(code))
+            code = fn
+        else:
+            bound += attributes("self", fn)
+            digest = code_digest(code)
+    builder.active.add(id(merge_fn))
+    passed = tuple(builder.texts(bound[:partial], 0))
+    held = tuple(builder.texts(bound[partial:], 0))
+    return MergeFnKey(code, passed + held, digest, id(_holder(merge_fn)), len(passed))
 
 
 def merge_fn_name(merge_fn: Callable[..., Any]) -> str:
     """The merge function's qualified name for reports (a partial's function's)."""
-    fn = _unwrap(merge_fn)[0]
+    fn = unwrap(merge_fn)[0]
     return str(getattr(fn, "__qualname__", type(fn).__qualname__))

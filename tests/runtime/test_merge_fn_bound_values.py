@@ -17,6 +17,8 @@ import enum
 import fractions
 import functools
 import math
+import operator
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +26,7 @@ import numpy as np
 import pytest
 
 import asyncreplica as ar
+from asyncreplica._runtime._merge_key import merge_fn_key
 
 pytestmark = pytest.mark.anyio
 
@@ -390,3 +393,86 @@ async def test_numpy_ufuncs_in_a_cell_are_compared_by_name(same: bool) -> None:
     else:
         with pytest.raises(ar.CollectiveMismatchError):
             await s.run(step)
+
+
+# -- attack 23i, findings 1-3: callables without attributes, shared holders, cost ------------
+
+
+class _Relu:
+    def __call__(self, x: float) -> float:
+        return max(x, 0.0)
+
+
+class _Neg:
+    def __call__(self, x: float) -> float:
+        return -x
+
+
+def _calling(f: Callable[..., Any]) -> Callable[..., Any]:
+    def merge_fn(strategy: ar.Strategy) -> Any:
+        return f(-2.0)
+
+    return merge_fn
+
+
+def _static_per_replica(r: int) -> Callable[..., Any]:
+    class Holder:
+        f = staticmethod([abs, operator.neg][r])
+
+    return lambda strategy: Holder.f(-2)
+
+
+THIRD: dict[str, Callable[[int], Callable[..., Any]]] = {
+    "callable objects of two types, no attributes": lambda r: _calling([_Relu(), _Neg()][r]),
+    "itemgetter": lambda r: _calling(operator.itemgetter(r)),
+    "methodcaller": lambda r: _calling(operator.methodcaller(["real", "conjugate"][r])),
+    "a class holding another staticmethod": _static_per_replica,
+}
+
+
+@pytest.mark.parametrize("case", sorted(THIRD))
+async def test_what_the_third_key_missed_is_a_mismatch(case: str) -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(THIRD[case](ctx.replica_id_in_sync_group))
+
+    with pytest.raises(ar.CollectiveMismatchError):
+        await strategy(2).run(step)
+
+
+class _SharedOptimizer:
+    step = 0  # a class counter every replica bumps
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def apply(self, strategy: ar.Strategy) -> int:
+        return self.calls
+
+
+async def test_one_shared_instance_bumped_by_each_replica_is_not_a_mismatch() -> None:
+    """The merge function reads one object: nothing of replica 0's replaces anything."""
+    optimizer = _SharedOptimizer()
+
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        optimizer.calls += 1  # 1 on replica 0's arrival, 2 on replica 1's
+        _SharedOptimizer.step += 1
+        return await ctx.merge_call(optimizer.apply)
+
+    s = strategy(2)
+    assert s.experimental_local_results(await s.run(step)) == (2,)
+
+
+def test_building_a_key_stays_cheap_for_shared_and_long_tuples() -> None:
+    """A graph of shared tuples is walked once per object; a huge tuple is not compared."""
+    shared: object = 1.0
+    for _ in range(40):  # 2**40 leaves as a tree; 40 objects as a graph
+        shared = (shared, shared)
+    long = tuple(float(i) for i in range(1_000_000))
+    started = time.perf_counter()
+    key = merge_fn_key(_closure((shared, long)))
+    assert time.perf_counter() - started < 5.0  # a hang guard: it took minutes
+    assert key.bound == ()  # too long a text: not compared (documented)
