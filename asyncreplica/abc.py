@@ -306,6 +306,19 @@ class ProcessGroup(abc.ABC):
         """
         raise error
 
+    async def agree(  # noqa: B027 -- optional
+        self, op: ReduceOp, axis: tuple[int, ...] | None, spec: LeafSpec
+    ) -> None:
+        """Agree with the other processes on a ``Strategy.reduce`` of a plain value.
+
+        Where every process has several replicas, a plain value is reduced on its own
+        process (nothing crosses processes), yet one process raises where the replicas'
+        calls differ (``op``, ``axis``, its shape or dtype): the group compares this
+        process's call with the others' (no data moves) and raises the same
+        ``CollectiveMismatchError`` on every process where they differ. The default
+        compares nothing.
+        """
+
     def call_timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
         """Bound each cross-replica operation made inside by ``seconds`` (None: the group's).
 

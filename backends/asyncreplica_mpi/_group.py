@@ -891,6 +891,18 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 self._raise_for(details)
         return self._parts[:, :nbytes]
 
+    async def agree(self, op: ReduceOp, axis: tuple[int, ...] | None, spec: LeafSpec) -> None:
+        """A plain value's ``Strategy.reduce`` reduced here alone: agree on the call only.
+
+        The fields of the crossing reduce (op, axis, shape, dtype), no data: where they
+        differ, every process raises the mismatch one process's replicas raise.
+        """
+
+        async def nothing() -> None:
+            return None
+
+        await self.cross(cross_fields("reduce", op, axis, [spec]), nothing)
+
     async def cross(
         self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]], fp_bits: int = 0
     ) -> _T:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from asyncreplica_mpi._protocol import (
     describe_exception,
@@ -76,6 +77,10 @@ def test_plain_values_reduce_as_in_one_process(
             assert lines["merge_sum"] == f"{sum_run} raised ValueError", logs[rank]
         # a dtype the local backend refuses: TypeError everywhere, the processes in step
         assert lines["bool"] == "raised TypeError", logs[rank]
+        # a plain value's axis that differs per process: the mismatch everywhere, then
+        # the processes in step (one process's result)
+        assert lines["axes"] == "raised CollectiveMismatchError", logs[rank]
+        assert lines["axes_after"] == str(np.arange(24.0).reshape(2, 3, 4).mean(0).tolist())
         assert logs[rank].endswith("done\n"), logs[rank]
 
 
