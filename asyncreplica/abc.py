@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
 from typing import ClassVar, NoReturn, TypeVar
 
 from ._core._components import check_reduced
@@ -306,6 +306,19 @@ class ProcessGroup(abc.ABC):
         """
         raise error
 
+    async def agree(  # noqa: B027 -- optional
+        self, op: ReduceOp, axis: tuple[int, ...] | None, spec: LeafSpec
+    ) -> None:
+        """Agree with the other processes on a ``Strategy.reduce`` of a plain value.
+
+        Where every process has several replicas, a plain value is reduced on its own
+        process (nothing crosses processes), yet one process raises where the replicas'
+        calls differ (``op``, ``axis``, its shape or dtype): the group compares this
+        process's call with the others' (no data moves) and raises the same
+        ``CollectiveMismatchError`` on every process where they differ. The default
+        compares nothing.
+        """
+
     def call_timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
         """Bound each cross-replica operation made inside by ``seconds`` (None: the group's).
 
@@ -345,6 +358,19 @@ class ProcessGroup(abc.ABC):
     #: How often a run that spans several processes calls :meth:`watch_peers`, in
     #: seconds; None (the default): never.
     peer_watch_seconds: float | None = None
+
+    def local_waits(  # noqa: B027 -- optional
+        self, waits: Mapping[Hashable, tuple[Signature, tuple[int, ...]]]
+    ) -> None:
+        """Where this process's replicas wait now: before each :meth:`watch_peers`.
+
+        ``waits``: for each collective some local replica waits at (its key), the
+        signature and the replicas (global ids) that arrived, earliest first; a
+        collective every local replica reached is in :meth:`collective` instead. So the
+        group can tell the other processes which replicas arrived while another replica
+        of this process keeps the collective from crossing, and name them when the run
+        stops. The default keeps nothing.
+        """
 
     def watch_peers(self) -> None:  # noqa: B027 -- optional
         """Raise what must end this process's run now: another process's failure.

@@ -14,7 +14,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -82,6 +83,15 @@ class Watching(Parking):
         if self.failed or self.closed or self._mains_done:
             return False
         try:
+            waits: dict[Hashable, tuple[Any, tuple[int, ...]]] = {}
+            for key, slot in self._slots.items():
+                if slot.done:
+                    continue
+                arrived = [(i, s) for i, s in enumerate(slot.signatures) if s is not None]
+                if arrived:
+                    offset = group.offset
+                    waits[key] = (arrived[0][1], tuple(offset + i for i, _ in arrived))
+            group.local_waits(waits)
             group.watch_peers()
         except Exception as error:
             self._fail(-1, error)

@@ -245,13 +245,19 @@ async def reduce_leaf(
             if empty is not None:
                 raise empty
     except (TypeError, ValueError) as error:
-        if crossing:
-            assert group is not None
+        if group is not None:
+            # Every process takes part (see group.agree below): it raises this error too,
+            # none waits for this one.
             await group.refuse(error)
         raise
     if crossing:
         result = await backend.reduce(op, [leaf] * n, norm)
         return hold_result(backend, where, result, reduced_spec(op, spec, norm))
+    if group is not None:
+        # Reduced on this process alone, but the processes' calls are compared (op,
+        # axis, shape, dtype), as one process's replicas' are: a call that differs
+        # raises CollectiveMismatchError on every process, whatever the layout.
+        await group.agree(op, norm, spec)
     # The one value's result: the local backend copies or reduces it.
     local = strategy._local_backend
     if norm is None:

@@ -40,6 +40,7 @@ from ._protocol import (
     MAGIC,
     REFUSALS,
     Status,
+    _leaf_exceptions,
     collective_error,
     components_error,
     describe_exception,
@@ -52,6 +53,7 @@ from ._protocol import (
     outcome_message,
     rebuild_signature,
     refusal_wins,
+    timeout_fields,
     to_wire,
 )
 
@@ -226,6 +228,7 @@ class Failures:
     _number: int  # exchanges so far
     offset: int
     _waiters: collections.deque[Any]
+    _partial: dict[int, tuple[int, Any, list[int]]]
 
     if TYPE_CHECKING:
 
@@ -679,13 +682,28 @@ class Failures:
             signature = rebuild_signature(fields, (self._pending or (None, {}))[1].get("site"))
         arrived: dict[int, Signature] = {}
         missing: dict[int, str] = {}
+        key: Any = position
+        if isinstance(position, tuple):
+            key = list(position)
         for rank in range(self.size):
             first, count = self.offsets[rank], self.replica_counts[rank]
+            # A peer some of whose replicas wait at this collective while another of its
+            # replicas keeps it from crossing (its "arrived" note, see _tell_arrival).
+            partial = self._partial.get(rank)
+            there: list[int] = []
+            if partial is not None and partial[0] == self._number - 1 and partial[1] == key:
+                there = partial[2]
             for replica in range(first, first + count):
-                if rank in missing_ranks:
-                    missing[replica] = self._absent_text(rank)
-                else:
+                if rank not in missing_ranks or replica in there:
                     arrived[replica] = signature
+                elif there:
+                    missing[replica] = (
+                        f"it is elsewhere on process {rank}, whose "
+                        f"replica{'' if len(there) == 1 else 's'} {', '.join(map(str, there))} "
+                        f"wait{'s' if len(there) == 1 else ''} at this collective"
+                    )
+                else:
+                    missing[replica] = self._absent_text(rank)
         if not missing:
             return None
         if type(position) is int:
@@ -754,6 +772,9 @@ class Failures:
                     0, {}, fields, num_replicas=self.num_replicas, message=message
                 )
             raise REFUSALS.get(name, ValueError)(message)
+        timed = next((d for d in details if d.get("timeout_error")), None)
+        if timed is not None:
+            raise self._timeout_everywhere(timed, details)
         failed = next((d for d in details if d.get("collective_error")), None)
         if failed is not None:
             # A process's own ledger found the error: every process raises it, with the
@@ -799,6 +820,12 @@ class Failures:
                 name=name,
                 message=message,
             )
+        for d in details:
+            at = d.get("at")  # a stopped process's replicas at a collective (see _end_run)
+            if d.get("stopped") and at:
+                signature = rebuild_signature(at["fields"], at.get("site"))
+                for replica in at["replicas"]:
+                    signatures.setdefault(int(replica), signature)
         gone = [d for d in details if Status(d["status"]) is not Status.COLLECTIVE]
         # The process that ended the run, not one stopped by its end (see _stop_run).
         gone = [d for d in gone if not d.get("stopped")] or gone
@@ -811,6 +838,62 @@ class Failures:
             exited_last=None,
             name=name,
             message=message,
+        )
+
+    def _timeout_everywhere(
+        self, timed: Mapping[str, Any], details: list[dict[str, Any]]
+    ) -> CollectiveTimeoutError:
+        """The timeout a process found on its own replicas, as every process raises it.
+
+        Its ``position``, ``timeout`` and ``missing``; ``arrived`` completed by the
+        replicas of every process that waited at that collective (their details) or
+        that timed out there too: what one process's timeout lists. Its message is the
+        timed-out process's, with the other processes' arrived replicas added.
+        """
+        fields = timed["timeout_error"]
+        position = int(fields["position"])
+        arrived = {int(r) for r in fields["arrived"]}
+        missing = {int(r) for r in fields["missing"]}
+        others: list[str] = []
+        for d in details:
+            if d is timed:
+                continue
+            key = d.get("key")
+            at = key[1] if isinstance(key, list) else key
+            if Status(d["status"]) is Status.COLLECTIVE and at == position:
+                first, count = d["replicas"]
+                there = [r for r in range(first, first + count) if r not in missing]
+            elif d.get("timeout_error"):
+                there = [int(r) for r in d["timeout_error"]["arrived"]]
+            else:
+                continue
+            if there and not set(there) <= arrived:
+                arrived.update(there)
+                where = f" at {d['site']}" if d.get("site") else ""
+                what = f" {d['describe']}{where}" if d.get("describe") else " it"
+                others.append(
+                    f"  * {self._process(int(d['rank']))}: replica"
+                    f"{'' if len(there) == 1 else 's'} {', '.join(map(str, there))} called"
+                    f"{what} and waited"
+                )
+        message = str(fields.get("message") or "")
+        lines = message.split("\n")
+        if others and len(lines) > 2:
+            lines[2:2] = others  # after the first line and the blank one: the roll call
+        rank = int(timed["rank"])
+        if rank != self.rank:
+            lines.insert(
+                1,
+                f"(Process {rank} timed out on its own replicas; this is process "
+                f"{self.rank} of {self.size}.)",
+            )
+        placeholder = self.current or Signature(CollectiveKind.BARRIER)
+        return CollectiveTimeoutError(
+            position,
+            float(fields["timeout"]),
+            dict.fromkeys(sorted(arrived), placeholder),
+            dict.fromkeys(sorted(missing - arrived), ""),
+            message="\n".join(lines),
         )
 
     def _global_error(
@@ -869,6 +952,20 @@ class Failures:
                 self._raise_for(details)
             except Exception as alike:
                 raise alike from error
+        timed = next((d for d in details if d.get("timeout_error")), None)
+        if timed is not None:
+            # A timeout on some process's own replicas: one error, the lowest such
+            # process's, completed by every process's replicas that waited there.
+            everywhere = self._timeout_everywhere(timed, details)
+            own = timeout_fields(error)
+            if own is None or int(timed["rank"]) != self.rank:
+                raise everywhere from error
+            leaves = _leaf_exceptions(error) if isinstance(error, BaseExceptionGroup) else [error]
+            for leaf in leaves:
+                if isinstance(leaf, CollectiveTimeoutError):
+                    leaf.arrived, leaf.missing = everywhere.arrived, everywhere.missing
+                    leaf.args = everywhere.args
+            return
         if type(error) is CollectiveError:
             # Each process's ledger found it in its own replicas (global ids): one
             # process finds the lowest replica's, so every process raises the lowest

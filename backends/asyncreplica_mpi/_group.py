@@ -80,6 +80,7 @@ from ._protocol import (
     refusal_fields,
     refused_detail,
     signature_fields,
+    timeout_fields,
 )
 from ._trace import TraceMerger
 from ._waiting import (
@@ -261,6 +262,12 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         # this process's run for one (see _stop_run).
         self._endings: dict[int, dict[str, Any]] = {}
         self._stopped: ReplicaExitedError | None = None
+        # Where this process's replicas wait while one of them keeps a collective from
+        # crossing (see local_waits), what the peers were told of it, and each peer's
+        # such note: (its exchange number, key, replicas that arrived).
+        self._local_waits: Mapping[Hashable, tuple[Signature, tuple[int, ...]]] = {}
+        self._told_arrival: tuple[int, Any, tuple[int, ...]] | None = None
+        self._partial: dict[int, tuple[int, Any, list[int]]] = {}
         self._failed_here = False  # this process failed after an agreement
         self._sends: list[Any] = []
         # A receive of any peer's bell, always posted (see _park).
@@ -694,6 +701,8 @@ class MPIProcessGroup(Waiting, ProcessGroup):
         self._ended = None
         self._ended_error = None
         self._stopped = None
+        self._local_waits = {}
+        self._told_arrival = None
 
     # A FIFO lock without checkpoints when nobody contends (anyio.Lock yields twice):
     # exchanges and their data must leave every process in the same order.
@@ -891,6 +900,22 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 self._raise_for(details)
         return self._parts[:, :nbytes]
 
+    def local_waits(self, waits: Mapping[Hashable, tuple[Signature, tuple[int, ...]]]) -> None:
+        """Where this process's replicas wait (see :meth:`watch_peers`, which tells it)."""
+        self._local_waits = waits
+
+    async def agree(self, op: ReduceOp, axis: tuple[int, ...] | None, spec: LeafSpec) -> None:
+        """A plain value's ``Strategy.reduce`` reduced here alone: agree on the call only.
+
+        The fields of the crossing reduce (op, axis, shape, dtype), no data: where they
+        differ, every process raises the mismatch one process's replicas raise.
+        """
+
+        async def nothing() -> None:
+            return None
+
+        await self.cross(cross_fields("reduce", op, axis, [spec]), nothing)
+
     async def cross(
         self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]], fp_bits: int = 0
     ) -> _T:
@@ -1010,16 +1035,26 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                     # fingerprint, so that the exchange is never unanimous with the
                     # peer's: every process builds the error from the details.
                     detail["stopped"] = True
+                    at = self._stopped_at()
+                    if at is not None:
+                        detail["at"] = at
                 elif error is not None:
                     detail["error"] = describe_failure(error)
                     detail["collective_error"] = error_fields(
                         error, check_call_sites=self.check_call_sites
                     )
+                    timed_out = timeout_fields(error)
+                    if timed_out is not None:
+                        # A timeout on this process's own replicas: every process raises
+                        # it (see _timeout_everywhere), never a ReplicaExitedError.
+                        detail["timeout_error"] = timed_out
                     if type(error) is CollectiveError:
                         # Its own ledger's (a collective issued while another is in
                         # flight): every process raises the lowest rank's text.
                         detail["ledger_error"] = str(error)
                 fp = fingerprint({"stopped": True}) if stopped else 0
+                if detail.get("timeout_error") is not None:
+                    fp = fingerprint({"timeout_error": detail["timeout_error"]})
                 if "ledger_error" in detail:
                     # Processes whose ledgers' texts differ compare them (see
                     # _complete_error); where they agree the exchange is unanimous.
@@ -1062,6 +1097,22 @@ class MPIProcessGroup(Waiting, ProcessGroup):
                 raise alike from error
         if details is not None and error is not None:
             self._complete_error(error, details)
+
+    def _stopped_at(self) -> dict[str, Any] | None:
+        """The collective this process's replicas waited at when its run was stopped.
+
+        As a COLLECTIVE detail's parts (``fields``, ``describe``, ``site``, ``replicas``
+        as global ids, ``key``), or None when none waited at one.
+        """
+        for key, (signature, replicas) in self._local_waits.items():
+            fields, _, detail, _, _ = self._fields(signature)
+            return {
+                **detail,
+                "fields": {**fields, "position": key_text(key)},
+                "replicas": list(replicas),
+                "key": _key_json(key),
+            }
+        return None
 
     def _raise_stopped(self, details: list[dict[str, Any]] | None, report: Any) -> None:
         """After a run its watch stopped (see _stop_run): raise what every process raises.

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from asyncreplica import CollectiveMismatchError, ReplicaExitedError
+from asyncreplica import CollectiveMismatchError, CollectiveTimeoutError, ReplicaExitedError
 from asyncreplica.abc import (
     MATCH_RULES,
     CallSite,
@@ -317,6 +317,28 @@ def collective_error(error: BaseException) -> BaseException | None:
     return None
 
 
+def timeout_fields(error: BaseException) -> dict[str, Any] | None:
+    """A run's own ``CollectiveTimeoutError`` (alone, or every leaf of a group) as data.
+
+    A process times out on its own replicas (one of them never reached a collective
+    that its others wait at): every process raises it, completed by the replicas of
+    the processes that waited there (see ``Failures._timeout_everywhere``).
+    """
+    found: BaseException | None = error
+    if isinstance(error, BaseExceptionGroup):
+        leaves = _leaf_exceptions(error)
+        found = leaves[0] if leaves and all(type(e) is type(leaves[0]) for e in leaves) else None
+    if not isinstance(found, CollectiveTimeoutError):
+        return None
+    return {
+        "position": found.position,
+        "timeout": found.timeout,
+        "arrived": sorted(found.arrived),
+        "missing": sorted(found.missing),
+        "message": str(found),
+    }
+
+
 def error_fields(error: BaseException, *, check_call_sites: bool) -> dict[str, Any] | None:
     """A process's own collective error as plain data, so that every process raises it.
 
@@ -558,6 +580,16 @@ def _what(detail: Mapping[str, Any], positions: bool, path: str | None = None) -
     if status is Status.FINISHED:
         return "finished their step function (no more collectives)"
     if status is Status.FAILED and detail.get("stopped"):
+        at = detail.get("at")
+        if at:  # some of its replicas waited at a collective that had not crossed
+            replicas = [int(r) for r in at["replicas"]]
+            where = f" at {at['site']}" if at.get("site") else ""
+            return (
+                f"had replica{'' if len(replicas) == 1 else 's'} "
+                f"{', '.join(map(str, replicas))} at {at['describe']}{where} "
+                f"(the {at['fields']['position']}) and another replica elsewhere: it was told, "
+                "and cancelled its replicas"
+            )
         return "had no replica at a collective: it was told, and cancelled its replicas"
     if status is Status.FAILED:
         return f"failed: {detail.get('error') or 'an exception'}"

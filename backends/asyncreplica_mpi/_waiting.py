@@ -17,7 +17,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Generator, Hashable
+from collections.abc import Callable, Generator, Hashable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -25,6 +25,7 @@ import anyio.lowlevel
 import numpy as np
 
 from asyncreplica import CollectiveDeadlockError
+from asyncreplica.abc import Signature
 
 from . import _exit
 from ._arrival import _logger, comm_key, interrupt_pending, take_interrupt
@@ -189,6 +190,9 @@ class Waiting(Failures):
     _last: tuple[Hashable, dict[str, Any]] | None
     _agreed_at: float
     _abandoned: list[Any]
+    _local_waits: Mapping[Hashable, tuple[Signature, tuple[int, ...]]]
+    _told_arrival: tuple[int, Any, tuple[int, ...]] | None
+    _partial: dict[int, tuple[int, Any, list[int]]]
 
     async def _wait(self, request: Any, deadline: float | None) -> None:
         """Wait for a posted request that :func:`_spin` did not see complete.
@@ -618,6 +622,9 @@ class Waiting(Failures):
                 self._seen_waiting.setdefault(int(note["number"]), set()).add(source)
                 if isinstance(note.get("what"), str):
                     self._peer_at[source] = (int(note["number"]), note["what"])
+            elif kind == "arrived":
+                replicas = [int(r) for r in note.get("replicas", ())]
+                self._partial[source] = (int(note["number"]), note.get("key"), replicas)
             elif kind == "failed":
                 self._failed_peers.add(source)  # it waits for no ack from us at exit
                 if self._peer_failure is None:
@@ -669,9 +676,40 @@ class Waiting(Failures):
         if self._busy or self._in_flight:
             return  # an exchange or data transfer in progress: its wait reads the notes
         self._read_notes()  # a peer's failure note raises here
+        self._tell_arrival()
         ending = self._endings.get(self._number)
         if ending is not None:
             raise self._stop_run(ending)
+
+    def _tell_arrival(self) -> None:
+        """Tell the peers which replicas of this process wait at its next collective.
+
+        While another replica of this process has not reached it, the collective does
+        not cross (no exchange is posted): a peer that times out there names these
+        replicas as arrived, as one process does, instead of calling this process busy.
+        Told once per change (see ``local_waits``).
+        """
+        told = None
+        for key, (_, replicas) in self._local_waits.items():
+            if len(replicas) < self.replica_counts[self.rank]:
+                told = (self._number, key, replicas)
+            break
+        if told == self._told_arrival or (told is None and self._told_arrival is None):
+            return
+        self._told_arrival = told
+        with contextlib.suppress(Exception):  # best effort: it only names replicas
+            if told is None:
+                self._tell_peers({"kind": "arrived", "number": -1, "replicas": []})
+            else:
+                number, key, replicas = told
+                self._tell_peers(
+                    {
+                        "kind": "arrived",
+                        "number": number,
+                        "key": list(key) if isinstance(key, tuple) else key,
+                        "replicas": list(replicas),
+                    }
+                )
 
     def _tell_ending(self, status: Status) -> None:
         """Tell the peers that this process waits at its last posted exchange with ``status``.

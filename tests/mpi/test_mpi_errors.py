@@ -76,6 +76,11 @@ def test_plain_values_reduce_as_in_one_process(
             assert lines["merge_sum"] == f"{sum_run} raised ValueError", logs[rank]
         # a dtype the local backend refuses: TypeError everywhere, the processes in step
         assert lines["bool"] == "raised TypeError", logs[rank]
+        # a plain value's axis that differs per process: the mismatch everywhere, then
+        # the processes in step (one process's result)
+        assert lines["axes"] == "raised CollectiveMismatchError", logs[rank]
+        mean = [[float(i + 6 + 4 * row) for i in range(4)] for row in range(3)]
+        assert lines["axes_after"] == str(mean), logs[rank]  # np.arange(24.0) (2, 3, 4)
         assert logs[rank].endswith("done\n"), logs[rank]
 
 

@@ -135,3 +135,59 @@ def test_a_peer_that_read_the_failure_is_not_called_busy(tmp_path: Path) -> None
     )
     assert said in output, output
     assert "busy" not in output, output
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_an_idle_replica_beside_one_at_the_collective_times_out_as_one_process(
+    processes: int, loop: str, tmp_path: Path
+) -> None:
+    # The idle replica shares its process with a replica at the all_reduce (2 + 1, idle
+    # replica 1; 1 + 1 + 2, idle replica 3): that process posts no exchange. Before,
+    # whichever timer fired first decided: that process's own timeout made the peers
+    # raise a ReplicaExitedError naming a replica that waited (replica_id 0), or the
+    # peer's exchange timeout listed every replica of that process as missing and called
+    # it busy. One process's CollectiveTimeoutError, fields and all, on every process.
+    one = _error(_one_process("timeout shared", loop, processes, tmp_path), "")
+    assert one["class"] == "CollectiveTimeoutError", one
+    assert one["missing"] == [1 if processes == 2 else 3], one
+    rc, logs, output = launch(
+        "timeout shared", loop, tmp_path=tmp_path, program=PROGRAM, processes=processes
+    )
+    # The exit status is the race's: a peer's exchange timed out (out of step: the job is
+    # aborted at exit), or the idle replica's process timed out first on its own replicas
+    # and the others met it at its run's end (in step: the job goes on).
+    del rc
+    for rank in range(processes):
+        assert _error(logs[rank], output) == one, (rank, output)
+        assert logs[rank].endswith("end\n"), output
+    assert "is busy outside collectives" not in output, output
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("processes", [2, 3])
+def test_a_stopped_process_names_its_replica_at_a_collective(
+    processes: int, loop: str, tmp_path: Path
+) -> None:
+    # A replica of another process raises; the process whose replicas are one at the
+    # all_reduce and one idle is stopped by the failed run's end. Its ReplicaExitedError
+    # names the replica that waited (``waiting``) and where, not "no replica at a
+    # collective" with waiting=[].
+    one = _one_process("error shared", loop, processes, tmp_path)
+    rc, logs, output = launch(
+        "error shared", loop, tmp_path=tmp_path, program=PROGRAM, processes=processes
+    )
+    assert rc == 0, output
+    fails = 2 if processes == 2 else 0
+    failing = 1 if processes == 2 else 0  # its process
+    assert _error(logs[failing], output) == _error(one, "")
+    assert _error(one, "")["class"] == "ValueError"
+    shared = 0 if processes == 2 else 2  # the process of the idle replica
+    error = _error(logs[shared], output)
+    assert error["class"] == "ReplicaExitedError", output
+    assert error["replica_id"] == fails, output
+    waiting_there = [0] if processes == 2 else [2]  # its replica at the all_reduce
+    assert set(waiting_there) <= set(error["waiting"]), output
+    assert "had no replica at a collective" not in output, output
+    for rank in range(processes):
+        assert logs[rank].splitlines()[1:] == one.splitlines()[1:], output

@@ -20,6 +20,10 @@ Scenarios:
   one process gives (the processes stayed in step).
 * ``exit``: process 0 dies of an uncaught ``ValueError`` before its run (no timeout):
   every other process raises the same ``ReplicaExitedError`` naming it.
+* ``timeout shared`` and ``error shared``: the same, where the idle replica shares its
+  process with a replica that waits at the collective (2 + 1 on two processes, idle
+  replica 1; 1 + 1 + 2 on three, idle replica 3), and the failing replica is on another
+  process (replica 2 on two processes, replica 0 on three).
 * ``told``: as ``timeout`` on two processes, then the idle process goes on (awaits, its
   loop idle) past process 0's wait for its acknowledgement at exit (1 s here): process 0
   must not call it busy before the job is aborted.
@@ -40,6 +44,12 @@ import asyncreplica as ar
 
 LAYOUTS = {2: (2, 1), 3: (1, 1, 1)}
 IDLE = {2: 2, 3: 1}  # the global replica that awaits an event never set
+# The "shared" scenarios: the idle replica shares its process with a replica that
+# reaches the collective (so that process posts no exchange for it), and the replica
+# that fails in "error shared" is on another process.
+SHARED_LAYOUTS = {2: (2, 1), 3: (1, 1, 2)}
+SHARED_IDLE = {2: 1, 3: 3}
+SHARED_FAILS = {2: 2, 3: 0}
 FIELDS = ("position", "timeout", "arrived", "missing", "replica_id", "waiting", "name")
 
 
@@ -54,14 +64,15 @@ def said(error: BaseException) -> dict[str, Any]:
     return found
 
 
-def strategy(processes: int, one: bool, timeout: float | None) -> ar.Strategy:
+def strategy(processes: int, one: bool, timeout: float | None, shared: bool) -> ar.Strategy:
     options = ar.CommunicationOptions(timeout_seconds=timeout)
+    layout = (SHARED_LAYOUTS if shared else LAYOUTS)[processes]
     if one:
-        devices = [f"CPU:{i}" for i in range(sum(LAYOUTS[processes]))]
+        devices = [f"CPU:{i}" for i in range(sum(layout))]
         return ar.MirroredStrategy(
             devices, communication_options=options, stall_warning_seconds=None
         )
-    devices = [f"CPU:{i}" for i in range(LAYOUTS[processes][RANK])]
+    devices = [f"CPU:{i}" for i in range(layout[RANK])]
     return ar.MultiWorkerMirroredStrategy(
         devices, communication_options=options, stall_warning_seconds=None
     )
@@ -70,12 +81,15 @@ def strategy(processes: int, one: bool, timeout: float | None) -> ar.Strategy:
 async def scenario(name: str, loop: str, one: str = "", processes: str = "") -> None:
     del loop  # anyio.run's backend (see the end of the file)
     size = int(processes) if one else MPI.COMM_WORLD.Get_size()
-    idle = IDLE[size]
+    shared = name.endswith(" shared")
+    name = name.removesuffix(" shared")
+    idle = (SHARED_IDLE if shared else IDLE)[size]
+    fails = SHARED_FAILS[size] if shared else 0
     if name == "told" and RANK == 0:
         from asyncreplica_mpi import _exit  # after asyncreplica (it imports the backend)
 
         _exit._ACK_SECONDS = 1.0  # its wait for the peers' acknowledgement at exit
-    s = strategy(size, bool(one), 0.5 if name in ("timeout", "told") else None)
+    s = strategy(size, bool(one), 0.5 if name in ("timeout", "told") else None, shared)
     if name == "exit" and RANK == 0 and not one:
         raise ValueError("process 0 dies before its run")
     never = anyio.Event()
@@ -86,9 +100,9 @@ async def scenario(name: str, loop: str, one: str = "", processes: str = "") -> 
         replica = ctx.replica_id_in_sync_group
         if replica == idle:
             await never.wait()  # no collective in flight on its process: the loop is idle
-        if name == "error" and replica == 0:
+        if name == "error" and replica == fails:
             await anyio.sleep(0.2)
-            raise ValueError("replica 0 fails")
+            raise ValueError(f"replica {fails} fails")
         return await ctx.all_reduce("SUM", 1.0)
 
     try:

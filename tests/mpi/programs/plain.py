@@ -78,6 +78,12 @@ async def main(counts: list[int]) -> None:
     report(
         f"bcast {np.asarray(await strategy.extended.broadcast_to(np.ones(2), 'CPU:0')).tolist()}"
     )
+    # A plain value reduced along an axis that differs per process: one process's
+    # replicas disagree (CollectiveMismatchError), so every process raises it, whatever
+    # the layout (before, with several replicas everywhere each returned its own shape).
+    block = np.arange(24.0).reshape(2, 3, 4)
+    await attempt("axes", strategy.reduce("MEAN", block, axis=RANK % 2))
+    await attempt("axes_after", strategy.reduce("MEAN", block, axis=0))
     report("done")
 
 
