@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._core._dtypes import reduce_refusal, reduced_dtype, refusal
-from .._core._nest import TreeDef, flatten, regroup, select_replica
+from .._core._nest import TreeDef, flatten, regroup, select_replica, unflatten
 from .._core._report import key_text, see_also, value_text
 from .._core._signature import CollectiveKind, LeafSpec, ReduceOp, Signature
 from .._exceptions import BackendError, CollectiveError, ReplicaContextError
@@ -24,7 +25,7 @@ from ._held import held_leaves
 from ._inspect import call_path
 from ._issuing import all_reduce as _issue_all_reduce
 from ._issuing import flatten_value as _flatten
-from ._issuing import reducible as _reducible
+from ._issuing import reducible_leaves as _reducible_leaves
 from ._merge_key import merge_fn_key, merge_fn_name
 from ._mode import MODE, Mode, current_mode
 from ._run import LIVE_RUNS, Collective
@@ -1032,19 +1033,21 @@ class ReplicaContext:
         value: Any,
         options: CommunicationOptions | None,
         name: object,
-    ) -> Signature:
-        """``all_reduce``'s checks, in its order; the signature of a valid call.
+    ) -> tuple[list[object], TreeDef, Signature, list[object]]:
+        """``all_reduce``'s checks, in its order; ``(leaves, treedef, signature, originals)``.
 
         The name (:meth:`all_reduce`), then the op, the options and the value
         (``_issuing.all_reduce``, whose compiled body makes them inline: one leaf's on a
-        fast path, a value of several leaves through ``_reducible``, as here), and the
-        signature it builds.
+        fast path, a value of several leaves through ``_issuing.reducible``, as here), and
+        the signature it builds. ``leaves`` are the held ones (``_held``), ``originals``
+        the value's own.
         """
         checked = self._check_name(name)
         op = ReduceOp.parse(reduce_op)
         self._options(options)
-        _, treedef, specs = _reducible(self, op, value)
-        return Signature(
+        originals, treedef = _flatten(value)
+        leaves, _, specs = _reducible_leaves(self, op, originals, treedef)
+        signature = Signature(
             CollectiveKind.ALL_REDUCE,
             op,
             name=checked,
@@ -1052,14 +1055,18 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
+        return leaves, treedef, signature, originals
 
     def _all_gather_checks(
         self, value: Any, axis: object, options: CommunicationOptions | None, name: object
-    ) -> tuple[float | None, list[object], TreeDef, Signature]:
-        """``(timeout, leaves, treedef, signature)`` of a valid ``all_gather``."""
+    ) -> tuple[float | None, list[object], TreeDef, Signature, list[object]]:
+        """``(timeout, leaves, treedef, signature, originals)`` of a valid ``all_gather``.
+
+        ``leaves`` are the held ones (``_held``), ``originals`` the value's own.
+        """
         timeout = self._options(options)
-        leaves, treedef = _flatten(value)
-        leaves = self._held(leaves, treedef)
+        originals, treedef = _flatten(value)
+        leaves = self._held(originals, treedef)
         specs = self._describe(leaves, treedef)
         checked = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         signature = Signature(
@@ -1070,18 +1077,18 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
-        return timeout, leaves, treedef, signature
+        return timeout, leaves, treedef, signature, originals
 
     def _broadcast_checks(
         self, value: Any, source: object, name: object
-    ) -> tuple[float | None, list[object], TreeDef, Signature]:
-        """``(timeout, leaves, treedef, signature)`` of a valid ``broadcast``."""
+    ) -> tuple[float | None, list[object], TreeDef, Signature, list[object]]:
+        """``(timeout, leaves, treedef, signature, originals)`` of a valid ``broadcast``."""
         n = self.num_replicas_in_sync
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
-        leaves, treedef = _flatten(value)
-        leaves = self._held(leaves, treedef)
+        originals, treedef = _flatten(value)
+        leaves = self._held(originals, treedef)
         specs = self._describe(leaves, treedef)
         _refuse_broadcast_slices(specs)
         signature = Signature(
@@ -1092,12 +1099,12 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
-        return timeout, leaves, treedef, signature
+        return timeout, leaves, treedef, signature, originals
 
     def _reduce_scatter_checks(
         self, reduce_op: ReduceOp | str, value: Any, axis: object, name: object
-    ) -> tuple[float | None, list[object], TreeDef, Signature]:
-        """``(timeout, leaves, treedef, signature)`` of a valid ``reduce_scatter``.
+    ) -> tuple[float | None, list[object], TreeDef, Signature, list[object]]:
+        """``(timeout, leaves, treedef, signature, originals)`` of a valid ``reduce_scatter``.
 
         Its leaves are held to ``all_reduce``'s rule (:func:`reduce_refusal`) after the
         axis: a boolean is refused when each replica issues the call, before any waits
@@ -1105,8 +1112,8 @@ class ReplicaContext:
         """
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
-        leaves, treedef = _flatten(value)
-        leaves = self._held(leaves, treedef)
+        originals, treedef = _flatten(value)
+        leaves = self._held(originals, treedef)
         specs = self._describe(leaves, treedef)
         checked = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         error = reduce_refusal(op, specs)
@@ -1129,7 +1136,7 @@ class ReplicaContext:
             leaves=specs,
             call_path=call_path(),
         )
-        return timeout, leaves, treedef, signature
+        return timeout, leaves, treedef, signature, originals
 
     def _barrier_checks(self, name: object) -> tuple[float | None, Signature]:
         """``(timeout, signature)`` of a valid ``barrier``."""
@@ -1218,7 +1225,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("all_gather")
-        timeout, leaves, treedef, signature = self._all_gather_checks(value, axis, options, name)
+        timeout, leaves, treedef, signature, _ = self._all_gather_checks(value, axis, options, name)
         return Collective(
             run, self._replica_id, signature, leaves, _dispatch_all_gather, None, timeout, treedef
         )
@@ -1246,7 +1253,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("broadcast")
-        timeout, leaves, treedef, signature = self._broadcast_checks(value, source, name)
+        timeout, leaves, treedef, signature, _ = self._broadcast_checks(value, source, name)
         return Collective(
             run, self._replica_id, signature, leaves, _dispatch_broadcast, None, timeout, treedef
         )
@@ -1278,7 +1285,7 @@ class ReplicaContext:
             ReplicaContextError: Called outside this replica.
         """
         run = self._require_current("reduce_scatter")
-        timeout, leaves, treedef, signature = self._reduce_scatter_checks(
+        timeout, leaves, treedef, signature, _ = self._reduce_scatter_checks(
             reduce_op, value, axis, name
         )
         return Collective(
@@ -1431,20 +1438,20 @@ class DefaultReplicaContext(ReplicaContext):
     def _require_current(self, api: str) -> Run:
         raise AssertionError("the default replica context has no run")
 
-    def _enter(self, api: str) -> int:
+    def _enter(self, api: str) -> object:
         """Refuse ``api`` where a replica's context would refuse it; the loop running here.
 
         In cross-replica context (a ``merge_fn``, ``strategy.scope()``), and beside a live
-        run of several replicas. Returns :func:`~._default.loop_here` (0: no event loop
+        run of several replicas. Returns :func:`~._default.loop_here` (None: no event loop
         runs in this thread, which the collective refuses once it can say what it is), or
-        -1 when the collective must wait for trio to cancel it (see
+        :data:`_WAIT` when the collective must wait for trio to cancel it (see
         :func:`_refuse_default_collective`).
         """
         if current_mode().cross_replica:
             raise _cross_replica_error(api)
         loop = _default.loop_here()
-        if loop and LIVE_RUNS and _refuse_default_collective(api):
-            return -1
+        if loop is not None and LIVE_RUNS and _refuse_default_collective(api):
+            return _WAIT
         return loop
 
     @property
@@ -1460,12 +1467,14 @@ class DefaultReplicaContext(ReplicaContext):
         *,
         name: str | None = None,
     ) -> Awaitable[Any]:
-        """Return ``value`` unchanged (one replica: nothing to combine), once awaited."""
+        """Return ``value`` (one replica: nothing to combine), once awaited; see :func:`_result`."""
         loop = self._enter("all_reduce")
-        if loop < 0:
+        if loop is _WAIT:
             return anyio.sleep_forever()
-        signature = self._all_reduce_checks(reduce_op, value, options, name)
-        return _default.issue(signature, loop, _returns, value)
+        leaves, treedef, signature, originals = self._all_reduce_checks(
+            reduce_op, value, options, name
+        )
+        return _default.issue(signature, loop, _returns, _result(value, originals, leaves, treedef))
 
     def all_gather(
         self,
@@ -1475,35 +1484,42 @@ class DefaultReplicaContext(ReplicaContext):
         *,
         name: str | None = None,
     ) -> Awaitable[Any]:
-        """Return ``value`` unchanged (one replica: nothing to gather), once awaited."""
+        """Return ``value`` (one replica: nothing to gather), once awaited; see :func:`_result`."""
         loop = self._enter("all_gather")
-        if loop < 0:
+        if loop is _WAIT:
             return anyio.sleep_forever()
-        signature = self._all_gather_checks(value, axis, options, name)[3]
-        return _default.issue(signature, loop, _returns, value)
+        _, leaves, treedef, signature, originals = self._all_gather_checks(
+            value, axis, options, name
+        )
+        return _default.issue(signature, loop, _returns, _result(value, originals, leaves, treedef))
 
     def broadcast(self, value: Any, source: int = 0, *, name: str | None = None) -> Awaitable[Any]:
-        """Return ``value`` unchanged (one replica), once awaited."""
+        """Return ``value`` (one replica), once awaited; see :func:`_result`."""
         loop = self._enter("broadcast")
-        if loop < 0:
+        if loop is _WAIT:
             return anyio.sleep_forever()
-        signature = self._broadcast_checks(value, source, name)[3]
-        return _default.issue(signature, loop, _returns, value)
+        _, leaves, treedef, signature, originals = self._broadcast_checks(value, source, name)
+        return _default.issue(signature, loop, _returns, _result(value, originals, leaves, treedef))
 
     def reduce_scatter(
         self, reduce_op: ReduceOp | str, value: Any, axis: int = 0, *, name: str | None = None
     ) -> Awaitable[Any]:
-        """Return ``value`` unchanged (one replica: the only chunk is the whole), once awaited."""
+        """Return ``value`` (one replica: the only chunk is the whole), once awaited.
+
+        See :func:`_result`.
+        """
         loop = self._enter("reduce_scatter")
-        if loop < 0:
+        if loop is _WAIT:
             return anyio.sleep_forever()
-        signature = self._reduce_scatter_checks(reduce_op, value, axis, name)[3]
-        return _default.issue(signature, loop, _returns, value)
+        _, leaves, treedef, signature, originals = self._reduce_scatter_checks(
+            reduce_op, value, axis, name
+        )
+        return _default.issue(signature, loop, _returns, _result(value, originals, leaves, treedef))
 
     def barrier(self, *, name: str | None = None) -> Awaitable[None]:
         """Return at once (one replica), once awaited."""
         loop = self._enter("barrier")
-        if loop < 0:
+        if loop is _WAIT:
             return anyio.sleep_forever()
         signature = self._barrier_checks(name)[1]
         return _default.issue(signature, loop, _returns, None)
@@ -1516,7 +1532,7 @@ class DefaultReplicaContext(ReplicaContext):
     ) -> Awaitable[Any]:
         """Call ``merge_fn(strategy, *args, **kwargs)`` in cross-replica context, once awaited."""
         loop = _default.loop_here()
-        if loop and LIVE_RUNS:
+        if loop is not None and LIVE_RUNS:
             _refuse_default_in_replica("merge_call")
         if current_mode().replica is not self:
             raise _cross_replica_error("merge_call")
@@ -1526,8 +1542,44 @@ class DefaultReplicaContext(ReplicaContext):
         return _default.issue(signature, loop, _merge, self._strategy, merge_fn, args, kwargs)
 
 
+# What DefaultReplicaContext._enter returns when the collective waits for trio to cancel it.
+_WAIT: Any = object()
+
+
+def _result(
+    value: object, originals: list[object], leaves: list[object], treedef: TreeDef
+) -> object:
+    """What a default collective of ``value`` returns: what one replica's would return.
+
+    ``originals`` are ``value``'s leaves, ``leaves`` the collective's (``_held``: a leaf
+    the backend converts was converted once, when it was issued). When none converts,
+    ``value`` itself: the collective is the identity (as in TensorFlow). Otherwise the
+    structure rebuilt around the converted leaves, each as one replica's collective
+    returns it, never the caller's object read again: a numpy array is a read-only copy
+    (it does not share the caller's buffer: a ``bytearray``, a ``memoryview``, an
+    ``__array__`` object's own array), as a ``MirroredStrategy`` of one replica returns.
+    """
+    if leaves is originals:
+        return value
+    out = [
+        leaf if leaf is original else _settled(leaf)
+        for leaf, original in zip(leaves, originals, strict=True)
+    ]
+    return unflatten(treedef, out)
+
+
+def _settled(leaf: object) -> object:
+    """A converted leaf as a collective's result: a numpy array read-only, its own copy."""
+    np: Any = sys.modules.get("numpy")
+    if np is not None and isinstance(leaf, np.ndarray):
+        copy = leaf.copy()
+        copy.flags.writeable = False
+        return copy
+    return leaf
+
+
 async def _returns(value: Any) -> Any:
-    """A default collective's body: the value itself (one replica, nothing to combine)."""
+    """A default collective's body: its result, made when it was issued (:func:`_result`)."""
     return value
 
 

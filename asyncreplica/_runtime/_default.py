@@ -21,7 +21,10 @@ new refusal on its first run of a ``MirroredStrategy``:
   "coroutine ... was never awaited".
 
 "In flight" and "issued earlier" are per thread and event loop: the thread's loop plays
-the part of a run's replica (a later loop in the same thread starts afresh).
+the part of a run's replica (a later loop in the same thread starts afresh). A loop is
+known by the loop object itself (trio's: its run's root task), held weakly, never by its
+``id()``: a new loop allocated at a closed loop's address is a new loop, and inherits
+none of its collectives.
 """
 
 from __future__ import annotations
@@ -63,7 +66,8 @@ class _Issued:
     __slots__ = ("limit", "loop", "names", "unawaited")
 
     def __init__(self) -> None:
-        self.loop = 0  # the loop they were issued on (loop_here)
+        # The loop they were issued on (loop_here), as _held_loop holds it; None: none yet.
+        self.loop: Callable[[], object] | None = None
         # Unnamed ones not started yet, in the order they were issued (by issue number).
         self.unawaited: dict[int, weakref.ref[DefaultCollective]] = {}
         self.names: dict[str, weakref.ref[DefaultCollective]] = {}
@@ -93,18 +97,36 @@ def _prune(state: _Issued) -> None:
     state.limit = max(_NAMES, 2 * len(names))
 
 
-def loop_here() -> int:
-    """An id of the event loop running in this thread (asyncio's or trio's), 0 if none."""
+def loop_here() -> object | None:
+    """The event loop running in this thread: asyncio's loop, trio's root task; None if none.
+
+    The object itself, not its ``id()``: an id is reused once the loop is collected, and
+    a new loop must not inherit a closed one's collectives (see :func:`issue`).
+    """
     loop = asyncio._get_running_loop()
     if loop is not None:
-        return id(loop)
+        return loop
     trio = sys.modules.get("trio")
     if trio is not None:
         try:
-            return id(trio.lowlevel.current_root_task())
+            root: object = trio.lowlevel.current_root_task()
         except RuntimeError:
             pass
-    return 0
+        else:
+            return root
+    return None
+
+
+def _held_loop(loop: object) -> Callable[[], object]:
+    """A reference to ``loop`` that gives it back while it lives (a weak one if it can be).
+
+    asyncio's loops (uvloop's too) and trio's tasks take weak references; a loop that
+    does not is held strongly, until a later loop of the thread replaces it.
+    """
+    try:
+        return weakref.ref(loop)
+    except TypeError:
+        return lambda: loop
 
 
 def _running_task() -> object:
@@ -122,7 +144,10 @@ def _running_task() -> object:
 
 
 def issue(
-    signature: Signature, loop: int, body: Callable[..., Coroutine[Any, Any, Any]], *args: Any
+    signature: Signature,
+    loop: object | None,
+    body: Callable[..., Coroutine[Any, Any, Any]],
+    *args: Any,
 ) -> DefaultCollective:
     """The default collective ``signature``, whose first await runs ``body(*args)``.
 
@@ -130,11 +155,14 @@ def issue(
     replica's collective refuses: another thread than an event loop's, and a name in
     flight.
     """
-    if not loop:
+    if loop is None:
         raise _ownership.thread_error("Collective", signature.describe(), 0)
     state = _issued()
-    if state.loop != loop:  # a new loop in this thread: what an old one left is not in flight
-        state.loop = loop
+    held = state.loop
+    if held is None or held() is not loop:
+        # A new loop in this thread (compared as objects: an old loop collected leaves a
+        # dead reference, never a match): what an old one left is not in flight.
+        state.loop = _held_loop(loop)
         state.unawaited.clear()
         state.names.clear()
     name = signature[6]

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .._options import CommunicationOptions
     from ._protocols import Describer, IssuingContext, IssuingRun, IssuingStrategy
 
-__all__ = ["all_reduce", "flatten_value", "reducible"]
+__all__ = ["all_reduce", "flatten_value", "reducible", "reducible_leaves"]
 
 # Types seen to be leaves: a value of one of these skips flattening (a cache, not a rule).
 _LEAF_TYPES: Final[set[type]] = set()
@@ -93,6 +93,16 @@ def reducible(
     value itself: a call refused in a replica is refused there too.
     """
     leaves, treedef = flatten_value(value)
+    return reducible_leaves(ctx, op, leaves, treedef)
+
+
+def reducible_leaves(
+    ctx: Describer, op: ReduceOp, leaves: list[object], treedef: TreeDef
+) -> tuple[list[object], TreeDef, tuple[LeafSpec, ...]]:
+    """:func:`reducible` of a value already flattened to ``leaves`` and ``treedef``.
+
+    The leaves it returns are ``leaves`` itself when none converts (``_held``).
+    """
     leaves = ctx._held(leaves, treedef)  # converted once, now (_held's rule)
     specs: tuple[LeafSpec, ...] = ctx._describe(leaves, treedef)
     refusal = reduce_refusal(op, specs)

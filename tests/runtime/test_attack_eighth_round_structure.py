@@ -308,8 +308,13 @@ async def test_the_default_replica_context_refuses_what_one_replica_refuses(case
     else:
         # The default context's collectives are the identity: the value itself comes
         # back, equal to one replica's result (whose dtype may differ: a MEAN of ints).
+        # A value the backend converts (IndexedSlices: new ones, their parts converted)
+        # comes back converted, as one replica's does (attack 23i, finding 6).
         value = args[1] if api in ("all_reduce", "reduce_scatter") else args[0]
-        assert default is value
+        if isinstance(value, ar.IndexedSlices):
+            assert type(default) is ar.IndexedSlices
+        else:
+            assert default is value
         assert _plain(default, False) == _plain(one, False)
 
 
