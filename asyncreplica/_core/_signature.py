@@ -12,6 +12,7 @@ report builders print them. Nothing here touches an array: leaves are described 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import NamedTuple
 
 from ._nest import TreeDef, treedef_str
@@ -158,15 +159,16 @@ class MergeFnKey(NamedTuple):
         digest: A checksum of the code's body (its bytecode and constants), the same in
             every process: two functions of one name and line (two lambdas) differ in
             it across processes, where the code objects cannot be compared.
-        holder: ``id`` of the object the held values are read from (meaningful in one
-            process only; another process's is never equal).
+        holder: A weak reference to the object the held values are read from (None
+            where it takes none); only a live referent counts, so an address reused by
+            a later object never makes two keys equal. Never sent to another process.
         passed: How many entries of ``bound`` a ``functools.partial`` passed.
     """
 
     code: object
     bound: tuple[tuple[str, str], ...] = ()
     digest: str = ""
-    holder: int = 0
+    holder: Callable[[], object] | None = None
     passed: int = 0
 
     def __eq__(self, other: object) -> bool:
@@ -176,7 +178,10 @@ class MergeFnKey(NamedTuple):
             return False
         if self.bound[: self.passed] != other.bound[: other.passed]:
             return False
-        return (self.holder != 0 and self.holder == other.holder) or self.bound == other.bound
+        if self.bound == other.bound:
+            return True
+        mine = None if self.holder is None else self.holder()
+        return mine is not None and other.holder is not None and mine is other.holder()
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)

@@ -40,6 +40,7 @@ import enum
 import fractions
 import functools
 import types
+import weakref
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -337,7 +338,12 @@ def merge_fn_key(merge_fn: Callable[..., Any]) -> MergeFnKey:
     builder.active.add(id(merge_fn))
     passed = tuple(builder.texts(bound[:partial], 0))
     held = tuple(builder.texts(bound[partial:], 0))
-    return MergeFnKey(code, passed + held, digest, id(_holder(merge_fn)), len(passed))
+    holder: Callable[[], object] | None
+    try:
+        holder = weakref.ref(_holder(merge_fn))
+    except TypeError:  # an object that takes no weak reference: no identity rule
+        holder = None
+    return MergeFnKey(code, passed + held, digest, holder, len(passed))
 
 
 def merge_fn_name(merge_fn: Callable[..., Any]) -> str:
