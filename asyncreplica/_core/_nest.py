@@ -19,7 +19,10 @@ Rebuilding (``unflatten``, in :func:`_build`, the one place) calls the container
 constructor and checks what it gave back: the type itself holding exactly the items given,
 each the very object; anything else is a ``TypeError`` naming the type, never a structure
 changed silently (a ``tuple`` subclass whose ``__new__`` takes ``*items``, a dict subclass
-that adds a key).
+that adds a key). Since a rebuild sees only the items, flattening refuses (``TypeError``,
+in :func:`_refuse_own_state`) a container subclass instance that carries state of its own
+besides them (an instance attribute, a filled slot, a ``ChainMap``'s further maps), which
+would come back reset; plain ``list``, ``tuple`` and ``dict`` skip the check.
 
 Two mappings with the same keys are the same structure whatever order their keys
 were inserted in, as in TensorFlow's ``nest`` (which sorts dict keys): the insertion
@@ -31,8 +34,9 @@ result comes back in its own key order.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import ChainMap, defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MemberDescriptorType
 from typing import TypeAlias
 
 __all__ = [
@@ -226,16 +230,25 @@ def _flatten_into(
     if isinstance(value, list | tuple | Mapping):
         if depth >= MAX_NEST_DEPTH:
             raise ValueError(_too_deep(where))
+        kind = type(value)
         if isinstance(value, Mapping):
             meta = _mapping_keys(value)
             ordered = meta[0]
             assert isinstance(ordered, tuple)
-            children = tuple(
-                _flatten_into(value[k], leaves, depth + 1, is_leaf, where) for k in ordered
-            )
-            return (type(value), meta, children)
+            if kind is dict:
+                children = tuple(
+                    _flatten_into(value[k], leaves, depth + 1, is_leaf, where) for k in ordered
+                )
+                return (kind, meta, children)
+            # Another mapping: its values read once, then checked for state of its own.
+            read = [value[k] for k in ordered]
+            _refuse_own_state(value, kind, where, (ordered, read))
+            children = tuple(_flatten_into(v, leaves, depth + 1, is_leaf, where) for v in read)
+            return (kind, meta, children)
+        if kind is not list and kind is not tuple:
+            _refuse_own_state(value, kind, where, None)
         items = tuple(_flatten_into(v, leaves, depth + 1, is_leaf, where) for v in value)
-        return (type(value), None, items)
+        return (kind, None, items)
     found = _found_node(value)
     if found is not None:
         if depth >= MAX_NEST_DEPTH:
@@ -245,6 +258,107 @@ def _flatten_into(
         return (type(value), node, nodes)
     leaves.append(value)
     return None
+
+
+# Per container subclass: whether its instances have a __dict__, and its filled-or-not
+# __slots__ (name, descriptor). A cache, bounded as _NOT_NODES.
+_LAYOUTS: dict[type, tuple[bool, tuple[tuple[str, MemberDescriptorType], ...]]] = {}
+
+
+def _layout(kind: type) -> tuple[bool, tuple[tuple[str, MemberDescriptorType], ...]]:
+    """Where instances of ``kind`` can keep state: an instance ``__dict__``, ``__slots__``."""
+    layout = _LAYOUTS.get(kind)
+    if layout is not None:
+        return layout
+    slots: list[tuple[str, MemberDescriptorType]] = []
+    for base in kind.__mro__:
+        own = vars(base)
+        declared = own.get("__slots__", ())
+        for name in (declared,) if isinstance(declared, str) else declared:
+            if not isinstance(name, str) or name in ("__dict__", "__weakref__"):
+                continue
+            if name.startswith("__") and not name.endswith("__"):
+                name = f"_{base.__name__.lstrip('_')}{name}"  # as Python mangles it
+            descriptor = own.get(name)
+            if isinstance(descriptor, MemberDescriptorType):
+                slots.append((name, descriptor))
+    layout = (kind.__dictoffset__ != 0, tuple(slots))
+    if len(_LAYOUTS) < 4096:
+        _LAYOUTS[kind] = layout
+    return layout
+
+
+# A mapping's keys and values as flattening read them, or None for a list or tuple.
+_Read: TypeAlias = "tuple[tuple[object, ...], list[object]] | None"
+
+
+def _own_state(value: object, kind: type, read: _Read) -> list[str]:
+    """The attributes of a container subclass instance that hold state besides its items.
+
+    A ``list``, ``tuple`` or ``dict`` subclass keeps its items in the built-in storage, so
+    any instance attribute is state of its own (save the ``AttrDict`` idiom, whose
+    ``__dict__`` is the dict itself). Another ``Mapping`` keeps its items in its
+    attributes: one attribute that holds exactly its items (a dict, as ``UserDict``'s
+    ``data``; a ``ChainMap``'s list of one map) is its storage, anything more is state.
+    ``read`` is a mapping's keys and values as flattening read them (it is iterated once).
+    """
+    has_dict, slots = _layout(kind)
+    state: dict[str, object] = {}
+    if has_dict:
+        try:
+            attributes = vars(value)
+        except TypeError:
+            attributes = {}
+        if attributes is not value:
+            state.update(attributes)
+    for name, descriptor in slots:
+        try:
+            held = descriptor.__get__(value, kind)
+        except AttributeError:
+            continue  # a slot left unset
+        state[name] = held
+    if not state:
+        return []
+    if read is None or isinstance(value, dict) or len(state) != 1:
+        return list(state)
+    (store,) = state.values()
+    if isinstance(value, ChainMap) and isinstance(store, list) and len(store) == 1:
+        store = store[0]
+    items = dict(zip(read[0], read[1], strict=True))
+    if store is not value and isinstance(store, Mapping) and _holds(store, items):
+        return []
+    return list(state)
+
+
+def _refuse_own_state(value: object, kind: type, where: str, read: _Read) -> None:
+    """Raise ``TypeError`` when a container subclass instance carries state of its own.
+
+    Rebuilding gives ``type(m)(items)``: state outside the items would come back as the
+    constructor sets it (a loss scale reset to 1.0), a silently wrong number. So it is
+    refused where the nest is read, before any replica waits on it.
+    """
+    names = _own_state(value, kind, read)
+    if not names:
+        return
+    plain = "dict" if isinstance(value, Mapping) else "list" if isinstance(value, list) else "tuple"
+    what = f"{plain} subclass" if isinstance(value, list | tuple | dict) else "mapping type"
+    listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    if isinstance(value, ChainMap):
+        detail = (
+            f"a ChainMap of {len(value.maps)} maps, which asyncreplica would rebuild as "
+            "one map (its maps attribute)"
+        )
+    else:
+        detail = f"attributes: {listed}"
+    raise TypeError(
+        f"{where} holds a {_type_name(kind)} that carries state of its own besides its "
+        f"items ({detail}). asyncreplica rebuilds a {what} from its items alone "
+        f"({'type(m)(items)' if plain == 'dict' else 'type(s)(items)'}), so that state "
+        "would come back as the constructor sets it and whatever is computed from it "
+        f"would be silently wrong. Pass a plain {plain} ({plain}(...)) and keep the state "
+        "beside it, or register the type as a pytree node with the state as its "
+        "metadata (jax.tree_util.register_pytree_node or register_dataclass)"
+    )
 
 
 def _too_deep(where: str) -> str:

@@ -142,28 +142,37 @@ async def test_strategy_reduce_of_a_mapping_that_cannot_be_rebuilt_names_its_typ
 # -- F3: a mapping is iterated once per flatten -------------------------------------------------
 
 
-class FlipMap(collections.abc.Mapping[str, Any]):
+_PASSES: dict[int, int] = {}
+
+
+class FlipMap(dict):  # type: ignore[type-arg]
     """Yields key 'a' on odd passes and 'b' on even ones; both keys are present.
 
     Rebuilt as ``FlipMap(items)``, it keeps the items it is given (one that ignored them
     would give back other values than the reduced ones: refused since, see
-    test_attack_eighth_round_structure.py).
+    test_attack_eighth_round_structure.py). A dict subclass whose pass count is kept
+    outside the instance: a mapping with state of its own besides its items is refused
+    since (test_container_state.py).
     """
 
     def __init__(self, items: dict[str, Any] | None = None) -> None:
-        self.n = 0
-        self.d = {} if items is None else items
+        super().__init__({} if items is None else items)
+        _PASSES[id(self)] = 0
+
+    @property
+    def d(self) -> dict[str, Any]:
+        return dict(dict.items(self))  # the items it holds, not its flipping view
 
     def __getitem__(self, k: str) -> Any:
-        if k in self.d:
-            return self.d[k]
+        if dict.__contains__(self, k):
+            return dict.__getitem__(self, k)
         if k in ("a", "b"):
             return np.array([1.0])
         raise KeyError(k)
 
     def __iter__(self) -> Iterator[str]:
-        self.n += 1
-        return iter(["a"] if self.n % 2 else ["b"])
+        _PASSES[id(self)] += 1
+        return iter(["a"] if _PASSES[id(self)] % 2 else ["b"])
 
     def __len__(self) -> int:
         return 1
