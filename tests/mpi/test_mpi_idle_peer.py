@@ -25,7 +25,9 @@ import pytest
 from test_mpi_lifecycle import launch
 
 PROGRAM = Path(__file__).parent / "programs" / "idle_peer.py"
-LOOPS = ["asyncio", "trio"]
+# Each loop and each process count once, not every pair: an mpiexec launch costs seconds,
+# and the suite's time is a newcomer's (README: about 12 minutes on 2 cores).
+LAYOUTS = [(2, "trio"), (3, "asyncio")]
 
 
 def _one_process(scenario: str, loop: str, processes: int, tmp_path: Path) -> str:
@@ -50,8 +52,7 @@ def _error(log: str, output: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize(("processes", "loop"), LAYOUTS)
 def test_an_idle_process_raises_a_peers_timeout_as_one_process_does(
     processes: int, loop: str, tmp_path: Path
 ) -> None:
@@ -69,8 +70,7 @@ def test_an_idle_process_raises_a_peers_timeout_as_one_process_does(
     assert "did not acknowledge" not in output, output  # each exited: no 10 s wait
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize(("processes", "loop"), LAYOUTS)
 def test_an_idle_process_ends_its_run_with_a_peers_error_in_step(
     processes: int, loop: str, tmp_path: Path
 ) -> None:
@@ -137,8 +137,7 @@ def test_a_peer_that_read_the_failure_is_not_called_busy(tmp_path: Path) -> None
     assert "busy" not in output, output
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize(("processes", "loop"), LAYOUTS)
 def test_an_idle_replica_beside_one_at_the_collective_times_out_as_one_process(
     processes: int, loop: str, tmp_path: Path
 ) -> None:
@@ -164,8 +163,7 @@ def test_an_idle_replica_beside_one_at_the_collective_times_out_as_one_process(
     assert "is busy outside collectives" not in output, output
 
 
-@pytest.mark.parametrize("loop", LOOPS)
-@pytest.mark.parametrize("processes", [2, 3])
+@pytest.mark.parametrize(("processes", "loop"), LAYOUTS)
 def test_a_stopped_process_names_its_replica_at_a_collective(
     processes: int, loop: str, tmp_path: Path
 ) -> None:
