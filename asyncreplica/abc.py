@@ -319,6 +319,19 @@ class ProcessGroup(abc.ABC):
         compares nothing.
         """
 
+    async def agree_structure(  # noqa: B027 -- optional
+        self, api: str, structure: TreeDef
+    ) -> None:
+        """Agree with the other processes on the nest a cross-replica call was given.
+
+        ``Strategy.reduce`` and ``gather`` of a nest reduce it leaf by leaf; a leaf is
+        agreed on alone, so nests whose keys or containers differ between processes
+        (``{"x": a}`` here, ``{"y": a}`` there) would pair leaf by leaf silently. The
+        group compares ``structure`` (a treedef, not None) and raises the same
+        ``CollectiveMismatchError`` on every process where it differs. The default
+        compares nothing.
+        """
+
     def call_timeout(self, seconds: float | None) -> contextlib.AbstractContextManager[None]:
         """Bound each cross-replica operation made inside by ``seconds`` (None: the group's).
 

@@ -159,16 +159,17 @@ class MergeFnKey(NamedTuple):
         digest: A checksum of the code's body (its bytecode and constants), the same in
             every process: two functions of one name and line (two lambdas) differ in
             it across processes, where the code objects cannot be compared.
-        holder: A weak reference to the object the held values are read from (None
-            where it takes none); only a live referent counts, so an address reused by
-            a later object never makes two keys equal. Never sent to another process.
+        holder: Weak references to the objects the held values are read from (a bound
+            method's instance and function; None where one takes none); only live
+            referents count, so an address reused by a later object never makes two
+            keys equal. Never sent to another process.
         passed: How many entries of ``bound`` a ``functools.partial`` passed.
     """
 
     code: object
     bound: tuple[tuple[str, str], ...] = ()
     digest: str = ""
-    holder: Callable[[], object] | None = None
+    holder: tuple[Callable[[], object], ...] | None = None
     passed: int = 0
 
     def __eq__(self, other: object) -> bool:
@@ -180,8 +181,13 @@ class MergeFnKey(NamedTuple):
             return False
         if self.bound == other.bound:
             return True
-        mine = None if self.holder is None else self.holder()
-        return mine is not None and other.holder is not None and mine is other.holder()
+        if self.holder is None or other.holder is None or len(self.holder) != len(other.holder):
+            return False
+        for a, b in zip(self.holder, other.holder, strict=True):
+            held = a()
+            if held is None or held is not b():
+                return False
+        return True
 
     def __ne__(self, other: object) -> bool:
         equal = self.__eq__(other)

@@ -204,10 +204,12 @@ class _Texts:
         return f"{type(value).__name__}(0x{value.tobytes().hex()})"
 
     def _class(self, cls: type, depth: int) -> str:
-        """A class's name and what it holds itself: plain values and functions."""
+        """A class's name and what it and its bases hold: plain values and functions."""
         own = [
-            (name, value)
-            for name, value in vars(cls).items()
+            (f"{base.__qualname__}.{name}", value)
+            for base in cls.__mro__
+            if base.__module__ != "builtins"
+            for name, value in vars(base).items()
             if not (name.startswith("__") and name.endswith("__"))
         ]
         values = self.texts(sorted(own, key=lambda item: item[0]), depth + 1)
@@ -227,6 +229,9 @@ class _Texts:
             if name is None:
                 return None
             place = f"{getattr(target, '__module__', None)}.{name}"
+            owner = getattr(target, "__self__", None)
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                bound.append(("self", owner))  # a builtin method: what it is bound to
         else:
             bound += function_values(target, code)
             place = f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno}"
@@ -244,7 +249,12 @@ class _Texts:
 
 
 def attributes(label: str, obj: object) -> _Bound:
-    """``obj``'s type and the attributes it holds (``__dict__`` and ``__slots__``)."""
+    """``obj`` itself when it is a plain value, else its type and attributes.
+
+    Its attributes: those its ``__dict__`` and ``__slots__`` hold.
+    """
+    if not callable(obj) and _Texts().text(obj) is not None:
+        return [(label, obj)]
     bound: _Bound = [(f"type({label})", type(obj))]
     names: dict[str, None] = {}
     for cls in type(obj).__mro__:
@@ -301,15 +311,21 @@ def function_values(fn: Any, code: Any) -> _Bound:
     return bound
 
 
-def _holder(merge_fn: object) -> object:
-    """What holds the values a merge function reads: its instance, or the function itself.
+def _holders(merge_fn: object) -> tuple[Callable[[], object], ...] | None:
+    """Weak references to what holds the values a merge function reads, or None.
 
-    Past any ``functools.partial`` (whose own values are always compared).
+    Past any ``functools.partial`` (whose own values are always compared): a bound
+    method's instance and function (``MethodType(f, shared)`` of another ``f`` per
+    replica is no shared holder), or the function or callable object itself.
     """
     fn: Any = merge_fn
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return fn.__self__ if isinstance(fn, types.MethodType) else fn
+    objects = (fn.__self__, fn.__func__) if isinstance(fn, types.MethodType) else (fn,)
+    try:
+        return tuple(weakref.ref(obj) for obj in objects)
+    except TypeError:  # an object that takes no weak reference: no identity rule
+        return None
 
 
 def merge_fn_key(merge_fn: Callable[..., Any]) -> MergeFnKey:
@@ -334,16 +350,12 @@ def merge_fn_key(merge_fn: Callable[..., Any]) -> MergeFnKey:
             code = fn
         else:
             bound += attributes("self", fn)
+            bound += function_values(call, code)  # __call__'s closure and defaults
             digest = code_digest(code)
     builder.active.add(id(merge_fn))
     passed = tuple(builder.texts(bound[:partial], 0))
     held = tuple(builder.texts(bound[partial:], 0))
-    holder: Callable[[], object] | None
-    try:
-        holder = weakref.ref(_holder(merge_fn))
-    except TypeError:  # an object that takes no weak reference: no identity rule
-        holder = None
-    return MergeFnKey(code, passed + held, digest, holder, len(passed))
+    return MergeFnKey(code, passed + held, digest, _holders(merge_fn), len(passed))
 
 
 def merge_fn_name(merge_fn: Callable[..., Any]) -> str:

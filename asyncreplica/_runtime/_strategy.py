@@ -458,6 +458,8 @@ class Strategy:
             op = ReduceOp(reduce_op)
             axes = axis_tuple(axis)
             leaves, treedef = flatten_distributed(value, "Strategy.reduce", self._replica_offset)
+            if self._group is not None and treedef is not None:
+                await self._group.agree_structure("Strategy.reduce", treedef)
             out = [await reduce_leaf(self, op, leaf, axes) for leaf in leaves]
             return unflatten(treedef, out)
 
@@ -502,6 +504,8 @@ class Strategy:
         if isinstance(axis, bool) or not isinstance(axis, int):
             raise TypeError(f"gather: axis must be an int, got {axis!r}")
         leaves, treedef = flatten_distributed(value, "Strategy.gather", self._replica_offset)
+        if self._group is not None and treedef is not None:
+            await self._group.agree_structure("Strategy.gather", treedef)
         out: list[object] = []
         for leaf in leaves:
             group = self._group

@@ -916,6 +916,17 @@ class MPIProcessGroup(Waiting, ProcessGroup):
 
         await self.cross(cross_fields("reduce", op, axis, [spec]), nothing)
 
+    async def agree_structure(self, api: str, structure: Any) -> None:
+        """A cross-replica call's nest: agree on it (no data), as a collective's is."""
+
+        async def nothing() -> None:
+            return None
+
+        fields = cross_fields(api, None, None, [])
+        fields["structure"] = treedef_key(structure)
+        fields["value"] = treedef_str(structure)
+        await self.cross(fields, nothing)
+
     async def cross(
         self, fields: dict[str, Any], local: Callable[[], Awaitable[_T]], fp_bits: int = 0
     ) -> _T:

@@ -215,6 +215,21 @@ def test_a_merge_fn_bound_to_other_values_on_one_process_is_a_mismatch_everywher
         assert logs[rank].endswith(f"again {2.0 * n}\n"), logs[rank]
 
 
+@pytest.mark.parametrize("scenario", ["reduce_keys", "reduce_keys_1"])
+def test_a_plain_nest_of_other_keys_on_one_process_is_a_structure_mismatch(
+    scenario: str, tmp_path: Path
+) -> None:
+    rc, logs, output = launch(2, "errors.py", scenario, tmp_path=tmp_path)
+    assert rc == 0, output
+    for rank in range(2):
+        fields = _fields(logs[rank])
+        assert fields["class"] == "CollectiveMismatchError", logs[rank]
+        assert fields["fields"] == ["structure"], logs[rank]
+        assert (
+            logs[rank].rstrip().endswith("again " + ("4.0" if scenario == "reduce_keys" else "2.0"))
+        ), logs[rank]
+
+
 def test_two_lambdas_on_one_line_are_told_apart_across_processes(tmp_path: Path) -> None:
     rc, logs, output = launch(2, "errors.py", "merge_lambda", tmp_path=tmp_path)
     assert rc == 0, output

@@ -19,6 +19,7 @@ import functools
 import math
 import operator
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -476,3 +477,80 @@ def test_building_a_key_stays_cheap_for_shared_and_long_tuples() -> None:
     key = merge_fn_key(_closure((shared, long)))
     assert time.perf_counter() - started < 5.0  # a hang guard: it took minutes
     assert key.bound == ()  # too long a text: not compared (documented)
+
+
+# -- attack 23j, findings 1-3: __call__'s closure, builtin methods, bases, MethodType --------
+
+
+def _callable_with_closure(r: int) -> Callable[..., Any]:
+    lr = [0.1, 0.2][r]
+
+    class Step:
+        def __call__(self, strategy: ar.Strategy) -> float:
+            return lr
+
+    return Step()
+
+
+def _callable_with_default(r: int) -> Callable[..., Any]:
+    class Step:
+        def __call__(self, strategy: ar.Strategy, lr: float = [0.1, 0.2][r]) -> float:
+            return lr
+
+    return Step()
+
+
+def _reduce_method(r: int) -> Callable[..., Any]:
+    reduce = [np.add.reduce, np.multiply.reduce][r]
+    return lambda strategy: float(reduce(np.array([2.0, 3.0])))
+
+
+def _base_per_replica(r: int) -> Callable[..., Any]:
+    class Base:
+        lr = [0.1, 0.2][r]
+
+    class Step(Base):
+        def apply(self, strategy: ar.Strategy) -> float:
+            return self.lr
+
+    return Step().apply
+
+
+def _method_of_an_int(r: int) -> Callable[..., Any]:
+    def apply(self: int, strategy: ar.Strategy) -> int:
+        return self
+
+    return types.MethodType(apply, r)
+
+
+_SHARED = _SharedOptimizer()
+
+
+def _another_function_on_one_instance(r: int) -> Callable[..., Any]:
+    lr = [0.1, 0.2][r]
+
+    def apply(self: object, strategy: ar.Strategy) -> float:
+        return lr
+
+    return types.MethodType(apply, _SHARED)
+
+
+FOURTH: dict[str, Callable[[int], Callable[..., Any]]] = {
+    "a callable object's __call__ closure": _callable_with_closure,
+    "a callable object's __call__ default": _callable_with_default,
+    "ufunc.reduce of two ufuncs": _reduce_method,
+    "a base class made per replica": _base_per_replica,
+    "MethodType of a function and an int": _method_of_an_int,
+    "MethodType of another function on one instance": _another_function_on_one_instance,
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOURTH))
+async def test_what_the_fourth_key_missed_is_a_mismatch(case: str) -> None:
+    async def step() -> Any:
+        ctx = ar.get_replica_context()
+        assert ctx is not None
+        return await ctx.merge_call(FOURTH[case](ctx.replica_id_in_sync_group))
+
+    with pytest.raises(ar.CollectiveMismatchError):
+        await strategy(2).run(step)

@@ -39,6 +39,9 @@ Scenarios:
 * ``merge_lambda``: 1 replica per process; the last process passes the other of two
   lambdas written on one line (one name, one place, another body):
   ``CollectiveMismatchError`` (merge_fn) everywhere.
+* ``reduce_keys`` (2 replicas per process) and ``reduce_keys_1`` (1): ``strategy.reduce``
+  of a plain dict whose key is ``x`` on process 0 and ``y`` elsewhere:
+  ``CollectiveMismatchError`` (structure) everywhere, never leaves paired by position.
 * ``reduce_shape``: 2 replicas per process; ``strategy.reduce`` (``axis=None``) of a
   component of another shape on replica 1 (found inside process 0 alone): ``ValueError``
   everywhere.
@@ -188,6 +191,8 @@ SCENARIOS = {
     "reduce_shape": (None, 2),
     "merge_bound": (merge_bound, 2),
     "merge_lambda": (merge_lambda, 1),
+    "reduce_keys": (None, 2),
+    "reduce_keys_1": (None, 1),
 }
 
 
@@ -199,6 +204,9 @@ async def main(name: str) -> None:
             await strategy.gather(
                 strategy.experimental_distribute_values_from_function(mixed_ranks), axis=0
             )
+        elif name.startswith("reduce_keys"):  # a plain nest, outside run
+            key = "x" if RANK == 0 else "y"
+            await strategy.reduce("MEAN", {key: np.ones(3)}, axis=None)
         elif step is None:  # a cross-replica reduce, outside run
             make = last_float32 if name == "reduce_dtype" else second_shape
             await strategy.reduce(
