@@ -26,7 +26,7 @@ from test_mpi_lifecycle import launch
 
 PROGRAM = Path(__file__).parent / "programs" / "idle_peer.py"
 # Each loop and each process count once, not every pair: an mpiexec launch costs seconds,
-# and the suite's time is a newcomer's (README: about 15 minutes on 2 cores).
+# and the suite's time is a newcomer's (README: about 14 minutes on 2 cores).
 LAYOUTS = [(2, "trio"), (3, "asyncio")]
 
 
