@@ -1057,6 +1057,16 @@ class ReplicaContext:
         )
         return leaves, treedef, signature, originals
 
+    def _read(self, value: Any) -> tuple[list[object], TreeDef, list[object], tuple[LeafSpec, ...]]:
+        """``(originals, treedef, leaves, specs)`` of a collective's value.
+
+        The value's own leaves, its nest, the leaves as the collective reads them
+        (``_held``: converted once, now) and their specs.
+        """
+        originals, treedef = _flatten(value)
+        leaves = self._held(originals, treedef)
+        return originals, treedef, leaves, self._describe(leaves, treedef)
+
     def _all_gather_checks(
         self, value: Any, axis: object, options: CommunicationOptions | None, name: object
     ) -> tuple[float | None, list[object], TreeDef, Signature, list[object]]:
@@ -1065,9 +1075,7 @@ class ReplicaContext:
         ``leaves`` are the held ones (``_held``), ``originals`` the value's own.
         """
         timeout = self._options(options)
-        originals, treedef = _flatten(value)
-        leaves = self._held(originals, treedef)
-        specs = self._describe(leaves, treedef)
+        originals, treedef, leaves, specs = self._read(value)
         checked = _check_axis(axis, specs, "all_gather", sparse_ok=False)
         signature = Signature(
             CollectiveKind.ALL_GATHER,
@@ -1087,9 +1095,7 @@ class ReplicaContext:
         if isinstance(source, bool) or not isinstance(source, int) or not 0 <= source < n:
             raise ValueError(f"source must be a replica id in 0..{n - 1}, got {value_text(source)}")
         timeout = self._options(None)
-        originals, treedef = _flatten(value)
-        leaves = self._held(originals, treedef)
-        specs = self._describe(leaves, treedef)
+        originals, treedef, leaves, specs = self._read(value)
         _refuse_broadcast_slices(specs)
         signature = Signature(
             CollectiveKind.BROADCAST,
@@ -1112,9 +1118,7 @@ class ReplicaContext:
         """
         op = ReduceOp.parse(reduce_op)
         timeout = self._options(None)
-        originals, treedef = _flatten(value)
-        leaves = self._held(originals, treedef)
-        specs = self._describe(leaves, treedef)
+        originals, treedef, leaves, specs = self._read(value)
         checked = _check_axis(axis, specs, "reduce_scatter", sparse_ok=False)
         error = reduce_refusal(op, specs)
         if error is not None:
